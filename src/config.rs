@@ -1,0 +1,347 @@
+//! Configuration: command-line flags and `BATON_*` variables, validated in one pass.
+//!
+//! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
+//! together before Baton exits, instead of one per attempt.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default TCP address for the gRPC server.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default Redis URL.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default namespace put in front of every Redis key Baton writes.
+pub const DEFAULT_KEY_PREFIX: &str = "baton:";
+/// Default time allowed to open a Redis connection.
+pub const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+/// Default time allowed for one Redis command (a script call) to answer.
+pub const DEFAULT_REDIS_COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
+/// Default number of multiplexed Redis connections in the pool.
+pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
+/// Default time allowed for a graceful drain after SIGTERM or SIGINT.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest key prefix accepted.
+pub const MAX_KEY_PREFIX_BYTES: usize = 128;
+
+/// Baton: a coordination sidecar serving distributed locks over gRPC, with state in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "baton", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The `baton` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API.
+    Serve(ServeArgs),
+}
+
+/// Raw `baton serve` arguments, before validation.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TCP address to serve gRPC on; an empty value disables TCP.
+    #[arg(long, env = "BATON_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: String,
+    /// Unix socket path to serve gRPC on as well (created with mode 0660).
+    #[arg(long, env = "BATON_SOCKET")]
+    pub socket: Option<String>,
+    /// Redis URL (redis://[user:password@]host:port[/db] or unix:///path).
+    #[arg(long, env = "BATON_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub redis_url: String,
+    /// Namespace put in front of every key Baton writes; must not contain `{` or `}`.
+    #[arg(long, env = "BATON_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
+    pub key_prefix: String,
+    /// Time allowed to open a Redis connection (e.g. 300ms).
+    #[arg(long, env = "BATON_REDIS_CONNECT_TIMEOUT", default_value = "300ms")]
+    pub redis_connect_timeout: String,
+    /// Time allowed for one Redis command to answer (e.g. 400ms).
+    #[arg(long, env = "BATON_REDIS_COMMAND_TIMEOUT", default_value = "400ms")]
+    pub redis_command_timeout: String,
+    /// Number of multiplexed Redis connections.
+    #[arg(long, env = "BATON_REDIS_POOL_SIZE", default_value_t = DEFAULT_REDIS_POOL_SIZE.to_string())]
+    pub redis_pool_size: String,
+    /// Time allowed for a graceful drain on SIGTERM/SIGINT before stopping hard (e.g. 10s).
+    #[arg(long, env = "BATON_DRAIN_TIMEOUT", default_value = "10s")]
+    pub drain_timeout: String,
+    /// Log output format: `plain` or `json`.
+    #[arg(long, env = "BATON_LOG_FORMAT", default_value = "plain")]
+    pub log_format: String,
+    /// Log filter in `tracing` syntax (e.g. `info,baton=debug`).
+    #[arg(long, env = "BATON_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Validated settings for a serving Baton.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// TCP address to serve on, if any.
+    pub listen: Option<SocketAddr>,
+    /// Unix socket path to serve on, if any.
+    pub socket: Option<PathBuf>,
+    /// Redis settings.
+    pub redis: RedisConfig,
+    /// Time allowed for a graceful drain before stopping hard.
+    pub drain_timeout: Duration,
+    /// Log output format.
+    pub log_format: LogFormat,
+    /// Log filter in `tracing` syntax.
+    pub log_filter: String,
+}
+
+/// Validated Redis connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// The Redis URL.
+    pub url: String,
+    /// Namespace put in front of every key.
+    pub key_prefix: String,
+    /// Time allowed to open a connection.
+    pub connect_timeout: Duration,
+    /// Time allowed for one command to answer.
+    pub command_timeout: Duration,
+    /// Number of pooled multiplexed connections.
+    pub pool_size: u32,
+}
+
+impl RedisConfig {
+    /// Settings for `url` with every other value at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_REDIS_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
+            pool_size: DEFAULT_REDIS_POOL_SIZE,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Settings that serve on nothing yet and use `redis` with every other value at its default;
+    /// embedders and tests bind their own listeners.
+    pub fn new(redis: RedisConfig) -> Self {
+        Self {
+            listen: None,
+            socket: None,
+            redis,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            log_format: LogFormat::Plain,
+            log_filter: "info".to_owned(),
+        }
+    }
+
+    /// Validates raw arguments, returning every problem found (one line each) on failure.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, Vec<String>> {
+        let mut errors = Vec::new();
+
+        let listen = if args.listen.trim().is_empty() {
+            None
+        } else {
+            match args.listen.parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(e) => {
+                    errors.push(format!(
+                        "--listen / BATON_LISTEN: {:?} is not an address like 127.0.0.1:50051: {e}",
+                        args.listen
+                    ));
+                    None
+                }
+            }
+        };
+        let socket = args
+            .socket
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        if listen.is_none() && socket.is_none() && errors.is_empty() {
+            errors.push("--listen / --socket: nothing to serve on; give at least one".to_owned());
+        }
+
+        if let Err(e) = bb8_redis::redis::Client::open(args.redis_url.as_str()) {
+            errors.push(format!(
+                "--redis-url / BATON_REDIS_URL: {:?} is not a Redis URL: {e}",
+                args.redis_url
+            ));
+        }
+
+        let prefix = &args.key_prefix;
+        if prefix.contains(['{', '}']) {
+            errors.push(format!(
+                "--key-prefix / BATON_KEY_PREFIX: {prefix:?} must not contain '{{' or '}}' (they would break Redis Cluster hash tags)"
+            ));
+        } else if prefix.len() > MAX_KEY_PREFIX_BYTES {
+            errors.push(format!(
+                "--key-prefix / BATON_KEY_PREFIX: {} bytes is longer than {MAX_KEY_PREFIX_BYTES}",
+                prefix.len()
+            ));
+        }
+
+        let connect_timeout = duration(
+            &mut errors,
+            "--redis-connect-timeout / BATON_REDIS_CONNECT_TIMEOUT",
+            &args.redis_connect_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+        );
+        let command_timeout = duration(
+            &mut errors,
+            "--redis-command-timeout / BATON_REDIS_COMMAND_TIMEOUT",
+            &args.redis_command_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+        );
+        let drain_timeout = duration(
+            &mut errors,
+            "--drain-timeout / BATON_DRAIN_TIMEOUT",
+            &args.drain_timeout,
+            Duration::ZERO,
+            Duration::from_secs(600),
+        );
+
+        let pool_size = match args.redis_pool_size.parse::<u32>() {
+            Ok(n @ 1..=256) => n,
+            _ => {
+                errors.push(format!(
+                    "--redis-pool-size / BATON_REDIS_POOL_SIZE: {:?} is not a whole number from 1 to 256",
+                    args.redis_pool_size
+                ));
+                DEFAULT_REDIS_POOL_SIZE
+            }
+        };
+
+        let log_format = match args.log_format.as_str() {
+            "plain" => LogFormat::Plain,
+            "json" => LogFormat::Json,
+            other => {
+                errors.push(format!(
+                    "--log-format / BATON_LOG_FORMAT: {other:?} is neither \"plain\" nor \"json\""
+                ));
+                LogFormat::Plain
+            }
+        };
+
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&args.log) {
+            errors.push(format!(
+                "--log / BATON_LOG: {:?} is not a log filter: {e}",
+                args.log
+            ));
+        }
+
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Self {
+            listen,
+            socket,
+            redis: RedisConfig {
+                url: args.redis_url.clone(),
+                key_prefix: args.key_prefix.clone(),
+                connect_timeout,
+                command_timeout,
+                pool_size,
+            },
+            drain_timeout,
+            log_format,
+            log_filter: args.log.clone(),
+        })
+    }
+}
+
+/// Parses a human duration such as `300ms` within `[min, max]`, recording a problem otherwise.
+fn duration(
+    errors: &mut Vec<String>,
+    what: &str,
+    raw: &str,
+    min: Duration,
+    max: Duration,
+) -> Duration {
+    match humantime::parse_duration(raw) {
+        Ok(d) if d >= min && d <= max => d,
+        Ok(d) => {
+            errors.push(format!(
+                "{what}: {} is outside {} to {}",
+                humantime::format_duration(d),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ));
+            min
+        }
+        Err(e) => {
+            errors.push(format!(
+                "{what}: {raw:?} is not a duration like 300ms or 10s: {e}"
+            ));
+            min
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> ServeArgs {
+        let mut argv = vec!["baton", "serve"];
+        argv.extend_from_slice(list);
+        match Cli::try_parse_from(argv).expect("arguments parse").command {
+            Command::Serve(a) => a,
+        }
+    }
+
+    /// Defaults validate and match the documented constants.
+    #[test]
+    fn defaults_are_valid() {
+        let cfg = ServeConfig::from_args(&args(&[])).expect("defaults are valid");
+        assert_eq!(cfg.listen, Some(DEFAULT_LISTEN.parse().unwrap()));
+        assert_eq!(cfg.redis.command_timeout, DEFAULT_REDIS_COMMAND_TIMEOUT);
+        assert_eq!(cfg.redis.connect_timeout, DEFAULT_REDIS_CONNECT_TIMEOUT);
+        assert_eq!(cfg.redis.key_prefix, DEFAULT_KEY_PREFIX);
+        assert_eq!(cfg.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+    }
+
+    /// Every bad value is reported in one pass, each naming its flag.
+    #[test]
+    fn all_errors_reported_together() {
+        let errors = ServeConfig::from_args(&args(&[
+            "--listen",
+            "nowhere",
+            "--redis-url",
+            "http://x",
+            "--key-prefix",
+            "a{b",
+            "--redis-command-timeout",
+            "forever",
+            "--redis-pool-size",
+            "0",
+            "--log-format",
+            "xml",
+        ]))
+        .expect_err("invalid arguments");
+        assert_eq!(errors.len(), 6, "{errors:#?}");
+        for flag in [
+            "--listen",
+            "--redis-url",
+            "--key-prefix",
+            "--redis-command-timeout",
+            "--redis-pool-size",
+            "--log-format",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(flag)),
+                "{flag} missing in {errors:#?}"
+            );
+        }
+    }
+}

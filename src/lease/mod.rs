@@ -1,0 +1,197 @@
+//! Keepalive streams shared by every leased primitive (lock holds now, semaphore permits later).
+//!
+//! [`keep_alive`] renews a [`Renewable`] lease about every third of its ttl and reports each
+//! renewal. It tracks, by this process's monotonic clock, the earliest moment the lease could
+//! expire in Redis: a renewal confirmed by a reply to a call sent at `t` keeps the lease until at
+//! least `t + remaining`. When no renewal has been confirmed by that moment minus a safety margin,
+//! it reports the lease lost *before* it can have expired. When the client goes away it releases
+//! at once; on shutdown it releases and says so.
+
+use std::{future::Future, time::Duration};
+
+use tokio::{sync::mpsc, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+
+/// Largest safety margin kept between the loss report and the earliest possible expiry.
+pub const MAX_LOSS_MARGIN: Duration = Duration::from_secs(2);
+/// Smallest safety margin.
+pub const MIN_LOSS_MARGIN: Duration = Duration::from_millis(5);
+/// How long a final event may wait for room in a slow client's stream.
+const FINAL_EVENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A lease that a keepalive stream can renew and release.
+pub trait Renewable: Send + Sync + 'static {
+    /// Renews the lease. `Ok(Some(remaining))` when still held, `Ok(None)` when it is not.
+    fn renew(&self) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+    /// Releases the lease. `Ok(true)` when it was still held.
+    fn release(&self) -> impl Future<Output = Result<bool, Error>> + Send;
+}
+
+/// Why a kept-alive lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// Redis no longer has the lease.
+    NotHeld,
+    /// No renewal could be confirmed before the safety margin ahead of expiry.
+    Unconfirmed,
+    /// Baton is shutting down; the lease was released.
+    Shutdown,
+}
+
+/// What a keepalive stream reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A renewal confirmed by Redis, with the remaining ttl.
+    Renewed(Duration),
+    /// The lease ended; nothing follows.
+    Lost(LostReason, String),
+}
+
+/// The safety margin for a lease of `ttl`: a tenth of it, within [`MIN_LOSS_MARGIN`] and
+/// [`MAX_LOSS_MARGIN`].
+pub fn loss_margin(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(MIN_LOSS_MARGIN, MAX_LOSS_MARGIN)
+}
+
+/// Delay before retrying a renewal that failed, so a brief Redis hiccup costs few calls.
+fn retry_delay(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
+}
+
+/// Keeps `lease` alive until it is lost, the client goes away (`tx` closes) or `shutdown`.
+///
+/// `valid_until` is the earliest moment the lease can expire as of its acquisition or last
+/// renewal; `ttl` is the lease's nominal ttl, which sets the renewal pace and the safety margin.
+/// Each event is mapped to the stream's message type by `wrap`.
+pub async fn keep_alive<L, T>(
+    lease: L,
+    ttl: Duration,
+    mut valid_until: Instant,
+    tx: mpsc::Sender<Result<T, tonic::Status>>,
+    wrap: fn(Event) -> T,
+    shutdown: CancellationToken,
+) where
+    L: Renewable,
+    T: Send + 'static,
+{
+    let margin = loss_margin(ttl);
+    let mut next = Instant::now() + ttl / 3;
+    loop {
+        let Some(loss_at) = valid_until.checked_sub(margin) else {
+            return lost_unconfirmed(&lease, &tx, wrap).await;
+        };
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return release_for_shutdown(&lease, &tx, wrap).await,
+            () = tx.closed() => return release_for_departure(&lease).await,
+            () = tokio::time::sleep_until(next.min(loss_at)) => {}
+        }
+        if Instant::now() >= loss_at {
+            return lost_unconfirmed(&lease, &tx, wrap).await;
+        }
+
+        let sent = Instant::now();
+        let outcome = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return release_for_shutdown(&lease, &tx, wrap).await,
+            () = tx.closed() => return release_for_departure(&lease).await,
+            r = tokio::time::timeout_at(loss_at, lease.renew()) => r,
+        };
+        match outcome {
+            Ok(Ok(Some(remaining))) => {
+                valid_until = sent + remaining;
+                next = sent + remaining / 3;
+                // A client that does not read its stream misses renewal events rather than
+                // holding renewals up; the lease itself is still renewed.
+                if let Err(mpsc::error::TrySendError::Closed(_)) =
+                    tx.try_send(Ok(wrap(Event::Renewed(remaining))))
+                {
+                    return release_for_departure(&lease).await;
+                }
+            }
+            Ok(Ok(None)) => {
+                tracing::info!("lease no longer held in Redis");
+                send_final(
+                    &tx,
+                    wrap(Event::Lost(
+                        LostReason::NotHeld,
+                        "the lease is no longer held in Redis (expired or released elsewhere)"
+                            .into(),
+                    )),
+                )
+                .await;
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "lease renewal failed; retrying");
+                next = Instant::now() + retry_delay(ttl);
+            }
+            Err(_) => return lost_unconfirmed(&lease, &tx, wrap).await,
+        }
+    }
+}
+
+async fn lost_unconfirmed<L: Renewable, T>(
+    lease: &L,
+    tx: &mpsc::Sender<Result<T, tonic::Status>>,
+    wrap: fn(Event) -> T,
+) {
+    tracing::warn!("lease renewal not confirmed before the safety margin; reporting it lost");
+    send_final(
+        tx,
+        wrap(Event::Lost(
+            LostReason::Unconfirmed,
+            "renewal could not be confirmed by Redis before the lease could expire".into(),
+        )),
+    )
+    .await;
+    // Free the lock for others if Redis is reachable again; harmless if the lease is gone.
+    if let Err(e) = lease.release().await {
+        tracing::debug!(error = %e, "release after an unconfirmed renewal failed");
+    }
+}
+
+async fn release_for_departure<L: Renewable>(lease: &L) {
+    match lease.release().await {
+        Ok(was_held) => tracing::debug!(was_held, "client left; lease released"),
+        Err(e) => {
+            tracing::warn!(error = %e, "client left but the release failed; the lease will expire at its ttl")
+        }
+    }
+}
+
+async fn release_for_shutdown<L: Renewable, T>(
+    lease: &L,
+    tx: &mpsc::Sender<Result<T, tonic::Status>>,
+    wrap: fn(Event) -> T,
+) {
+    let message = match lease.release().await {
+        Ok(_) => "baton is shutting down; the lease was released".to_owned(),
+        Err(e) => format!(
+            "baton is shutting down; the release failed ({e}) so the lease expires at its ttl"
+        ),
+    };
+    send_final(tx, wrap(Event::Lost(LostReason::Shutdown, message))).await;
+}
+
+async fn send_final<T>(tx: &mpsc::Sender<Result<T, tonic::Status>>, event: T) {
+    let _ = tokio::time::timeout(FINAL_EVENT_TIMEOUT, tx.send(Ok(event))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The margin is a tenth of the ttl, clamped.
+    #[test]
+    fn margin_is_clamped() {
+        assert_eq!(loss_margin(Duration::from_millis(10)), MIN_LOSS_MARGIN);
+        assert_eq!(
+            loss_margin(Duration::from_secs(1)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(loss_margin(Duration::from_secs(3600)), MAX_LOSS_MARGIN);
+    }
+}

@@ -1,0 +1,26 @@
+//! Baton: a coordination sidecar serving distributed coordination primitives over gRPC, with all
+//! state in Redis.
+//!
+//! # Layout
+//!
+//! - [`config`]: flags and `BATON_*` variables, validated in one pass.
+//! - [`server`]: [`server::serve`] builds the gRPC router (services, health, reflection) on
+//!   already-bound listeners and drains on a shutdown token with a deadline.
+//! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
+//! - [`redis`]: the connection pool, script calls with timeouts, and the shared pub/sub
+//!   subscriber ([`redis::Notifier`]) that wakes local waiters.
+//! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
+//!   loss before expiry, release when the client goes away.
+//! - [`lock`]: the `baton.v1.LockService`: its gRPC handler, its Lua scripts and its domain types.
+//! - [`error`]: the domain error and its single mapping to gRPC status codes.
+//! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
+
+pub mod config;
+pub mod error;
+pub mod lease;
+pub mod lock;
+pub mod proto;
+pub mod redis;
+pub mod server;
+pub mod telemetry;
+pub mod wire;

@@ -1,0 +1,72 @@
+//! The `baton` command: parse the configuration, set up logging, bind, serve, and drain on
+//! SIGTERM or SIGINT with a deadline.
+
+use std::process::ExitCode;
+
+use baton::{
+    config::{Cli, Command, ServeConfig},
+    server::{self, Listeners},
+    telemetry,
+};
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let config = match ServeConfig::from_args(&args) {
+                Ok(config) => config,
+                Err(errors) => {
+                    eprintln!("baton: invalid configuration:");
+                    for e in errors {
+                        eprintln!("  - {e}");
+                    }
+                    return ExitCode::from(2);
+                }
+            };
+            telemetry::init(config.log_format, &config.log_filter);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("baton: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(serve(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "baton failed");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let listeners = Listeners::bind(&config).await?;
+    let shutdown = CancellationToken::new();
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
+        trigger.cancel();
+        // A second signal means the operator does not want to wait for the drain.
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::warn!("second signal received; exiting without draining");
+        std::process::exit(130);
+    });
+    server::serve(config, listeners, shutdown).await
+}

@@ -1,0 +1,186 @@
+//! The Redis layer: a bb8 pool of multiplexed connections, script calls bounded by the command
+//! timeout, and the shared pub/sub subscriber that wakes local waiters.
+//!
+//! Every state change Baton makes is one Lua script (a `.lua` file beside the service that owns
+//! it, wrapped once in a [`Script`], called by SHA with a `NOSCRIPT` fallback). Scripts read the
+//! time from Redis (`TIME`), never from this process.
+
+mod notifier;
+
+use std::time::Duration;
+
+use bb8_redis::{
+    bb8,
+    redis::{
+        self, AsyncConnectionConfig, Client, FromRedisValue, RedisError, ScriptInvocation,
+        aio::MultiplexedConnection,
+    },
+};
+use tokio::time::{Instant, timeout_at};
+
+pub use ::redis::Script;
+pub use notifier::{Notifier, Subscription};
+
+use crate::{config::RedisConfig, error::Error};
+
+/// A pooled connection, marked broken after an I/O error or a timeout so that the pool drops it
+/// and opens a fresh one instead of handing the dead one out again.
+pub struct Conn {
+    conn: MultiplexedConnection,
+    broken: bool,
+}
+
+/// Opens connections with Baton's connect and response timeouts.
+///
+/// `bb8_redis::RedisConnectionManager` opens connections with the redis crate's defaults and never
+/// reports one as broken, which would keep a dead connection in the pool after Redis restarts
+/// unless every checkout paid for a `PING`; this manager does neither.
+pub struct Manager {
+    client: Client,
+    config: AsyncConnectionConfig,
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Conn {
+            conn,
+            broken: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Conn) -> Result<(), RedisError> {
+        redis::cmd("PING").query_async(&mut conn.conn).await
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken
+    }
+}
+
+/// Handle to Redis shared by every service: cheap to clone.
+#[derive(Clone)]
+pub struct Redis {
+    pool: bb8::Pool<Manager>,
+    client: Client,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    key_prefix: std::sync::Arc<str>,
+}
+
+impl Redis {
+    /// Builds the pool without connecting yet, so Baton starts (and reports not ready) while Redis
+    /// is down.
+    pub fn new(config: &RedisConfig) -> Result<Self, Error> {
+        let client = Client::open(config.url.as_str())
+            .map_err(|e| Error::Internal(format!("redis url: {e}")))?;
+        let manager = Manager {
+            client: client.clone(),
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.command_timeout)),
+        };
+        let pool = bb8::Pool::builder()
+            .max_size(config.pool_size)
+            .connection_timeout(config.command_timeout)
+            .test_on_check_out(false)
+            .build_unchecked(manager);
+        Ok(Self {
+            pool,
+            client,
+            command_timeout: config.command_timeout,
+            connect_timeout: config.connect_timeout,
+            key_prefix: config.key_prefix.as_str().into(),
+        })
+    }
+
+    /// The namespace put in front of every key.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The redis client, for connections outside the pool (pub/sub).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The time allowed for one command.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// The time allowed to open a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) within the command timeout, counted from
+    /// the moment a connection is requested.
+    pub async fn eval<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        let deadline = Instant::now() + self.command_timeout;
+        let mut conn = self.checkout(deadline).await?;
+        let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
+        self.settle(&mut conn, outcome)
+    }
+
+    /// Sends one plain command within the command timeout.
+    pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        let deadline = Instant::now() + self.command_timeout;
+        let mut conn = self.checkout(deadline).await?;
+        let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
+        self.settle(&mut conn, outcome)
+    }
+
+    /// Sends `PING` within the command timeout.
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.command::<String>(&redis::cmd("PING")).await.map(drop)
+    }
+
+    /// Turns a bounded call's outcome into a result, marking the connection broken when it can no
+    /// longer be trusted (an I/O error, a dropped connection, or no answer in time).
+    fn settle<T>(
+        &self,
+        conn: &mut Conn,
+        outcome: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Error> {
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    conn.broken = true;
+                }
+                Err(e.into())
+            }
+            Err(_) => {
+                conn.broken = true;
+                Err(Error::Unavailable(format!(
+                    "no answer within {}",
+                    humantime::format_duration(self.command_timeout)
+                )))
+            }
+        }
+    }
+
+    async fn checkout(
+        &self,
+        deadline: Instant,
+    ) -> Result<bb8::PooledConnection<'_, Manager>, Error> {
+        match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(bb8::RunError::User(e))) => Err(e.into()),
+            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(Error::Unavailable(format!(
+                "no connection within {}",
+                humantime::format_duration(self.command_timeout)
+            ))),
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The gRPC server: services, health and reflection on already-bound listeners, with a graceful
+//! drain bounded by a deadline.
+//!
+//! Health answers for `""` and `liveness` (SERVING while the process serves) and for `readiness`
+//! and each Baton service (SERVING only while Redis answers `PING`). On shutdown everything turns
+//! NOT_SERVING first, so probes stop routing traffic while streams drain.
+
+use std::{
+    io,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context;
+use tokio::{
+    net::{TcpListener, UnixListener, UnixStream},
+    task::JoinSet,
+};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Server, server::TcpIncoming};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::{
+    config::ServeConfig,
+    lock::{Locks, service::LockApi},
+    proto::{FILE_DESCRIPTOR_SET, v1::lock_service_server::LockServiceServer},
+    redis::{Notifier, Redis},
+};
+
+/// How often readiness checks Redis with `PING`.
+pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Interval of HTTP/2 keepalive pings, which notice clients that vanished without closing.
+const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Time allowed for a keepalive ping's answer.
+const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Health service names that follow Redis reachability.
+const READY_NAMES: [&str; 2] = ["readiness", "baton.v1.LockService"];
+/// Health service names that follow the process.
+const LIVE_NAMES: [&str; 2] = ["", "liveness"];
+
+/// The sockets Baton serves on, bound before [`serve`] so tests can bind port 0.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The TCP listener, if any.
+    pub tcp: Option<TcpListener>,
+    /// The Unix socket listener and its path (removed when serving ends), if any.
+    pub unix: Option<(UnixListener, PathBuf)>,
+}
+
+impl Listeners {
+    /// Binds the addresses in `config`. The Unix socket gets mode 0660; a stale socket file left
+    /// by a dead Baton is replaced, but one that still accepts connections is an error.
+    pub async fn bind(config: &ServeConfig) -> anyhow::Result<Self> {
+        let tcp = match config.listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr}"))?,
+            ),
+            None => None,
+        };
+        let unix = match &config.socket {
+            Some(path) => Some((bind_unix(path).await?, path.clone())),
+            None => None,
+        };
+        Ok(Self { tcp, unix })
+    }
+}
+
+async fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            anyhow::bail!("{} is in use by a running server", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("setting mode 0660 on {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Serves until `shutdown` is cancelled, then drains: listeners stop accepting, open streams end
+/// (releasing what they hold), and in-flight calls get up to `config.drain_timeout` to finish
+/// before the server stops hard.
+pub async fn serve(
+    config: ServeConfig,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let redis = Redis::new(&config.redis)?;
+    let notifier = Notifier::start(
+        redis.client().clone(),
+        redis.command_timeout(),
+        shutdown.child_token(),
+    );
+    let locks = Locks::new(redis.clone(), notifier);
+    let lock_api = LockApi::new(locks, shutdown.clone());
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in LIVE_NAMES {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    for name in READY_NAMES {
+        reporter
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    let readiness = tokio::spawn(readiness(redis, reporter.clone(), shutdown.clone()));
+
+    let router = || -> anyhow::Result<_> {
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        Ok(Server::builder()
+            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+            .add_service(health.clone())
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(LockServiceServer::new(lock_api.clone())))
+    };
+
+    let mut servers = JoinSet::new();
+    let mut socket_path = None;
+    if let Some(tcp) = listeners.tcp {
+        tracing::info!(addr = %tcp.local_addr()?, "serving gRPC over TCP");
+        let incoming = TcpIncoming::from(tcp).with_nodelay(Some(true));
+        let stop = shutdown.clone().cancelled_owned();
+        servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
+    }
+    if let Some((unix, path)) = listeners.unix {
+        tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
+        let stop = shutdown.clone().cancelled_owned();
+        servers.spawn(router()?.serve_with_incoming_shutdown(UnixListenerStream::new(unix), stop));
+        socket_path = Some(path);
+    }
+    if servers.is_empty() {
+        anyhow::bail!("no listener to serve on");
+    }
+
+    let result = tokio::select! {
+        r = first_failure(&mut servers) => r,
+        () = shutdown.cancelled() => {
+            tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
+            for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
+                reporter.set_service_status(*name, ServingStatus::NotServing).await;
+            }
+            match tokio::time::timeout(config.drain_timeout, first_failure(&mut servers)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("drain deadline passed; stopping hard");
+                    servers.abort_all();
+                    Ok(())
+                }
+            }
+        }
+    };
+    readiness.abort();
+    if let Some(path) = socket_path
+        && let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
+    }
+    tracing::info!("stopped");
+    result
+}
+
+/// Waits until every server has ended, returning the first error.
+async fn first_failure(
+    servers: &mut JoinSet<Result<(), tonic::transport::Error>>,
+) -> anyhow::Result<()> {
+    while let Some(joined) = servers.join_next().await {
+        joined.context("server task")?.context("gRPC server")?;
+    }
+    Ok(())
+}
+
+/// Keeps readiness in step with Redis: SERVING while `PING` answers within the command timeout.
+async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(READINESS_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let status = match redis.ping().await {
+            Ok(()) => ServingStatus::Serving,
+            Err(e) => {
+                if last != Some(ServingStatus::NotServing) {
+                    tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING");
+                }
+                ServingStatus::NotServing
+            }
+        };
+        if shutdown.is_cancelled() {
+            return;
+        }
+        if last != Some(status) {
+            if status == ServingStatus::Serving {
+                tracing::info!("redis answers; readiness is SERVING");
+            }
+            for name in READY_NAMES {
+                reporter.set_service_status(name, status).await;
+            }
+            last = Some(status);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Checks and conversions shared by every gRPC handler: durations, names, tokens and the caller's
+//! deadline. Each failure is an [`Error::InvalidArgument`] that names the proto field.
+
+use std::time::Duration;
+
+use tonic::metadata::MetadataMap;
+
+use crate::error::Error;
+
+/// Converts a proto duration to milliseconds, rounding sub-millisecond parts up.
+///
+/// `None` and zero are returned as `None`; negative or malformed values are an error for `field`.
+pub fn millis(
+    field: &'static str,
+    value: Option<prost_types::Duration>,
+) -> Result<Option<Duration>, Error> {
+    let Some(d) = value else { return Ok(None) };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(Error::invalid(field, "must be a non-negative duration"));
+    }
+    let secs = u64::try_from(d.seconds).unwrap_or(0);
+    // nanos is in [0, 1e9) here, so the conversion cannot fail.
+    let nanos = u64::try_from(d.nanos).unwrap_or(0);
+    let ms = secs
+        .checked_mul(1000)
+        .and_then(|m| m.checked_add(nanos.div_ceil(1_000_000)))
+        .ok_or_else(|| Error::invalid(field, "is too large"))?;
+    Ok((ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+/// A required duration within `[min, max]`, at millisecond precision.
+pub fn bounded(
+    field: &'static str,
+    value: Option<prost_types::Duration>,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, Error> {
+    match millis(field, value)? {
+        None => Err(Error::invalid(
+            field,
+            format!("is required ({} to {})", show(min), show(max)),
+        )),
+        Some(d) => within(field, d, min, max),
+    }
+}
+
+/// An optional duration within `[min, max]` when present and non-zero.
+pub fn optional_bounded(
+    field: &'static str,
+    value: Option<prost_types::Duration>,
+    min: Duration,
+    max: Duration,
+) -> Result<Option<Duration>, Error> {
+    millis(field, value)?
+        .map(|d| within(field, d, min, max))
+        .transpose()
+}
+
+fn within(
+    field: &'static str,
+    d: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, Error> {
+    if d < min || d > max {
+        return Err(Error::invalid(
+            field,
+            format!("{} is outside {} to {}", show(d), show(min), show(max)),
+        ));
+    }
+    Ok(d)
+}
+
+fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// Converts a duration to its proto form.
+pub fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        // subsec_nanos is below 1e9, which fits in i32.
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// A non-empty string of at most `max` bytes.
+pub fn text<'a>(field: &'static str, value: &'a str, max: usize) -> Result<&'a str, Error> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    optional_text(field, value, max)
+}
+
+/// A string of at most `max` bytes, possibly empty.
+pub fn optional_text<'a>(
+    field: &'static str,
+    value: &'a str,
+    max: usize,
+) -> Result<&'a str, Error> {
+    if value.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("is {} bytes, more than the {max} allowed", value.len()),
+        ));
+    }
+    Ok(value)
+}
+
+/// A lease token as Baton issues them: a UUID in its 36-character hyphenated form.
+pub fn token(field: &'static str, value: &str) -> Result<uuid::Uuid, Error> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    uuid::Uuid::try_parse(value)
+        .ok()
+        .filter(|u| value.len() == 36 && u.hyphenated().to_string() == value)
+        .ok_or_else(|| Error::invalid(field, "is not a token issued by Baton"))
+}
+
+/// How long until the caller's gRPC deadline (`grpc-timeout` header), if it sent one.
+pub fn deadline(metadata: &MetadataMap) -> Option<Duration> {
+    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (value, unit) = raw.split_at(raw.len().checked_sub(1)?);
+    let value: u64 = value.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value.saturating_mul(3600)),
+        "M" => Duration::from_secs(value.saturating_mul(60)),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pd(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
+        Some(prost_types::Duration { seconds, nanos })
+    }
+
+    /// Sub-millisecond parts round up; zero and absent mean none; negatives are rejected.
+    #[test]
+    fn millis_rounding_and_sign() {
+        assert_eq!(
+            millis("ttl", pd(1, 1)).unwrap(),
+            Some(Duration::from_millis(1001))
+        );
+        assert_eq!(millis("ttl", pd(0, 0)).unwrap(), None);
+        assert_eq!(millis("ttl", None).unwrap(), None);
+        assert!(millis("ttl", pd(-1, 0)).is_err());
+        assert!(millis("ttl", pd(0, -5)).is_err());
+        assert!(millis("ttl", pd(i64::MAX, 0)).is_err());
+    }
+
+    /// Bounds are inclusive and the error names the field.
+    #[test]
+    fn bounded_names_field() {
+        let min = Duration::from_millis(10);
+        let max = Duration::from_secs(3600);
+        assert_eq!(bounded("ttl", pd(0, 10_000_000), min, max).unwrap(), min);
+        assert_eq!(bounded("ttl", pd(3600, 0), min, max).unwrap(), max);
+        let err = bounded("ttl", pd(3600, 1), min, max).unwrap_err();
+        assert!(err.to_string().starts_with("ttl: "), "{err}");
+        assert!(bounded("ttl", None, min, max).is_err());
+    }
+
+    /// Only the canonical hyphenated UUID form is a token.
+    #[test]
+    fn token_format() {
+        let t = uuid::Uuid::new_v4().hyphenated().to_string();
+        assert!(token("token", &t).is_ok());
+        assert!(token("token", &t.to_uppercase()).is_err());
+        assert!(token("token", &t.replace('-', "")).is_err());
+        assert!(token("token", "").is_err());
+        assert!(token("token", "not-a-token").is_err());
+    }
+
+    /// The grpc-timeout header is parsed in every unit.
+    #[test]
+    fn deadline_header() {
+        let mut m = MetadataMap::new();
+        assert_eq!(deadline(&m), None);
+        m.insert("grpc-timeout", "250m".parse().unwrap());
+        assert_eq!(deadline(&m), Some(Duration::from_millis(250)));
+        m.insert("grpc-timeout", "3S".parse().unwrap());
+        assert_eq!(deadline(&m), Some(Duration::from_secs(3)));
+        m.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(deadline(&m), None);
+    }
+}
