@@ -64,10 +64,37 @@ impl bb8::ManageConnection for Manager {
     }
 }
 
+/// Passes the pool's connection failures to the checkouts waiting for a connection.
+///
+/// bb8 opens connections in the background and sends their errors to an error sink, leaving a
+/// waiting `get` to run into its timeout; with this sink a refused connection fails the waiting
+/// calls at once with the real cause.
+#[derive(Clone)]
+struct ConnectFailures(tokio::sync::broadcast::Sender<std::sync::Arc<str>>);
+
+impl std::fmt::Debug for ConnectFailures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectFailures")
+    }
+}
+
+impl bb8::ErrorSink<RedisError> for ConnectFailures {
+    fn sink(&self, error: RedisError) {
+        tracing::debug!(error = %error, "redis connection failed");
+        // No receiver just means nobody is waiting for a connection right now.
+        let _ = self.0.send(error.to_string().into());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
+}
+
 /// Handle to Redis shared by every service: cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
     pool: bb8::Pool<Manager>,
+    connect_failures: ConnectFailures,
     client: Client,
     command_timeout: Duration,
     connect_timeout: Duration,
@@ -86,13 +113,18 @@ impl Redis {
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_response_timeout(Some(config.command_timeout)),
         };
+        let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
         let pool = bb8::Pool::builder()
             .max_size(config.pool_size)
             .connection_timeout(config.command_timeout)
             .test_on_check_out(false)
+            // A refused connection is reported at once instead of being retried until the timeout.
+            .retry_connection(false)
+            .error_sink(Box::new(connect_failures.clone()))
             .build_unchecked(manager);
         Ok(Self {
             pool,
+            connect_failures,
             client,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
@@ -174,7 +206,12 @@ impl Redis {
         &self,
         deadline: Instant,
     ) -> Result<bb8::PooledConnection<'_, Manager>, Error> {
-        match timeout_at(deadline, self.pool.get()).await {
+        let mut failures = self.connect_failures.0.subscribe();
+        let checkout = tokio::select! {
+            r = timeout_at(deadline, self.pool.get()) => r,
+            Ok(cause) = failures.recv() => return Err(Error::Unavailable(cause.to_string())),
+        };
+        match checkout {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(bb8::RunError::User(e))) => Err(e.into()),
             Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(Error::Unavailable(format!(
