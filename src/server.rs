@@ -151,7 +151,7 @@ pub async fn serve(
     }
 
     let result = tokio::select! {
-        r = first_failure(&mut servers) => r,
+        biased;
         () = shutdown.cancelled() => {
             tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
@@ -166,6 +166,7 @@ pub async fn serve(
                 }
             }
         }
+        r = first_failure(&mut servers) => r.and(Err(anyhow::anyhow!("the gRPC server stopped on its own"))),
     };
     readiness.abort();
     if let Some(path) = socket_path

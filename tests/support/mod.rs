@@ -1,0 +1,710 @@
+//! The harness shared by every integration test file (`mod support;`).
+//!
+//! - [`RedisServer`]: a real `redis-server` on a free port, without persistence, its log and
+//!   working directory in a temp dir; killed on drop, restartable on the same port.
+//! - [`Baton`]: an in-process Baton (`baton::server::serve`) on `127.0.0.1:0` and a Unix socket,
+//!   with a key prefix of its own, and clients for it.
+//! - [`BatonProcess`]: the real `baton` binary, for signals and exit codes.
+//! - [`Proxy`]: a TCP relay whose connections can be cut at once, to play a client that dies.
+//! - Bounded waits ([`within`], [`wait_until`]) that fail with a message saying what was awaited.
+//!
+//! Every test gets its own `redis-server` (they start in milliseconds), so tests run in parallel.
+
+// Each test file uses a different part of the harness.
+#![allow(dead_code)]
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    net::{SocketAddr, TcpListener as StdTcpListener},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::Duration,
+};
+
+use baton::{
+    config::{RedisConfig, ServeConfig},
+    proto::v1::lock_service_client::LockServiceClient,
+    server::{Listeners, serve},
+};
+use tokio::{task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+/// How long `redis-server` may take to answer `PING` after it was spawned.
+const REDIS_READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts at starting `redis-server` on a fresh port when the picked one was taken meanwhile.
+const REDIS_START_ATTEMPTS: usize = 5;
+/// How long an in-process Baton may take to report `readiness` SERVING.
+const BATON_READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the `baton` binary may take to answer health checks.
+const PROCESS_READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an in-process Baton may take to stop after its shutdown token is cancelled.
+const BATON_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The drain deadline of in-process Batons (the default, 10 s, is longer than tests want).
+pub const TEST_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A proto duration of `n` milliseconds.
+pub fn ms(n: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(n / 1000).expect("seconds fit"),
+        nanos: i32::try_from((n % 1000) * 1_000_000).expect("nanos fit"),
+    }
+}
+
+/// A proto duration as a std one (panics on a negative value, which Baton never sends).
+pub fn std_duration(d: &prost_types::Duration) -> Duration {
+    Duration::try_from(*d).unwrap_or_else(|e| panic!("{d:?} is not a valid duration: {e}"))
+}
+
+/// Awaits `fut` for at most `limit`, panicking with `what` if it takes longer.
+pub async fn within<T>(limit: Duration, fut: impl Future<Output = T>, what: &str) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` every few milliseconds until it returns `Some`, for at most `limit`; panics with
+/// `what` and the last value seen otherwise. For conditions with no event to wait on (a count in
+/// Redis, a health status), never as a pause.
+pub async fn wait_until<T, L, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    L: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, L>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let last = match check().await {
+            Ok(v) => return v,
+            Err(last) => last,
+        };
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {what}; last seen: {last:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A key prefix no other test uses.
+pub fn unique_prefix() -> String {
+    format!("test-{}:", uuid::Uuid::new_v4().simple())
+}
+
+/// The Redis key of lock `name`'s state under `prefix` (`PREFIX{lock:NAME}`).
+pub fn lock_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{{lock:{name}}}")
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = StdTcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A gRPC channel to `addr` over TCP.
+pub async fn channel(addr: SocketAddr) -> Channel {
+    within(
+        Duration::from_secs(5),
+        Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect(),
+        "a gRPC connection",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
+}
+
+/// A gRPC channel over the Unix socket at `path`.
+pub async fn uds_channel(path: &Path) -> Channel {
+    let path = path.to_owned();
+    let connect = Endpoint::try_from("http://[::]:50051")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }));
+    within(
+        Duration::from_secs(5),
+        connect,
+        "a gRPC connection over the Unix socket",
+    )
+    .await
+    .expect("connecting over the Unix socket")
+}
+
+/// The health status of `service`, or the gRPC error.
+pub async fn health_status(
+    health: &mut HealthClient<Channel>,
+    service: &str,
+) -> Result<ServingStatus, tonic::Status> {
+    let response = health
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await?;
+    Ok(response.into_inner().status())
+}
+
+/// Waits (at most `limit`) until health reports `wanted` for `service`.
+pub async fn wait_for_health(
+    health: &mut HealthClient<Channel>,
+    service: &str,
+    wanted: ServingStatus,
+    limit: Duration,
+) {
+    let what = format!("health of {service:?} to be {wanted:?}");
+    wait_until(limit, &what, || {
+        let mut health = health.clone();
+        async move {
+            match health_status(&mut health, service).await {
+                Ok(s) if s == wanted => Ok(()),
+                other => Err(other),
+            }
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis-server
+// ---------------------------------------------------------------------------------------------
+
+/// A `redis-server` child process, killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free port, ready to answer `PING`.
+    pub async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("baton-redis-")
+            .tempdir()
+            .expect("creating a temp dir for redis-server");
+        let mut failures = Vec::new();
+        for _ in 0..REDIS_START_ATTEMPTS {
+            let port = free_port();
+            match launch_redis(port, dir.path()).await {
+                Ok(child) => {
+                    return Self {
+                        child: Some(child),
+                        port,
+                        dir,
+                    };
+                }
+                // Most likely the port was taken between picking and binding: try another one.
+                Err(log) => failures.push(format!("port {port}:\n{log}")),
+            }
+        }
+        panic!(
+            "redis-server did not start in {REDIS_START_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory (with no data: nothing is saved).
+    pub async fn restart(&mut self) {
+        self.kill();
+        // The port was ours a moment ago; another process could grab it, but only by bad luck.
+        let deadline = Instant::now() + REDIS_READY_TIMEOUT;
+        loop {
+            match launch_redis(self.port, self.dir.path()).await {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(log) if Instant::now() >= deadline => {
+                    panic!("redis-server did not restart on port {}:\n{log}", self.port)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// A multiplexed connection for looking at or changing Redis directly.
+    pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        let client = redis::Client::open(self.url()).expect("redis url");
+        within(
+            Duration::from_secs(5),
+            client.get_multiplexed_async_connection(),
+            "a redis connection",
+        )
+        .await
+        .expect("connecting to redis-server")
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        read_log(self.dir.path())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn read_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("redis.log"))
+        .unwrap_or_else(|e| format!("(no redis.log: {e})"))
+}
+
+/// Spawns `redis-server` on `port` and waits until it answers `PING`. An early exit (the port is
+/// taken) is an `Err` with the log; not answering within [`REDIS_READY_TIMEOUT`] panics.
+async fn launch_redis(port: u16, dir: &Path) -> Result<Child, String> {
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning redis-server (is it installed?)");
+    let url = format!("redis://127.0.0.1:{port}");
+    let client = redis::Client::open(url.as_str()).expect("redis url");
+    let deadline = Instant::now() + REDIS_READY_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited with {status}; log:\n{}", read_log(dir)));
+        }
+        let ping = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        if let Ok(Ok(pong)) = tokio::time::timeout(Duration::from_millis(500), ping).await
+            && pong == "PONG"
+        {
+            // Answering PING could also be someone else's server on a stolen port.
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("exited with {status}; log:\n{}", read_log(dir)));
+            }
+            return Ok(child);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "redis-server on port {port} did not answer PING within {REDIS_READY_TIMEOUT:?}; log:\n{}",
+                read_log(dir)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process Baton
+// ---------------------------------------------------------------------------------------------
+
+/// A Baton served in-process on `127.0.0.1:0` and a Unix socket, with a key prefix of its own.
+/// Cancelled on drop.
+pub struct Baton {
+    addr: SocketAddr,
+    socket_path: PathBuf,
+    prefix: String,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Baton {
+    /// Starts a Baton over `redis` with a fresh key prefix and waits until it is ready.
+    pub async fn start(redis: &RedisServer) -> Self {
+        Self::start_with(redis, |_| {}).await
+    }
+
+    /// Starts a Baton over `redis`, letting `tweak` change the configuration before it binds.
+    pub async fn start_with(redis: &RedisServer, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        let baton = Self::start_unready(redis, tweak).await;
+        let mut health = baton.health().await;
+        wait_for_health(
+            &mut health,
+            "readiness",
+            ServingStatus::Serving,
+            BATON_READY_TIMEOUT,
+        )
+        .await;
+        baton
+    }
+
+    /// Starts a Baton without waiting for Redis to be reachable (readiness may be NOT_SERVING).
+    pub async fn start_unready(redis: &RedisServer, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("baton-sock-")
+            .tempdir()
+            .expect("creating a temp dir for the socket");
+        let mut redis_config = RedisConfig::new(redis.url());
+        redis_config.key_prefix = unique_prefix();
+        let mut config = ServeConfig::new(redis_config);
+        config.listen = Some("127.0.0.1:0".parse().expect("address"));
+        config.socket = Some(dir.path().join("baton.sock"));
+        config.drain_timeout = TEST_DRAIN_TIMEOUT;
+        tweak(&mut config);
+
+        let listeners = Listeners::bind(&config).await.expect("binding listeners");
+        let addr = listeners
+            .tcp
+            .as_ref()
+            .expect("the test Baton listens on TCP")
+            .local_addr()
+            .expect("local address");
+        let socket_path = listeners
+            .unix
+            .as_ref()
+            .map(|(_, p)| p.clone())
+            .expect("the test Baton listens on a Unix socket");
+        let prefix = config.redis.key_prefix.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(config, listeners, shutdown.clone()));
+        Self {
+            addr,
+            socket_path,
+            prefix,
+            shutdown,
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// The TCP address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The Unix socket's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// The key prefix this Baton writes under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key of lock `name`'s state.
+    pub fn lock_key(&self, name: &str) -> String {
+        lock_key(&self.prefix, name)
+    }
+
+    /// A LockService client over a new TCP connection.
+    pub async fn client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::new(channel(self.addr).await)
+    }
+
+    /// A LockService client over a new Unix socket connection.
+    pub async fn uds_client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::new(uds_channel(&self.socket_path).await)
+    }
+
+    /// A health client over a new TCP connection.
+    pub async fn health(&self) -> HealthClient<Channel> {
+        HealthClient::new(channel(self.addr).await)
+    }
+
+    /// Cancels the shutdown token (as SIGTERM would) without waiting.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Cancels the shutdown token and waits (bounded) for `serve` to return.
+    pub async fn shutdown(&mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let task = self.task.take().expect("shutdown is called once");
+        within(BATON_STOP_TIMEOUT, task, "serve() to return after shutdown")
+            .await
+            .expect("the serve task did not panic")
+    }
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The baton binary
+// ---------------------------------------------------------------------------------------------
+
+/// A `baton` child process serving on a free TCP port; killed on drop. Its stderr goes to a
+/// temp file, printed when the test fails.
+pub struct BatonProcess {
+    child: Option<Child>,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl BatonProcess {
+    /// Runs `baton serve --listen 127.0.0.1:PORT --socket DIR/baton.sock` followed by `args`, and
+    /// waits until it answers gRPC health checks.
+    pub async fn spawn(args: &[&str]) -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let dir = tempfile::Builder::new()
+                .prefix("baton-proc-")
+                .tempdir()
+                .expect("creating a temp dir");
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
+                .parse()
+                .expect("address");
+            let socket = dir.path().join("baton.sock");
+            let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
+            let child = baton_command()
+                .args(["serve", "--listen", &addr.to_string(), "--socket"])
+                .arg(&socket)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("spawning the baton binary");
+            let mut process = Self {
+                child: Some(child),
+                addr,
+                dir,
+            };
+            match process.wait_ready().await {
+                Ok(()) => return process,
+                // Most likely the port was taken meanwhile: try another one (dropping kills it).
+                Err(why) => failures.push(format!("{addr}: {why}\nstderr:\n{}", process.stderr())),
+            }
+        }
+        panic!(
+            "the baton binary did not become ready:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + PROCESS_READY_TIMEOUT;
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr)).expect("endpoint");
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!("exited early with {status}"));
+            }
+            if let Ok(Ok(channel)) =
+                tokio::time::timeout(Duration::from_millis(500), endpoint.connect()).await
+            {
+                let mut health = HealthClient::new(channel);
+                if let Ok(Ok(ServingStatus::Serving)) = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    health_status(&mut health, "liveness"),
+                )
+                .await
+                {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no SERVING liveness within {PROCESS_READY_TIMEOUT:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The TCP address it serves on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the process was spawned").id()
+    }
+
+    /// A LockService client over a new TCP connection.
+    pub async fn client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::new(channel(self.addr).await)
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("pid fits"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("sending SIGTERM");
+    }
+
+    /// Waits up to `limit` for the process to exit; `None` if it is still running.
+    pub async fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut().expect("the process was spawned");
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting for baton") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log"))
+            .unwrap_or_else(|e| format!("(no stderr: {e})"))
+    }
+}
+
+impl Drop for BatonProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- baton stderr ---\n{}--- end ---", self.stderr());
+        }
+    }
+}
+
+/// A `Command` for the `baton` binary with no `BATON_*` variable inherited from the test's
+/// environment (tests never change their own environment; they only shape the child's).
+pub fn baton_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("BATON_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// Runs the `baton` binary to completion (at most `limit`), returning its status and stderr.
+pub async fn run_baton(mut command: Command, limit: Duration) -> (ExitStatus, String) {
+    let dir = tempfile::tempdir().expect("creating a temp dir");
+    let stderr_path = dir.path().join("stderr.log");
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawning the baton binary");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for baton") {
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            return (status, stderr);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!("baton did not exit within {limit:?}; stderr:\n{stderr}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A TCP relay that can be cut
+// ---------------------------------------------------------------------------------------------
+
+/// Relays TCP connections to a target until [`Proxy::cut`], which closes every relayed connection
+/// at once and refuses new ones: to Baton, the client vanished as if its process died.
+pub struct Proxy {
+    addr: SocketAddr,
+    cut: CancellationToken,
+}
+
+impl Proxy {
+    /// Starts relaying from a fresh local port to `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the proxy");
+        let addr = listener.local_addr().expect("local address");
+        let cut = CancellationToken::new();
+        let stop = cut.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = stop.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((mut inbound, _)) = accepted else {
+                    continue;
+                };
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, cut }
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A LockService client whose connection goes through the proxy.
+    pub async fn client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::new(channel(self.addr).await)
+    }
+
+    /// Closes every relayed connection and stops accepting.
+    pub fn cut(&self) {
+        self.cut.cancel();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut.cancel();
+    }
+}
