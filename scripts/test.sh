@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: formatting, clippy, buf lint, then every test (unit and
-# integration; the integration tests start their own redis-server processes on free ports).
+# The whole test suite, as CI runs it: formatting, clippy, buf lint, the contract checked from a
+# generated Python client, then every Rust test (unit and integration). Every test starts its own
+# redis-server processes on free ports and stops them by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,5 +13,7 @@ echo "==> cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "==> buf lint"
 .tools/node_modules/.bin/buf lint
+echo "==> Python contract tests (client generated from proto/)"
+scripts/python-tests.sh
 echo "==> cargo test"
 cargo test --locked --all-targets

@@ -1197,15 +1197,26 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
     // Waiting (which needs the pub/sub connection back) works again too.
     let mut waiter_client = baton.client().await;
     let waiter = tokio::spawn(async move {
-        let response = acquire(&mut waiter_client, "orders", 10_000, Some(10_000), "carol").await;
+        let response = waiter_client
+            .acquire(acquire_request("orders", 10_000, Some(10_000), "carol"))
+            .await;
         (response, Instant::now())
     });
+    let t0 = Instant::now();
+    loop {
+        let r = client.acquire(acquire_request("dbg", 10_000, Some(10), "")).await;
+        if r.is_ok() { eprintln!("DEBUG pubsub back after {:?}", t0.elapsed()); break; }
+        if t0.elapsed() > Duration::from_secs(20) { panic!("DEBUG never back: {r:?}"); }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if waiter.is_finished() { panic!("DEBUG waiter finished: {:?}", waiter.await); }
     wait_for_waiters(&client, "orders", 1).await;
     assert!(release(&mut client, "orders", &lease.token).await.was_held);
     let released_at = Instant::now();
     let (response, got_at) = within(Duration::from_secs(2), waiter, "the waiter to acquire")
         .await
         .expect("waiter task");
+    let response = response.expect("a waiting Acquire after Redis restarted").into_inner();
     assert!(response.acquired, "{response:?}");
     assert!(got_at.saturating_duration_since(released_at) < Duration::from_millis(200));
 }

@@ -126,9 +126,9 @@ pub async fn channel(addr: SocketAddr) -> Channel {
 /// A gRPC channel over the Unix socket at `path`.
 pub async fn uds_channel(path: &Path) -> Channel {
     let path = path.to_owned();
-    let connect = Endpoint::try_from("http://[::]:50051")
-        .expect("endpoint")
-        .connect_with_connector(tower::service_fn(move |_| {
+    // The URI is required but unused: every connection goes to the socket.
+    let endpoint = Endpoint::try_from("http://[::]:50051").expect("endpoint");
+    let connect = endpoint.connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(

@@ -1,0 +1,321 @@
+"""The LockService contract, checked from Python through a client generated from proto/.
+
+Run by scripts/python-tests.sh, which generates the client into BATON_PY_GEN and builds the
+binary named by BATON_BIN. Each test class starts its own redis-server on a free port (no
+persistence) and its own Baton process, and stops both by pid.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.environ["BATON_PY_GEN"])
+
+import grpc  # noqa: E402
+from google.protobuf.duration_pb2 import Duration  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # noqa: E402
+    ProtoReflectionDescriptorDatabase,
+)
+
+from baton.v1 import lock_pb2 as pb  # noqa: E402
+from baton.v1 import lock_pb2_grpc as rpc  # noqa: E402
+
+
+def ms(n):
+    return Duration(seconds=n // 1000, nanos=(n % 1000) * 1_000_000)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as e:  # noqa: BLE001 - reported below if it never succeeds
+            last = e
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
+
+
+class Redis:
+    def __init__(self, workdir):
+        self.dir = workdir
+        self.port = free_port()
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir,
+             "--logfile", os.path.join(self.dir, "redis.log")])
+
+        def pong():
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        wait_until("redis-server to answer PING", pong)
+
+    def kill(self):
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+class Baton:
+    def __init__(self, redis_port, workdir):
+        self.port = free_port()
+        self.log = open(os.path.join(workdir, "baton.log"), "wb")
+        self.proc = subprocess.Popen(
+            [os.environ["BATON_BIN"], "serve", "--listen", f"127.0.0.1:{self.port}",
+             "--redis-url", f"redis://127.0.0.1:{redis_port}",
+             "--key-prefix", f"py-{uuid.uuid4().hex[:8]}:"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        health = health_pb2_grpc.HealthStub(self.channel)
+        wait_until("Baton readiness SERVING", lambda: health.Check(
+            health_pb2.HealthCheckRequest(service="readiness"), timeout=1).status
+            == health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self):
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=15)
+        self.log.close()
+
+
+class LockContract(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="baton-py-")
+        cls.redis = Redis(cls.dir)
+        cls.baton = Baton(cls.redis.port, cls.dir)
+        cls.locks = rpc.LockServiceStub(cls.baton.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.baton.stop()
+        cls.redis.kill()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def name(self):
+        return f"{self._testMethodName}-{uuid.uuid4().hex[:6]}"
+
+    def acquire(self, name, ttl=5000, wait=0, owner=""):
+        return self.locks.Acquire(pb.LockServiceAcquireRequest(
+            name=name, ttl=ms(ttl), wait_timeout=ms(wait), owner=owner))
+
+    def test_acquire_release_and_describe(self):
+        """A lease comes with a token, a fencing token and its ttl; release frees the lock."""
+        name = self.name()
+        got = self.acquire(name, ttl=2000)
+        self.assertTrue(got.acquired)
+        self.assertEqual(got.lease.hold_count, 1)
+        self.assertGreater(got.lease.fencing_token, 0)
+        self.assertEqual(got.lease.remaining_ttl.ToMilliseconds(), 2000)
+        state = self.locks.Describe(pb.LockServiceDescribeRequest(name=name))
+        self.assertTrue(state.held)
+        self.assertEqual(state.fencing_token, got.lease.fencing_token)
+        busy = self.acquire(name)
+        self.assertFalse(busy.acquired)
+        self.assertGreater(busy.holder_remaining_ttl.ToMilliseconds(), 0)
+        released = self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=got.lease.token))
+        self.assertTrue(released.was_held)
+        self.assertEqual(released.remaining_holds, 0)
+        again = self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=got.lease.token))
+        self.assertFalse(again.was_held)
+        self.assertFalse(self.locks.Describe(pb.LockServiceDescribeRequest(name=name)).held)
+        self.assertGreater(self.acquire(name).lease.fencing_token, got.lease.fencing_token)
+
+    def test_reentrancy_per_owner(self):
+        """The same owner re-enters and counts holds; each release undoes one."""
+        name = self.name()
+        first = self.acquire(name, owner="worker-1")
+        second = self.acquire(name, owner="worker-1")
+        self.assertEqual(second.lease.hold_count, 2)
+        self.assertEqual(second.lease.token, first.lease.token)
+        self.assertEqual(second.lease.fencing_token, first.lease.fencing_token)
+        self.assertFalse(self.acquire(name, owner="worker-2").acquired)
+        r = self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=first.lease.token))
+        self.assertEqual(r.remaining_holds, 1)
+        self.assertFalse(self.acquire(name, owner="worker-2").acquired)
+        self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=first.lease.token))
+        self.assertTrue(self.acquire(name, owner="worker-2").acquired)
+
+    def test_invalid_arguments_name_the_field(self):
+        """Bad input fails with INVALID_ARGUMENT and a message starting with the field name."""
+        cases = [
+            (pb.LockServiceAcquireRequest(name="", ttl=ms(1000)), "name:"),
+            (pb.LockServiceAcquireRequest(name="x" * 1025, ttl=ms(1000)), "name:"),
+            (pb.LockServiceAcquireRequest(name="x"), "ttl:"),
+            (pb.LockServiceAcquireRequest(name="x", ttl=ms(5)), "ttl:"),
+            (pb.LockServiceAcquireRequest(name="x", ttl=ms(1000), wait_timeout=ms(7_200_000)),
+             "wait_timeout:"),
+            (pb.LockServiceAcquireRequest(name="x", ttl=ms(1000), owner="o" * 257), "owner:"),
+        ]
+        for request, prefix in cases:
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.locks.Acquire(request)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertTrue(caught.exception.details().startswith(prefix), caught.exception.details())
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.locks.Release(pb.LockServiceReleaseRequest(name="x", token="not-a-token"))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.locks.Refresh(pb.LockServiceRefreshRequest(name="x", token=str(uuid.uuid4())))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_hold_wakes_waiter_when_client_leaves(self):
+        """Closing a Hold stream releases at once and the waiter is woken through pub/sub."""
+        name = self.name()
+        hold = self.locks.Hold(pb.LockServiceHoldRequest(name=name, ttl=ms(30_000)))
+        self.assertEqual(next(hold).WhichOneof("event"), "acquired")
+        result = {}
+
+        def waiter():
+            result["reply"] = self.acquire(name, ttl=1000, wait=10_000)
+            result["at"] = time.monotonic()
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        wait_until("the waiter to be counted", lambda: self.locks.Describe(
+            pb.LockServiceDescribeRequest(name=name)).waiters == 1)
+        closed = time.monotonic()
+        hold.cancel()
+        t.join(timeout=10)
+        self.assertTrue(result["reply"].acquired)
+        self.assertLess(result["at"] - closed, 1.0, "woken long before the 30 s ttl")
+
+    def test_hold_renews_past_ttl(self):
+        """A Hold stream renews about every third of the ttl and keeps the lock past it."""
+        name = self.name()
+        hold = self.locks.Hold(pb.LockServiceHoldRequest(name=name, ttl=ms(300)))
+        self.assertEqual(next(hold).WhichOneof("event"), "acquired")
+        start = time.monotonic()
+        renewals = 0
+        for event in hold:
+            self.assertEqual(event.WhichOneof("event"), "renewed")
+            renewals += 1
+            if time.monotonic() - start > 1.0:
+                break
+        self.assertGreaterEqual(renewals, 3)
+        self.assertTrue(self.locks.Describe(pb.LockServiceDescribeRequest(name=name)).held)
+        hold.cancel()
+
+    def test_keepalive_of_acquired_lease(self):
+        """KeepAlive renews a lease obtained with Acquire; a wrong token is FAILED_PRECONDITION."""
+        name = self.name()
+        lease = self.acquire(name, ttl=300).lease
+        stream = self.locks.KeepAlive(pb.LockServiceKeepAliveRequest(name=name, token=lease.token))
+        first = next(stream)
+        self.assertEqual(first.WhichOneof("event"), "renewed")
+        time.sleep(0.6)
+        self.assertTrue(self.locks.Describe(pb.LockServiceDescribeRequest(name=name)).held)
+        stream.cancel()
+        wait_until("release on stream close", lambda: not self.locks.Describe(
+            pb.LockServiceDescribeRequest(name=name)).held, timeout=2)
+        bad = self.locks.KeepAlive(pb.LockServiceKeepAliveRequest(name=name, token=str(uuid.uuid4())))
+        with self.assertRaises(grpc.RpcError) as caught:
+            next(bad)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_mutual_exclusion_under_concurrency(self):
+        """8 threads x 25 acquisitions never overlap, and fencing tokens increase in grant order."""
+        name = self.name()
+        inside = []
+        fences = []
+        overlaps = []
+        guard = threading.Lock()
+
+        def worker():
+            for _ in range(25):
+                got = self.acquire(name, ttl=5000, wait=20_000)
+                self.assertTrue(got.acquired)
+                with guard:
+                    if inside:
+                        overlaps.append(got.lease.fencing_token)
+                    inside.append(1)
+                    fences.append(got.lease.fencing_token)
+                time.sleep(0.0005)
+                with guard:
+                    inside.pop()
+                self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=got.lease.token))
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertEqual(overlaps, [])
+        self.assertEqual(len(fences), 200)
+        self.assertEqual(fences, sorted(set(fences)))
+
+    def test_reflection_and_health(self):
+        """Reflection lists the Lock service; liveness and readiness are SERVING."""
+        db = ProtoReflectionDescriptorDatabase(self.baton.channel)
+        self.assertIn("baton.v1.LockService", db.get_services())
+        health = health_pb2_grpc.HealthStub(self.baton.channel)
+        for service in ["", "liveness", "readiness", "baton.v1.LockService"]:
+            status = health.Check(health_pb2.HealthCheckRequest(service=service)).status
+            self.assertEqual(status, health_pb2.HealthCheckResponse.SERVING, service)
+
+
+class RedisFaults(unittest.TestCase):
+    """Redis dies under an open Hold: lost before expiry, UNAVAILABLE promptly, recovery."""
+
+    def test_lost_before_expiry_and_recovery(self):
+        workdir = tempfile.mkdtemp(prefix="baton-py-")
+        redis = Redis(workdir)
+        baton = Baton(redis.port, workdir)
+        try:
+            locks = rpc.LockServiceStub(baton.channel)
+            hold = locks.Hold(pb.LockServiceHoldRequest(name="fault", ttl=ms(1000)))
+            event = next(hold)
+            self.assertEqual(event.WhichOneof("event"), "acquired")
+            valid_until = time.monotonic() + event.acquired.remaining_ttl.ToMilliseconds() / 1000
+            redis.kill()
+            for event in hold:
+                kind = event.WhichOneof("event")
+                if kind == "renewed":
+                    valid_until = time.monotonic() + event.renewed.remaining_ttl.ToMilliseconds() / 1000
+                    continue
+                self.assertEqual(kind, "lost")
+                self.assertEqual(event.lost.reason, pb.LEASE_LOST_REASON_UNCONFIRMED)
+                self.assertLess(time.monotonic(), valid_until, "lost must arrive before expiry")
+                break
+            else:
+                self.fail("the stream ended without a lost event")
+
+            start = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as caught:
+                locks.Acquire(pb.LockServiceAcquireRequest(name="other", ttl=ms(1000)))
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertLess(time.monotonic() - start, 1.0)
+
+            redis.start()
+            wait_until("an acquire to succeed after Redis is back", lambda: locks.Acquire(
+                pb.LockServiceAcquireRequest(name="other", ttl=ms(1000))).acquired)
+        finally:
+            baton.stop()
+            if redis.proc.poll() is None:
+                redis.kill()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
