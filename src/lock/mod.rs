@@ -197,8 +197,12 @@ impl Locks {
         let owner = request.owner.clone().unwrap_or_else(|| token.clone());
         let deadline = Instant::now() + request.wait;
 
-        if request.wait.is_zero() {
-            return self.try_acquire(&keys, request, &owner, &token, None).await;
+        // Uncontended acquisitions cost one script call: subscribe only once the lock is held.
+        let first = self
+            .try_acquire(&keys, request, &owner, &token, None)
+            .await?;
+        if request.wait.is_zero() || matches!(first, Acquired::Granted(_)) {
+            return Ok(first);
         }
 
         let waiter = Uuid::new_v4().simple().to_string();
@@ -309,11 +313,35 @@ impl Locks {
         token: &str,
         ttl: Option<Duration>,
     ) -> Result<Option<Duration>, Error> {
+        self.refresh_at_least(name, token, ttl, Duration::ZERO)
+            .await
+    }
+
+    /// Like [`refresh`](Self::refresh), but changes nothing and fails with `InvalidArgument` on
+    /// `ttl` when the resulting ttl would be below `min`.
+    pub async fn refresh_at_least(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Option<Duration>,
+        min: Duration,
+    ) -> Result<Option<Duration>, Error> {
         let keys = self.keys(name);
         let mut invocation = self.inner.refresh.key(&keys.state);
-        invocation.arg(token).arg(ttl.map_or(0, millis));
-        let reply: i64 = self.inner.redis.eval(&invocation).await?;
-        Ok(ms(reply))
+        invocation
+            .arg(token)
+            .arg(ttl.map_or(0, millis))
+            .arg(millis(min));
+        match self.inner.redis.eval::<i64>(&invocation).await? {
+            -2 => Err(Error::invalid(
+                "ttl",
+                format!(
+                    "the lease's acquisition ttl is below {}; pass a longer ttl",
+                    humantime::format_duration(min)
+                ),
+            )),
+            reply => Ok(ms(reply)),
+        }
     }
 
     /// Reads the lock's state.

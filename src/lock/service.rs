@@ -286,19 +286,16 @@ impl LockService for LockApi {
             return Err(Error::ShuttingDown.into());
         }
         let sent = Instant::now();
-        let Some(remaining) = self.locks.refresh(&name, &token, ttl).await? else {
+        let renewed = self
+            .locks
+            .refresh_at_least(&name, &token, ttl, MIN_KEEPALIVE_TTL)
+            .await?;
+        let Some(remaining) = renewed else {
             return Err(Error::FailedPrecondition(
                 "the lease is not held: it expired or was released".into(),
             )
             .into());
         };
-        if remaining < MIN_KEEPALIVE_TTL {
-            return Err(Error::invalid(
-                "ttl",
-                "the lease's acquisition ttl is below 100ms; pass a ttl of at least 100ms",
-            )
-            .into());
-        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         // The channel is new and empty, so the first event always fits.
         let _ = tx.try_send(Ok(keep_alive_event(Event::Renewed(remaining))));
