@@ -15,6 +15,8 @@
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod error;
 pub mod lease;

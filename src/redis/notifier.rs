@@ -41,6 +41,8 @@ struct Inner {
     /// The live connection's command half; `None` while disconnected. Held across each
     /// `SUBSCRIBE`/`UNSUBSCRIBE` so that the decision and the command cannot interleave.
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    /// Whether `sink` holds a live connection, for subscribers waiting out a reconnect.
+    connected: watch::Sender<bool>,
 }
 
 struct Channel {
@@ -64,6 +66,7 @@ impl Notifier {
             timeout,
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
+            connected: watch::Sender::new(false),
         });
         tokio::spawn(run(inner.clone(), shutdown));
         Self { inner }
@@ -129,29 +132,36 @@ impl Subscription {
     }
 
     /// Makes sure Redis has confirmed this channel's subscription on the live connection,
-    /// subscribing again after a reconnect.
+    /// subscribing again after a reconnect. While the connection is being re-established it waits
+    /// for it, up to the command timeout.
     pub async fn ensure(&self) -> Result<(), Error> {
         if self.is_subscribed() {
             return Ok(());
         }
         let work = async {
-            let mut sink = self.inner.sink.lock().await;
-            if self.is_subscribed() {
-                return Ok(());
+            loop {
+                {
+                    let mut sink = self.inner.sink.lock().await;
+                    if self.is_subscribed() {
+                        return Ok(());
+                    }
+                    if let Some(sink) = sink.as_mut() {
+                        sink.subscribe(&self.channel).await?;
+                        if let Some(ch) = self.inner.channels().get_mut(&self.channel) {
+                            ch.subscribed = true;
+                        }
+                        return Ok(());
+                    }
+                }
+                let mut connected = self.inner.connected.subscribe();
+                // The sender lives in `inner`, which this subscription keeps alive.
+                let _ = connected.wait_for(|up| *up).await;
             }
-            let Some(sink) = sink.as_mut() else {
-                return Err(Error::Unavailable("pub/sub connection is down".into()));
-            };
-            sink.subscribe(&self.channel).await?;
-            if let Some(ch) = self.inner.channels().get_mut(&self.channel) {
-                ch.subscribed = true;
-            }
-            Ok(())
         };
         match tokio::time::timeout(self.inner.timeout, work).await {
             Ok(r) => r,
             Err(_) => Err(Error::Unavailable(
-                "SUBSCRIBE was not confirmed in time".into(),
+                "the pub/sub subscription was not confirmed in time".into(),
             )),
         }
     }
@@ -257,6 +267,7 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
                 }
             }
             *live = Some(sink);
+            inner.connected.send_replace(true);
         }
         tracing::debug!("pub/sub connected");
         backoff = RECONNECT_MIN;
@@ -279,6 +290,7 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
         {
             let mut live = inner.sink.lock().await;
             *live = None;
+            inner.connected.send_replace(false);
             for ch in inner.channels().values_mut() {
                 ch.subscribed = false;
             }
