@@ -4,6 +4,7 @@
 mod support;
 
 use std::{
+    future::Future,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -182,6 +183,19 @@ async fn wait_for_waiters(client: &Client, name: &str, n: u32) {
     .await;
 }
 
+/// Like [`wait_for_waiters`], but fails at once with the waiter's outcome if `waiter` ends first.
+async fn wait_for_waiters_while<T: std::fmt::Debug>(
+    client: &Client,
+    name: &str,
+    n: u32,
+    waiter: &mut tokio::task::JoinHandle<T>,
+) {
+    tokio::select! {
+        () = wait_for_waiters(client, name, n) => {}
+        outcome = waiter => panic!("the waiter ended before waiting on {name:?}: {outcome:?}"),
+    }
+}
+
 /// Waits (at most `limit`) until Describe reports `name` free.
 async fn wait_until_free(client: &Client, name: &str, limit: Duration) {
     let what = format!("{name:?} to be free");
@@ -226,6 +240,22 @@ fn assert_code<T>(result: Result<T, Status>, code: Code, what: &str) -> Status {
             s
         }
     }
+}
+
+/// Runs `call` and asserts it fails with UNAVAILABLE carrying RetryInfo, in under a second.
+async fn unavailable_within_1s<T>(what: &str, call: impl Future<Output = Result<T, Status>>) {
+    let started = Instant::now();
+    let result = within(Duration::from_secs(5), call, what).await;
+    let elapsed = started.elapsed();
+    let status = assert_code(result, Code::Unavailable, what);
+    assert!(
+        status.get_error_details().retry_info().is_some(),
+        "{what}: no RetryInfo in {status:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "{what}: UNAVAILABLE took {elapsed:?}"
+    );
 }
 
 fn remaining(d: &Option<prost_types::Duration>, what: &str) -> Duration {
@@ -391,10 +421,10 @@ async fn describe_reports_holder_and_waiters() {
     assert_eq!(d.waiters, 0);
 
     let mut waiter_client = baton.client().await;
-    let waiter = tokio::spawn(async move {
+    let mut waiter = tokio::spawn(async move {
         acquire(&mut waiter_client, "orders", 10_000, Some(5_000), "carol").await
     });
-    wait_for_waiters(&client, "orders", 1).await;
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
 
     assert!(release(&mut client, "orders", &lease.token).await.was_held);
     let got = within(Duration::from_secs(2), waiter, "the waiter to acquire")
@@ -687,6 +717,44 @@ async fn invalid_arguments_name_the_field() {
     );
 }
 
+/// KeepAlive renews with at least 100 ms: an explicit shorter ttl, or none on a lease acquired
+/// with less, is INVALID_ARGUMENT on `ttl` and leaves the lease as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_needs_a_ttl_of_at_least_100ms() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    // A lease acquired with 99 ms, then given 10 s once, still has a 99 ms acquisition ttl.
+    let lease = acquired(&mut client, "orders", 99, None, "alice").await;
+    refresh(&mut client, "orders", &lease.token, Some(10_000))
+        .await
+        .expect("refresh within the 99 ms lease");
+
+    let keep_alive = |ttl: Option<u64>| {
+        let mut client = client.clone();
+        let token = lease.token.clone();
+        async move {
+            client
+                .keep_alive(pb::LockServiceKeepAliveRequest {
+                    name: "orders".into(),
+                    token,
+                    ttl: ttl.map(ms),
+                })
+                .await
+        }
+    };
+    assert_invalid(keep_alive(Some(50)).await, "ttl");
+    assert_invalid(keep_alive(None).await, "ttl");
+    let d = describe(&mut client, "orders").await;
+    assert!(d.held);
+    let left = remaining(&d.remaining_ttl, "describe");
+    assert!(
+        left > Duration::from_secs(9),
+        "a refused KeepAlive must not change the lease: {left:?} left"
+    );
+}
+
 /// Refresh with a well-formed token that does not hold the lock fails with FAILED_PRECONDITION:
 /// someone else's lock, a free lock, and a lease already released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -931,10 +999,10 @@ async fn cancelled_wait_leaves_nothing_behind() {
 
     let lease = acquired(&mut client, "orders", 30_000, None, "alice").await;
     let mut waiter_client = baton.client().await;
-    let waiter = tokio::spawn(async move {
+    let mut waiter = tokio::spawn(async move {
         acquire(&mut waiter_client, "orders", 30_000, Some(10_000), "bob").await
     });
-    wait_for_waiters(&client, "orders", 1).await;
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
     waiter.abort();
     assert!(
         waiter.await.is_err_and(|e| e.is_cancelled()),
@@ -1039,11 +1107,11 @@ async fn release_wakes_a_waiter_at_once() {
 
     let lease = acquired(&mut client, "orders", 30_000, None, "alice").await;
     let mut waiter_client = baton.client().await;
-    let waiter = tokio::spawn(async move {
+    let mut waiter = tokio::spawn(async move {
         let response = acquire(&mut waiter_client, "orders", 30_000, Some(10_000), "bob").await;
         (response, Instant::now())
     });
-    wait_for_waiters(&client, "orders", 1).await;
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
 
     assert!(release(&mut client, "orders", &lease.token).await.was_held);
     let released_at = Instant::now();
@@ -1056,6 +1124,38 @@ async fn release_wakes_a_waiter_at_once() {
         latency < Duration::from_millis(50),
         "the waiter got the lock {latency:?} after the release"
     );
+}
+
+/// Two Batons sharing a Redis and a key prefix act as one: a caller waiting on one is counted by
+/// the other's Describe and is woken within 50 ms when the holder releases through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_one_baton_wakes_a_waiter_on_another() {
+    let redis = RedisServer::start().await;
+    let first = Baton::start(&redis).await;
+    let prefix = first.prefix().to_owned();
+    let second = Baton::start_with(&redis, |c| c.redis.key_prefix = prefix).await;
+    let mut holder = first.client().await;
+
+    let lease = acquired(&mut holder, "orders", 30_000, None, "alice").await;
+    let mut waiter_client = second.client().await;
+    let mut waiter = tokio::spawn(async move {
+        let response = acquire(&mut waiter_client, "orders", 30_000, Some(10_000), "bob").await;
+        (response, Instant::now())
+    });
+    wait_for_waiters_while(&holder, "orders", 1, &mut waiter).await;
+
+    assert!(release(&mut holder, "orders", &lease.token).await.was_held);
+    let released_at = Instant::now();
+    let (response, woke_at) = within(Duration::from_secs(2), waiter, "the waiter to acquire")
+        .await
+        .expect("waiter task");
+    assert!(response.acquired, "{response:?}");
+    let latency = woke_at.saturating_duration_since(released_at);
+    assert!(
+        latency < Duration::from_millis(50),
+        "the waiter on the other Baton got the lock {latency:?} after the release"
+    );
+    assert_eq!(describe(&mut holder, "orders").await.owner, "bob");
 }
 
 /// A holder that never releases (ttl 300 ms) is noticed at its expiry: a waiter gets the lock
@@ -1092,11 +1192,11 @@ async fn dropping_a_hold_stream_frees_the_lock() {
         next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await,
         HoldEvent::Acquired(_)
     ));
-    let waiter = tokio::spawn(async move {
+    let mut waiter = tokio::spawn(async move {
         let response = acquire(&mut b, "orders", 10_000, Some(10_000), "bob").await;
         (response, Instant::now())
     });
-    wait_for_waiters(&a, "orders", 1).await;
+    wait_for_waiters_while(&a, "orders", 1, &mut waiter).await;
 
     drop(stream);
     let dropped_at = Instant::now();
@@ -1193,32 +1293,62 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
         Duration::from_secs(5),
     )
     .await;
+}
 
-    // Waiting (which needs the pub/sub connection back) works again too.
+/// After a Redis outage of a few seconds, waiting for a lock (which needs Baton's pub/sub
+/// subscription) works as soon as Redis answers again, instead of failing with UNAVAILABLE: the
+/// contract reserves UNAVAILABLE for a Redis that does not answer within the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_works_as_soon_as_redis_is_back() {
+    let mut redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut health = baton.health().await;
+
+    redis.kill();
+    wait_for_health(
+        &mut health,
+        "readiness",
+        ServingStatus::NotServing,
+        Duration::from_secs(3),
+    )
+    .await;
+    // The outage lasts a few seconds (the scenario, not a pause): long enough for any reconnect
+    // backoff to reach its cap.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    redis.restart().await;
+
+    // Redis answers again: a holder takes the lock (no pub/sub involved)...
+    let lease = acquired(&mut client, "orders", 10_000, None, "alice").await;
+    // ...and a caller starts waiting for it, which needs the pub/sub subscription.
     let mut waiter_client = baton.client().await;
-    let waiter = tokio::spawn(async move {
+    let started = Instant::now();
+    let mut waiter = tokio::spawn(async move {
         let response = waiter_client
-            .acquire(acquire_request("orders", 10_000, Some(10_000), "carol"))
+            .acquire(acquire_request("orders", 10_000, Some(5_000), "bob"))
             .await;
         (response, Instant::now())
     });
-    let t0 = Instant::now();
-    loop {
-        let r = client.acquire(acquire_request("dbg", 10_000, Some(10), "")).await;
-        if r.is_ok() { eprintln!("DEBUG pubsub back after {:?}", t0.elapsed()); break; }
-        if t0.elapsed() > Duration::from_secs(20) { panic!("DEBUG never back: {r:?}"); }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if waiter.is_finished() { panic!("DEBUG waiter finished: {:?}", waiter.await); }
-    wait_for_waiters(&client, "orders", 1).await;
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
     assert!(release(&mut client, "orders", &lease.token).await.was_held);
     let released_at = Instant::now();
-    let (response, got_at) = within(Duration::from_secs(2), waiter, "the waiter to acquire")
+    let (response, woke_at) = within(Duration::from_secs(2), waiter, "the waiter to acquire")
         .await
         .expect("waiter task");
-    let response = response.expect("a waiting Acquire after Redis restarted").into_inner();
+    let response = response
+        .unwrap_or_else(|s| {
+            panic!(
+                "waiting with Redis answering failed {:?} after the call: {s:?}",
+                woke_at - started
+            )
+        })
+        .into_inner();
     assert!(response.acquired, "{response:?}");
-    assert!(got_at.saturating_duration_since(released_at) < Duration::from_millis(200));
+    let latency = woke_at.saturating_duration_since(released_at);
+    assert!(
+        latency < Duration::from_millis(200),
+        "the release woke the waiter after {latency:?}"
+    );
 }
 
 /// With Redis down every call answers UNAVAILABLE (with RetryInfo) within 1 s instead of
@@ -1231,36 +1361,20 @@ async fn calls_fail_fast_when_redis_is_down() {
     let lease = acquired(&mut client, "orders", 10_000, None, "alice").await;
     redis.kill();
 
-    async fn timed<T>(what: &str, call: impl Future<Output = Result<T, Status>>) {
-        let started = Instant::now();
-        let result = within(Duration::from_secs(5), call, what).await;
-        let elapsed = started.elapsed();
-        let status = assert_code(result, Code::Unavailable, what);
-        assert!(
-            status.get_error_details().retry_info().is_some(),
-            "{what}: no RetryInfo in {status:?}"
-        );
-        assert!(
-            elapsed < Duration::from_secs(1),
-            "{what}: UNAVAILABLE took {elapsed:?}"
-        );
-    }
-    use std::future::Future;
-
     let mut c = client.clone();
-    timed("Acquire trying once", async move {
+    unavailable_within_1s("Acquire trying once", async move {
         c.acquire(acquire_request("x", 1_000, None, "")).await
     })
     .await;
     let mut c = client.clone();
-    timed("Acquire waiting", async move {
+    unavailable_within_1s("Acquire waiting", async move {
         c.acquire(acquire_request("x", 1_000, Some(5_000), ""))
             .await
     })
     .await;
     let mut c = client.clone();
     let token = lease.token.clone();
-    timed("Release", async move {
+    unavailable_within_1s("Release", async move {
         c.release(pb::LockServiceReleaseRequest {
             name: "orders".into(),
             token,
@@ -1270,12 +1384,12 @@ async fn calls_fail_fast_when_redis_is_down() {
     .await;
     let mut c = client.clone();
     let token = lease.token.clone();
-    timed("Refresh", async move {
+    unavailable_within_1s("Refresh", async move {
         refresh(&mut c, "orders", &token, None).await
     })
     .await;
     let mut c = client.clone();
-    timed("Describe", async move {
+    unavailable_within_1s("Describe", async move {
         c.describe(pb::LockServiceDescribeRequest {
             name: "orders".into(),
         })
@@ -1284,7 +1398,7 @@ async fn calls_fail_fast_when_redis_is_down() {
     .await;
     let mut c = client.clone();
     let token = lease.token.clone();
-    timed("KeepAlive", async move {
+    unavailable_within_1s("KeepAlive", async move {
         c.keep_alive(pb::LockServiceKeepAliveRequest {
             name: "orders".into(),
             token,
@@ -1295,7 +1409,7 @@ async fn calls_fail_fast_when_redis_is_down() {
     .await;
     // Hold answers through its stream: the error is its first item.
     let mut c = client.clone();
-    timed("Hold", async move {
+    unavailable_within_1s("Hold", async move {
         let mut stream = c
             .hold(pb::LockServiceHoldRequest {
                 name: "y".into(),
@@ -1306,6 +1420,29 @@ async fn calls_fail_fast_when_redis_is_down() {
             .await?
             .into_inner();
         stream.message().await
+    })
+    .await;
+}
+
+/// Redis killed while a caller waits for a held lock: the waiter answers UNAVAILABLE within a
+/// second instead of waiting out its 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_while_waiting_answers_unavailable() {
+    let mut redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    acquired(&mut client, "orders", 30_000, None, "alice").await;
+    let mut waiter_client = baton.client().await;
+    let mut waiter = tokio::spawn(async move {
+        waiter_client
+            .acquire(acquire_request("orders", 1_000, Some(10_000), "bob"))
+            .await
+    });
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
+    redis.kill();
+    unavailable_within_1s("a waiting Acquire when Redis dies", async move {
+        waiter.await.expect("waiter task")
     })
     .await;
 }
@@ -1611,11 +1748,11 @@ async fn failure_mode_2_crashed_holder_frees_lock_promptly() {
         HoldEvent::Acquired(_)
     ));
     let mut waiter_client = b.clone();
-    let waiter = tokio::spawn(async move {
+    let mut waiter = tokio::spawn(async move {
         let response = acquire(&mut waiter_client, "streamed", 10_000, Some(10_000), "bob").await;
         (response, Instant::now())
     });
-    wait_for_waiters(&b, "streamed", 1).await;
+    wait_for_waiters_while(&b, "streamed", 1, &mut waiter).await;
     proxy.cut();
     let crashed_at = Instant::now();
     let (response, got_at) = within(Duration::from_secs(2), waiter, "the waiter to acquire")

@@ -43,6 +43,8 @@ struct Inner {
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
     /// Whether `sink` holds a live connection, for subscribers waiting out a reconnect.
     connected: watch::Sender<bool>,
+    /// Cuts the reconnect backoff short: a subscriber is waiting for the connection.
+    kick: tokio::sync::Notify,
 }
 
 struct Channel {
@@ -67,6 +69,7 @@ impl Notifier {
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
             connected: watch::Sender::new(false),
+            kick: tokio::sync::Notify::new(),
         });
         tokio::spawn(run(inner.clone(), shutdown));
         Self { inner }
@@ -154,6 +157,8 @@ impl Subscription {
                     }
                 }
                 let mut connected = self.inner.connected.subscribe();
+                // Someone is waiting: reconnect now rather than at the end of the backoff.
+                self.inner.kick.notify_one();
                 // The sender lives in `inner`, which this subscription keeps alive.
                 let _ = connected.wait_for(|up| *up).await;
             }
@@ -229,14 +234,14 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
             Ok(Ok(p)) => p.split(),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "pub/sub connection failed");
-                if !pause(&shutdown, &mut backoff).await {
+                if !pause(&inner, &shutdown, &mut backoff).await {
                     return;
                 }
                 continue;
             }
             Err(_) => {
                 tracing::warn!("pub/sub connection timed out");
-                if !pause(&shutdown, &mut backoff).await {
+                if !pause(&inner, &shutdown, &mut backoff).await {
                     return;
                 }
                 continue;
@@ -259,7 +264,7 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
                     _ => {
                         drop(live);
                         tracing::warn!("pub/sub resubscribe failed");
-                        if !pause(&shutdown, &mut backoff).await {
+                        if !pause(&inner, &shutdown, &mut backoff).await {
                             return;
                         }
                         continue;
@@ -299,12 +304,14 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
     }
 }
 
-/// Waits out the reconnect backoff (doubling it), or returns false on shutdown.
-async fn pause(shutdown: &CancellationToken, backoff: &mut Duration) -> bool {
+/// Waits out the reconnect backoff (doubling it) unless a subscriber is waiting for the
+/// connection; returns false on shutdown.
+async fn pause(inner: &Inner, shutdown: &CancellationToken, backoff: &mut Duration) -> bool {
     let until = Instant::now() + *backoff;
     *backoff = (*backoff * 2).min(RECONNECT_MAX);
     tokio::select! {
         () = shutdown.cancelled() => false,
         () = tokio::time::sleep_until(until) => true,
+        () = inner.kick.notified() => true,
     }
 }

@@ -94,6 +94,18 @@ where
     }
 }
 
+/// Sends Baton's logs to the test output when `BATON_TEST_LOG` holds a filter (e.g. `debug`);
+/// silent otherwise. Reads the environment, never changes it.
+pub fn init_tracing() {
+    let Ok(filter) = std::env::var("BATON_TEST_LOG") else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_test_writer()
+        .try_init();
+}
+
 /// A key prefix no other test uses.
 pub fn unique_prefix() -> String {
     format!("test-{}:", uuid::Uuid::new_v4().simple())
@@ -129,13 +141,13 @@ pub async fn uds_channel(path: &Path) -> Channel {
     // The URI is required but unused: every connection goes to the socket.
     let endpoint = Endpoint::try_from("http://[::]:50051").expect("endpoint");
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }));
+        let path = path.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(path).await?,
+            ))
+        }
+    }));
     within(
         Duration::from_secs(5),
         connect,
@@ -310,18 +322,30 @@ async fn launch_redis(port: u16, dir: &Path) -> Result<Child, String> {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("exited with {status}; log:\n{}", read_log(dir)));
         }
+        // PING, and make sure the server answering is this child, not another one that took the
+        // port first (this child then exits with "Address already in use").
         let ping = async {
             let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await
+            redis::cmd("PING").query_async::<String>(&mut conn).await?;
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut conn)
+                .await
         };
-        if let Ok(Ok(pong)) = tokio::time::timeout(Duration::from_millis(500), ping).await
-            && pong == "PONG"
-        {
-            // Answering PING could also be someone else's server on a stolen port.
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("exited with {status}; log:\n{}", read_log(dir)));
+        if let Ok(Ok(info)) = tokio::time::timeout(Duration::from_millis(500), ping).await {
+            let pid = info
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|p| p.trim().parse::<u32>().ok());
+            if pid == Some(child.id()) {
+                return Ok(child);
             }
-            return Ok(child);
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "port {port} is served by another redis-server (pid {pid:?}); log:\n{}",
+                read_log(dir)
+            ));
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
@@ -372,6 +396,7 @@ impl Baton {
 
     /// Starts a Baton without waiting for Redis to be reachable (readiness may be NOT_SERVING).
     pub async fn start_unready(redis: &RedisServer, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        init_tracing();
         let dir = tempfile::Builder::new()
             .prefix("baton-sock-")
             .tempdir()

@@ -1,0 +1,301 @@
+//! Shutdown and startup of Baton: the real binary on SIGTERM and with a bad configuration, and
+//! the in-process drain when the shutdown token is cancelled.
+
+mod support;
+
+use std::time::Duration;
+
+use baton::proto::v1::{
+    self as pb, LeaseLostReason, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as HoldEvent,
+    lock_service_keep_alive_response::Event as KeepAliveEvent,
+};
+use support::{
+    Baton, BatonProcess, RedisServer, baton_command, lock_key, ms, run_baton, unique_prefix, within,
+};
+use tokio::time::Instant;
+use tonic::{Code, Streaming, transport::Channel};
+
+type Client = LockServiceClient<Channel>;
+
+async fn hold(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+) -> Streaming<pb::LockServiceHoldResponse> {
+    let mut stream = client
+        .hold(pb::LockServiceHoldRequest {
+            name: name.to_owned(),
+            ttl: Some(ms(ttl_ms)),
+            wait_timeout: None,
+            owner: String::new(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
+        .into_inner();
+    let first = within(
+        Duration::from_secs(2),
+        stream.message(),
+        "the acquired event",
+    )
+    .await
+    .expect("the Hold stream")
+    .expect("an event");
+    assert!(
+        matches!(first.event, Some(HoldEvent::Acquired(_))),
+        "expected acquired, got {first:?}"
+    );
+    stream
+}
+
+/// The rest of a Hold stream after shutdown: its events and how it ended.
+async fn rest_of_hold(
+    stream: &mut Streaming<pb::LockServiceHoldResponse>,
+) -> (Vec<HoldEvent>, Result<(), tonic::Status>) {
+    let mut events = Vec::new();
+    loop {
+        match within(
+            Duration::from_secs(5),
+            stream.message(),
+            "the Hold stream to end",
+        )
+        .await
+        {
+            Ok(Some(m)) => events.push(m.event.expect("an event with a payload")),
+            Ok(None) => return (events, Ok(())),
+            Err(s) => return (events, Err(s)),
+        }
+    }
+}
+
+/// Asserts a Hold stream ended with `lost` SHUTDOWN (after any renewals) and then closed cleanly.
+fn assert_lost_for_shutdown(name: &str, events: &[HoldEvent], end: &Result<(), tonic::Status>) {
+    let last = events.iter().rfind(|e| !matches!(e, HoldEvent::Renewed(_)));
+    match last {
+        Some(HoldEvent::Lost(lost)) => {
+            assert_eq!(lost.reason(), LeaseLostReason::Shutdown, "{name}: {lost:?}")
+        }
+        other => panic!("{name}: expected lost SHUTDOWN, got {other:?} (events {events:?})"),
+    }
+    assert!(end.is_ok(), "{name}: the stream ended with {end:?}");
+}
+
+async fn lock_exists(redis: &RedisServer, key: &str) -> bool {
+    let mut conn = redis.client().await;
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(&mut conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+/// SIGTERM to the real binary (drain deadline 5 s) with two Hold streams open: both get `lost`
+/// SHUTDOWN, their locks are released in Redis, and the process exits with success well within
+/// the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_holds_and_exits_within_the_drain_deadline() {
+    let redis = RedisServer::start().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--drain-timeout",
+        "5s",
+    ])
+    .await;
+    let mut a = baton.client().await;
+    let mut b = baton.client().await;
+    let mut first = hold(&mut a, "first", 30_000).await;
+    let mut second = hold(&mut b, "second", 30_000).await;
+    for name in ["first", "second"] {
+        assert!(
+            lock_exists(&redis, &lock_key(&prefix, name)).await,
+            "{name} is held"
+        );
+    }
+
+    let signalled = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 10 s after SIGTERM"));
+    let took = signalled.elapsed();
+    assert!(
+        status.success(),
+        "exit status {status}; stderr:\n{}",
+        baton.stderr()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM, past the 5 s drain deadline"
+    );
+
+    let (events, end) = rest_of_hold(&mut first).await;
+    assert_lost_for_shutdown("first", &events, &end);
+    let (events, end) = rest_of_hold(&mut second).await;
+    assert_lost_for_shutdown("second", &events, &end);
+    for name in ["first", "second"] {
+        assert!(
+            !lock_exists(&redis, &lock_key(&prefix, name)).await,
+            "{name} was released on shutdown"
+        );
+    }
+    let stderr = baton.stderr();
+    assert!(
+        stderr.contains("SIGTERM"),
+        "the log says why it stopped:\n{stderr}"
+    );
+}
+
+/// The binary with several bad flags (and a bad `BATON_*` variable) exits with code 2 and lists
+/// every problem, each naming its flag, before doing anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_configuration_exits_2_listing_every_error() {
+    let mut command = baton_command();
+    command
+        .args(["serve", "--listen", "nowhere"])
+        .args(["--redis-url", "http://not-redis"])
+        .args(["--key-prefix", "a{b"])
+        .args(["--redis-command-timeout", "forever"])
+        .args(["--drain-timeout", "2h"])
+        .args(["--log-format", "xml"])
+        .env("BATON_REDIS_POOL_SIZE", "0");
+    let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "stderr:\n{stderr}");
+    for flag in [
+        "--listen",
+        "--redis-url",
+        "--key-prefix",
+        "--redis-command-timeout",
+        "--drain-timeout",
+        "--log-format",
+        "BATON_REDIS_POOL_SIZE",
+    ] {
+        assert!(
+            stderr.contains(flag),
+            "{flag} is not reported in:\n{stderr}"
+        );
+    }
+    let listed = stderr
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- "))
+        .count();
+    assert_eq!(listed, 7, "one line per problem:\n{stderr}");
+}
+
+/// Cancelling `serve`'s shutdown token drains: open Hold and KeepAlive streams get `lost`
+/// SHUTDOWN with their locks released, a caller waiting for a lock gets UNAVAILABLE, serve
+/// returns Ok within the drain deadline, and the socket file is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_serve_drains_streams_and_waiters() {
+    let redis = RedisServer::start().await;
+    let mut baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut held = hold(&mut client, "held", 30_000).await;
+    let acquired = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "kept".into(),
+            ttl: Some(ms(30_000)),
+            wait_timeout: None,
+            owner: String::new(),
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    let lease = acquired.lease.expect("acquired");
+    let mut kept = client
+        .keep_alive(pb::LockServiceKeepAliveRequest {
+            name: "kept".into(),
+            token: lease.token.clone(),
+            ttl: None,
+        })
+        .await
+        .expect("KeepAlive")
+        .into_inner();
+    let mut waiter_client = baton.client().await;
+    let mut waiter = tokio::spawn(async move {
+        waiter_client
+            .acquire(pb::LockServiceAcquireRequest {
+                name: "held".into(),
+                ttl: Some(ms(1_000)),
+                wait_timeout: Some(ms(30_000)),
+                owner: String::new(),
+            })
+            .await
+    });
+    let describer = client.clone();
+    tokio::select! {
+        () = support::wait_until(Duration::from_secs(5), "a waiter on \"held\"", || {
+            let mut describer = describer.clone();
+            async move {
+                let d = describer
+                    .describe(pb::LockServiceDescribeRequest { name: "held".into() })
+                    .await
+                    .expect("Describe")
+                    .into_inner();
+                if d.waiters == 1 { Ok(()) } else { Err(d) }
+            }
+        }) => {}
+        outcome = &mut waiter => panic!("the waiter ended early: {outcome:?}"),
+    }
+
+    let started = Instant::now();
+    let socket = baton.socket_path().to_owned();
+    let serve = tokio::spawn(async move {
+        let result = baton.shutdown().await;
+        (result, baton)
+    });
+
+    let (events, end) = rest_of_hold(&mut held).await;
+    assert_lost_for_shutdown("held", &events, &end);
+    let mut kept_events = Vec::new();
+    loop {
+        match within(
+            Duration::from_secs(5),
+            kept.message(),
+            "the KeepAlive stream to end",
+        )
+        .await
+        {
+            Ok(Some(m)) => kept_events.push(m.event.expect("an event")),
+            Ok(None) => break,
+            Err(s) => panic!("the KeepAlive stream failed: {s:?}"),
+        }
+    }
+    match kept_events.last() {
+        Some(KeepAliveEvent::Lost(lost)) => {
+            assert_eq!(lost.reason(), LeaseLostReason::Shutdown, "{lost:?}")
+        }
+        other => panic!("expected lost SHUTDOWN on KeepAlive, got {other:?}"),
+    }
+    let waited = within(Duration::from_secs(5), waiter, "the waiter to answer")
+        .await
+        .expect("waiter task");
+    match waited {
+        Err(s) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
+        Ok(r) => panic!("a waiter during shutdown must get UNAVAILABLE, got {r:?}"),
+    }
+
+    let (result, baton) = within(Duration::from_secs(10), serve, "serve to return")
+        .await
+        .expect("shutdown task");
+    result.expect("serve returns Ok after a drain");
+    let took = started.elapsed();
+    assert!(
+        took < support::TEST_DRAIN_TIMEOUT,
+        "the drain took {took:?}, as long as its deadline"
+    );
+    assert!(!socket.exists(), "the socket file is removed");
+    for name in ["held", "kept"] {
+        assert!(
+            !lock_exists(&redis, &baton.lock_key(name)).await,
+            "{name} was released on shutdown"
+        );
+    }
+}
