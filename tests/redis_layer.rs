@@ -1,0 +1,298 @@
+//! What Baton promises about its use of Redis: scripts survive a script-cache flush, every key it
+//! writes expires, and one pub/sub connection serves all local waiters.
+
+mod support;
+
+use std::time::Duration;
+
+use baton::proto::v1::{self as pb, lock_service_client::LockServiceClient};
+use support::{Baton, RedisServer, ms, wait_until, within};
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+type Client = LockServiceClient<Channel>;
+
+fn request(name: &str, ttl_ms: u64, wait_ms: Option<u64>) -> pb::LockServiceAcquireRequest {
+    pb::LockServiceAcquireRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: wait_ms.map(ms),
+        owner: String::new(),
+    }
+}
+
+async fn acquire(client: &mut Client, name: &str, ttl_ms: u64) -> pb::LockLease {
+    let reply = client
+        .acquire(request(name, ttl_ms, None))
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(reply.acquired, "{name} should be free");
+    reply.lease.expect("a lease")
+}
+
+/// After `SCRIPT FLUSH` empties Redis's script cache, every RPC still works: scripts are called by
+/// SHA and loaded again on `NOSCRIPT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_script_flush() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.client().await;
+
+    let lease = acquire(&mut client, "flushed", 5_000).await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+
+    let refreshed = client
+        .refresh(pb::LockServiceRefreshRequest {
+            name: "flushed".into(),
+            token: lease.token.clone(),
+            ttl: Some(ms(7_000)),
+        })
+        .await
+        .expect("Refresh after SCRIPT FLUSH")
+        .into_inner();
+    assert_eq!(refreshed.remaining_ttl, Some(ms(7_000)));
+    let described = client
+        .describe(pb::LockServiceDescribeRequest {
+            name: "flushed".into(),
+        })
+        .await
+        .expect("Describe after SCRIPT FLUSH")
+        .into_inner();
+    assert!(described.held);
+    let released = client
+        .release(pb::LockServiceReleaseRequest {
+            name: "flushed".into(),
+            token: lease.token,
+        })
+        .await
+        .expect("Release after SCRIPT FLUSH")
+        .into_inner();
+    assert!(released.was_held);
+
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+    acquire(&mut client, "flushed", 5_000).await;
+
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    assert!(
+        stats.contains("cmdstat_evalsha:"),
+        "scripts are called by SHA:\n{stats}"
+    );
+}
+
+/// Every key Baton writes carries an expiry, including the fencing counter and the waiter set,
+/// whatever mix of calls made it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_written_expires() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    // A held lock, a released one, a reentered one, and one with a caller waiting on it.
+    acquire(&mut client, "held", 60_000).await;
+    let lease = acquire(&mut client, "released", 60_000).await;
+    client
+        .release(pb::LockServiceReleaseRequest {
+            name: "released".into(),
+            token: lease.token,
+        })
+        .await
+        .expect("Release");
+    for _ in 0..2 {
+        client
+            .acquire(pb::LockServiceAcquireRequest {
+                owner: "reentrant".into(),
+                ..request("reentered", 60_000, None)
+            })
+            .await
+            .expect("Acquire");
+    }
+    let mut waiter = baton.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire(request("held", 1_000, Some(3_000)))
+            .await
+            .map(|r| r.into_inner().acquired)
+    });
+
+    let mut conn = redis.client().await;
+    let pattern = format!("{}*", baton.prefix());
+    let keys: Vec<String> = wait_until(
+        Duration::from_secs(2),
+        "the waiter's entry to be written",
+        || {
+            let mut conn = conn.clone();
+            let pattern = pattern.clone();
+            async move {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(&pattern)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if keys.iter().any(|k| k.ends_with(":waiters")) {
+                    Ok(keys)
+                } else {
+                    Err(format!("{keys:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        keys.iter().any(|k| k.ends_with(":fence")),
+        "grants left fencing counters: {keys:?}"
+    );
+    for key in &keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(pttl > 0, "{key} has no expiry (PTTL {pttl})");
+    }
+    let acquired = within(Duration::from_secs(5), waiting, "the waiter to give up")
+        .await
+        .expect("waiter task")
+        .expect("Acquire with a wait");
+    assert!(!acquired, "the lock stays held for 60 s");
+    let waiters: i64 = redis::cmd("EXISTS")
+        .arg(format!("{}:waiters", baton.lock_key("held")))
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert_eq!(waiters, 0, "the waiter set expires with the last wait");
+
+    let all: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS *");
+    assert!(
+        all.iter().all(|k| k.starts_with(baton.prefix())),
+        "every key is under the key prefix: {all:?}"
+    );
+}
+
+/// Twenty callers waiting on ten different locks share one pub/sub connection to Redis, each lock's
+/// channel has exactly one subscriber, and the subscriptions are dropped when nobody waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_subscriber_connection_for_all_waiters() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.client().await;
+
+    let mut leases = Vec::new();
+    for i in 0..10 {
+        let name = format!("busy-{i}");
+        leases.push((name.clone(), acquire(&mut client, &name, 60_000).await));
+    }
+    let mut waiters = JoinSet::new();
+    for i in 0..20 {
+        let mut c = baton.client().await;
+        let name = format!("busy-{}", i % 10);
+        waiters.spawn(async move {
+            c.acquire(request(&name, 500, Some(20_000)))
+                .await
+                .map(|r| r.into_inner().acquired)
+        });
+    }
+
+    let channels: Vec<String> = leases
+        .iter()
+        .map(|(name, _)| format!("{}:released", baton.lock_key(name)))
+        .collect();
+    wait_until(
+        Duration::from_secs(5),
+        "every lock's channel to have its subscriber",
+        || {
+            let mut conn = conn.clone();
+            let channels = channels.clone();
+            async move {
+                let mut cmd = redis::cmd("PUBSUB");
+                cmd.arg("NUMSUB").arg(&channels);
+                let counts: Vec<(String, i64)> = cmd
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if counts.iter().all(|(_, n)| *n == 1) {
+                    Ok(())
+                } else {
+                    Err(format!("{counts:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT LIST");
+    assert_eq!(
+        clients.lines().count(),
+        1,
+        "one pub/sub connection:\n{clients}"
+    );
+
+    for (name, lease) in &leases {
+        client
+            .release(pb::LockServiceReleaseRequest {
+                name: name.clone(),
+                token: lease.token.clone(),
+            })
+            .await
+            .expect("Release");
+    }
+    // Each release wakes its lock's two waiters: one gets the lock and never releases it, so the
+    // other gets it at that lease's expiry (500 ms). All twenty end acquired.
+    let mut acquired = 0;
+    while let Some(result) = within(
+        Duration::from_secs(15),
+        waiters.join_next(),
+        "the waiters to finish",
+    )
+    .await
+    {
+        if result.expect("waiter task").expect("Acquire") {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 20);
+
+    wait_until(
+        Duration::from_secs(5),
+        "the subscriptions to be dropped once nobody waits",
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let channels: Vec<String> = redis::cmd("PUBSUB")
+                    .arg("CHANNELS")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if channels.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{channels:?}"))
+                }
+            }
+        },
+    )
+    .await;
+}
