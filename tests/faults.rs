@@ -1,0 +1,127 @@
+//! Redis that stops answering without closing its connections (a frozen process, a stalled
+//! network): calls fail with UNAVAILABLE within the command timeout, open streams report their
+//! lease lost before it can expire, and everything works again once Redis answers.
+
+mod support;
+
+use std::time::Duration;
+
+use baton::proto::v1::{
+    self as pb, LeaseLostReason, lock_service_hold_response::Event as HoldEvent,
+};
+use nix::{sys::signal, unistd::Pid};
+use support::{Baton, RedisServer, ms, std_duration, wait_until, within};
+use tokio::time::Instant;
+use tonic::Code;
+
+/// Freezes a redis-server with SIGSTOP and thaws it on drop, so a failing test never leaves it
+/// stopped.
+struct Frozen(Pid);
+
+impl Frozen {
+    fn new(redis: &RedisServer) -> Self {
+        let pid = Pid::from_raw(i32::try_from(redis.pid().expect("redis is running")).unwrap());
+        signal::kill(pid, signal::Signal::SIGSTOP).expect("SIGSTOP redis-server");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = signal::kill(self.0, signal::Signal::SIGCONT);
+    }
+}
+
+/// With Redis frozen under an open Hold (ttl 1 s), the stream reports `lost` UNCONFIRMED before
+/// the lease could expire, a unary call fails UNAVAILABLE within about the 400 ms command
+/// timeout, and once Redis is thawed a new Acquire through the same Baton succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut hold = client
+        .hold(pb::LockServiceHoldRequest {
+            name: "frozen".into(),
+            ttl: Some(ms(1_000)),
+            wait_timeout: None,
+            owner: String::new(),
+        })
+        .await
+        .expect("Hold")
+        .into_inner();
+    let first = within(Duration::from_secs(2), hold.message(), "acquired")
+        .await
+        .expect("stream")
+        .expect("event");
+    let Some(HoldEvent::Acquired(lease)) = first.event else {
+        panic!("expected acquired, got {first:?}");
+    };
+    let mut valid_until = Instant::now() + std_duration(&lease.remaining_ttl.expect("ttl"));
+
+    let frozen = Frozen::new(&redis);
+    loop {
+        let event = within(Duration::from_secs(3), hold.message(), "lost")
+            .await
+            .expect("stream")
+            .expect("an event before the stream ends");
+        match event.event {
+            Some(HoldEvent::Renewed(r)) => {
+                valid_until = Instant::now() + std_duration(&r.remaining_ttl.expect("ttl"));
+            }
+            Some(HoldEvent::Lost(lost)) => {
+                assert_eq!(lost.reason(), LeaseLostReason::Unconfirmed, "{lost:?}");
+                let now = Instant::now();
+                assert!(
+                    now < valid_until,
+                    "lost arrived {:?} after the lease could have expired",
+                    now - valid_until
+                );
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    let started = Instant::now();
+    let status = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "other".into(),
+            ttl: Some(ms(1_000)),
+            wait_timeout: None,
+            owner: String::new(),
+        })
+        .await
+        .expect_err("Redis is frozen");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "UNAVAILABLE took {:?}",
+        started.elapsed()
+    );
+
+    drop(frozen);
+    wait_until(
+        Duration::from_secs(5),
+        "an Acquire to succeed after Redis is thawed",
+        || {
+            let mut client = client.clone();
+            async move {
+                match client
+                    .acquire(pb::LockServiceAcquireRequest {
+                        name: "other".into(),
+                        ttl: Some(ms(1_000)),
+                        wait_timeout: None,
+                        owner: String::new(),
+                    })
+                    .await
+                {
+                    Ok(r) if r.get_ref().acquired => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+}
