@@ -299,3 +299,51 @@ async fn cancelling_serve_drains_streams_and_waiters() {
         );
     }
 }
+
+/// With `--log-format json` every log line the binary writes is one JSON object with a level and
+/// structured fields; the filter comes from `--log` (`BATON_LOG`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--log-format",
+        "json",
+        "--log",
+        "debug,h2=info,tower=info,hyper=info",
+    ])
+    .await;
+    baton.sigterm();
+    let status = within(
+        Duration::from_secs(5),
+        baton.wait_timeout(Duration::from_secs(5)),
+        "the process to exit",
+    )
+    .await
+    .expect("exited");
+    assert!(status.success(), "{status}");
+    let stderr = baton.stderr();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("serving gRPC over TCP")),
+        "{stderr}"
+    );
+    for line in &lines {
+        assert!(
+            line.starts_with('{') && line.ends_with('}') && line.contains("\"level\":"),
+            "not a JSON log line: {line}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"level\":\"DEBUG\"") && l.contains("pub/sub connected")),
+        "the debug filter applies: {stderr}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("\"addr\":\"127.0.0.1:")),
+        "fields are structured: {stderr}"
+    );
+}
