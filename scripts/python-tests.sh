@@ -18,7 +18,7 @@ fi
 gen=.tools/py-gen
 rm -rf "$gen" && mkdir -p "$gen"
 "$venv/bin/python" -m grpc_tools.protoc -I proto --python_out="$gen" --grpc_python_out="$gen" \
-  proto/baton/v1/lock.proto
+  proto/baton/v1/*.proto
 
 cargo build --locked --bin baton
 BATON_BIN="$PWD/target/debug/baton" BATON_PY_GEN="$PWD/$gen" \

@@ -4,7 +4,7 @@ Generate the client, then run this against a serving Baton:
 
     python3 -m pip install grpcio grpcio-tools
     python3 -m grpc_tools.protoc -I proto --python_out=examples/python/gen \
-        --grpc_python_out=examples/python/gen proto/baton/v1/lock.proto
+        --grpc_python_out=examples/python/gen proto/baton/v1/*.proto
     python3 examples/python/lock_session.py [127.0.0.1:50051]
 
 It holds a lock through a Hold stream, shows a second caller waiting and being woken the moment

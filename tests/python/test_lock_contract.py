@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # no
     ProtoReflectionDescriptorDatabase,
 )
 
+from baton.v1 import lease_pb2  # noqa: E402
 from baton.v1 import lock_pb2 as pb  # noqa: E402
 from baton.v1 import lock_pb2_grpc as rpc  # noqa: E402
 
@@ -295,7 +296,7 @@ class RedisFaults(unittest.TestCase):
                     valid_until = time.monotonic() + event.renewed.remaining_ttl.ToMilliseconds() / 1000
                     continue
                 self.assertEqual(kind, "lost")
-                self.assertEqual(event.lost.reason, pb.LEASE_LOST_REASON_UNCONFIRMED)
+                self.assertEqual(event.lost.reason, lease_pb2.LEASE_LOST_REASON_UNCONFIRMED)
                 self.assertLess(time.monotonic(), valid_until, "lost must arrive before expiry")
                 break
             else:
