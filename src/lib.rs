@@ -9,6 +9,8 @@
 //! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
 //! - [`redis`]: the connection pool, script calls with timeouts, and the shared pub/sub
 //!   subscriber ([`redis::Notifier`]) that wakes local waiters.
+//! - [`wait`]: waiting without polling: subscribe, attempt, wait for a release message or a
+//!   fallback deadline, attempt again. Shared by locks and semaphores.
 //! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
 //!   loss before expiry, release when the client goes away.
 //! - [`lock`]: the `baton.v1.LockService`: its gRPC handler, its Lua scripts and its domain types.
@@ -25,4 +27,5 @@ pub mod proto;
 pub mod redis;
 pub mod server;
 pub mod telemetry;
+pub mod wait;
 pub mod wire;

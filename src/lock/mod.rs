@@ -27,6 +27,7 @@ use crate::{
     error::Error,
     lease::Renewable,
     redis::{Notifier, Redis},
+    wait::{self, Attempt},
 };
 
 /// Longest lock name, in bytes.
@@ -206,38 +207,32 @@ impl Locks {
         }
 
         let waiter = Uuid::new_v4().simple().to_string();
-        let mut subscription = self.inner.notifier.subscribe(&keys.channel).await?;
-        tokio::pin!(stop);
-        loop {
-            subscription.arm();
-            let wait_left = deadline.saturating_duration_since(Instant::now());
-            let waiting = (!wait_left.is_zero()).then_some((waiter.as_str(), wait_left));
-            let remaining = match self
-                .try_acquire(&keys, request, &owner, &token, waiting)
-                .await?
-            {
-                Acquired::Held { remaining } => remaining,
-                granted => return Ok(granted),
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Acquired::Held { remaining });
-            }
-            // The holder's expiry is the fallback when no release is published (it crashed or
-            // its lease simply ran out). One extra millisecond lets Redis expire the key first.
-            let fallback = remaining
-                .map_or(deadline, |r| now + r + Duration::from_millis(1))
-                .min(deadline);
-            tokio::select! {
-                () = subscription.notified() => {}
-                () = tokio::time::sleep_until(fallback) => {}
-                e = &mut stop => {
-                    self.abandon_wait(&keys, &waiter).await;
-                    return Err(e);
+        let waited = wait::until(
+            &self.inner.notifier,
+            &keys.channel,
+            deadline,
+            stop,
+            |left| {
+                let waiting = (!left.is_zero()).then_some((waiter.as_str(), left));
+                let attempt = self.try_acquire(&keys, request, &owner, &token, waiting);
+                async move {
+                    Ok(match attempt.await? {
+                        // The holder's expiry is the fallback when no release is published (it
+                        // crashed or its lease ran out); one more millisecond lets Redis expire it.
+                        Acquired::Held { remaining } => Attempt::Busy {
+                            answer: Acquired::Held { remaining },
+                            retry_in: remaining.map(|r| r + Duration::from_millis(1)),
+                        },
+                        granted => Attempt::Done(granted),
+                    })
                 }
-            }
-            subscription.ensure().await?;
+            },
+        )
+        .await;
+        if waited.is_err() {
+            self.abandon_wait(&keys, &waiter).await;
         }
+        waited
     }
 
     async fn try_acquire(

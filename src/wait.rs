@@ -1,0 +1,66 @@
+//! Waiting without polling, shared by every primitive whose callers wait (locks, semaphores).
+//!
+//! [`until`] subscribes to the resource's release channel, marks what it has seen, makes one
+//! attempt, and when the resource is busy waits for a release message, for the fallback the
+//! attempt named (a holder's expiry), for the caller's deadline, or for `stop`, whichever comes
+//! first, then tries again. A release published between the attempt and the wait is not missed.
+
+use std::{future::Future, time::Duration};
+
+use tokio::time::Instant;
+
+use crate::{error::Error, redis::Notifier};
+
+/// What one attempt found.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    /// A final answer (usually: granted).
+    Done(T),
+    /// Busy: `answer` is what to return if the deadline passes first; `retry_in` is the fallback
+    /// for trying again without a release message (`None`: only on a message or at the deadline).
+    Busy {
+        /// The answer for a wait that ends now.
+        answer: T,
+        /// When to try again at the latest.
+        retry_in: Option<Duration>,
+    },
+}
+
+/// Attempts until done, the deadline passes, or `stop` yields an error.
+///
+/// `attempt` receives the time left before the deadline (zero for the last attempt). `stop` is
+/// only raced against the waiting, never against an attempt in flight, so an attempt that grants
+/// is always seen through.
+pub async fn until<T, F, Fut>(
+    notifier: &Notifier,
+    channel: &str,
+    deadline: Instant,
+    stop: impl Future<Output = Error>,
+    mut attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>, Error>>,
+{
+    let mut subscription = notifier.subscribe(channel).await?;
+    tokio::pin!(stop);
+    loop {
+        subscription.arm();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (answer, retry_in) = match attempt(left).await? {
+            Attempt::Done(value) => return Ok(value),
+            Attempt::Busy { answer, retry_in } => (answer, retry_in),
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(answer);
+        }
+        let wake = retry_in.map_or(deadline, |r| now + r).min(deadline);
+        tokio::select! {
+            () = subscription.notified() => {}
+            () = tokio::time::sleep_until(wake) => {}
+            e = &mut stop => return Err(e),
+        }
+        subscription.ensure().await?;
+    }
+}
