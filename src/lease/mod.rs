@@ -7,12 +7,157 @@
 //! it reports the lease lost *before* it can have expired. When the client goes away it releases
 //! at once; on shutdown it releases and says so.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Error;
+use crate::{error::Error, proto::v1 as pb};
+
+/// Events buffered per stream before `renewed` events are dropped for a caller that does not read.
+pub const STREAM_BUFFER: usize = 16;
+
+/// Resolves when the caller has gone away or Baton shuts down, with the matching error; handed to
+/// acquisitions so they stop waiting.
+pub type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
+
+/// The receiving half of a lease stream, returned to tonic as the response stream.
+pub type Events<T> = mpsc::Receiver<Result<T, tonic::Status>>;
+
+/// The outcome of the acquisition that opens a `Hold` stream.
+pub enum Grant<T, L> {
+    /// Granted: `first` is the `acquired` event; `lease` is then kept alive.
+    Granted {
+        /// The first event of the stream.
+        first: T,
+        /// The lease to keep alive.
+        lease: L,
+        /// The lease's nominal ttl (sets the renewal pace).
+        ttl: Duration,
+        /// The earliest moment the lease can expire, by this process's clock.
+        valid_until: Instant,
+    },
+    /// Not granted within the wait: `event` is the only event of the stream.
+    Refused(T),
+}
+
+fn stop(gone: impl Future<Output = ()> + Send + 'static, shutdown: CancellationToken) -> Stop {
+    Box::pin(async move {
+        tokio::select! {
+            () = gone => Error::Cancelled,
+            () = shutdown.cancelled() => Error::ShuttingDown,
+        }
+    })
+}
+
+/// Runs a unary acquisition in its own task, so that a grant racing the caller's cancellation
+/// (a dropped request, a deadline) is handed to `orphan` to release instead of leaking until its
+/// ttl. `acquire` gets a [`Stop`] that resolves when the caller leaves or Baton shuts down.
+pub async fn detached<T, A, AF, R, RF>(
+    shutdown: &CancellationToken,
+    acquire: A,
+    orphan: R,
+) -> Result<T, Error>
+where
+    T: Send + 'static,
+    A: FnOnce(Stop) -> AF + Send + 'static,
+    AF: Future<Output = Result<T, Error>> + Send,
+    R: FnOnce(T) -> RF + Send + 'static,
+    RF: Future<Output = ()> + Send,
+{
+    let (mut tx, rx) = oneshot::channel::<Result<T, Error>>();
+    let gone = CancellationToken::new();
+    let stop = stop(gone.clone().cancelled_owned(), shutdown.clone());
+    tokio::spawn(async move {
+        let work = acquire(stop);
+        tokio::pin!(work);
+        let result = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                () = tx.closed(), if !gone.is_cancelled() => gone.cancel(),
+            }
+        };
+        if let Err(Ok(value)) = tx.send(result) {
+            orphan(value).await;
+        }
+    });
+    rx.await
+        .map_err(|_| Error::Internal("the acquisition task ended without an answer".into()))?
+}
+
+/// Opens a `Hold` stream: runs `acquire` in its own task, sends its first event, then keeps the
+/// lease alive until the caller leaves, the lease is lost, or shutdown. A grant that finds the
+/// caller gone is released at once; an error before the first event ends the stream with it.
+pub fn hold<T, L, A, AF>(
+    shutdown: &CancellationToken,
+    wrap: fn(Event) -> T,
+    acquire: A,
+) -> Events<T>
+where
+    T: Send + 'static,
+    L: Renewable,
+    A: FnOnce(Stop) -> AF + Send + 'static,
+    AF: Future<Output = Result<Grant<T, L>, Error>> + Send,
+{
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let closed = tx.clone();
+        let stop = stop(async move { closed.closed().await }, shutdown.clone());
+        match acquire(stop).await {
+            Ok(Grant::Granted {
+                first,
+                lease,
+                ttl,
+                valid_until,
+            }) => {
+                if tx.send(Ok(first)).await.is_err() {
+                    return release_for_departure(&lease).await;
+                }
+                keep_alive(lease, ttl, valid_until, tx, wrap, shutdown).await;
+            }
+            Ok(Grant::Refused(event)) => {
+                let _ = tx.send(Ok(event)).await;
+            }
+            Err(Error::Cancelled) => {}
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+            }
+        }
+    });
+    rx
+}
+
+/// Opens a `KeepAlive` stream for a lease just renewed by a call sent at `sent` that left it
+/// `remaining`: the first event reports that renewal, then the lease is kept alive.
+pub fn keep_alive_stream<T, L>(
+    shutdown: &CancellationToken,
+    wrap: fn(Event) -> T,
+    lease: L,
+    ttl: Duration,
+    sent: Instant,
+    remaining: Duration,
+) -> Events<T>
+where
+    T: Send + 'static,
+    L: Renewable,
+{
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    // The channel is new and empty, so the first event always fits.
+    let _ = tx.try_send(Ok(wrap(Event::Renewed(remaining))));
+    tokio::spawn(keep_alive(
+        lease,
+        ttl,
+        sent + remaining,
+        tx,
+        wrap,
+        shutdown.clone(),
+    ));
+    rx
+}
 
 /// Largest safety margin kept between the loss report and the earliest possible expiry.
 pub const MAX_LOSS_MARGIN: Duration = Duration::from_secs(2);
@@ -47,6 +192,36 @@ pub enum Event {
     Renewed(Duration),
     /// The lease ended; nothing follows.
     Lost(LostReason, String),
+}
+
+/// The proto form of an [`Event`], for the stream messages that carry one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventMessage {
+    /// A `LeaseRenewed` message.
+    Renewed(pb::LeaseRenewed),
+    /// A `LeaseLost` message.
+    Lost(pb::LeaseLost),
+}
+
+impl From<Event> for EventMessage {
+    fn from(event: Event) -> Self {
+        match event {
+            Event::Renewed(remaining) => Self::Renewed(pb::LeaseRenewed {
+                remaining_ttl: Some(crate::wire::duration(remaining)),
+            }),
+            Event::Lost(reason, message) => {
+                let reason = match reason {
+                    LostReason::NotHeld => pb::LeaseLostReason::NotHeld,
+                    LostReason::Unconfirmed => pb::LeaseLostReason::Unconfirmed,
+                    LostReason::Shutdown => pb::LeaseLostReason::Shutdown,
+                };
+                Self::Lost(pb::LeaseLost {
+                    reason: reason.into(),
+                    message,
+                })
+            }
+        }
+    }
 }
 
 /// The safety margin for a lease of `ttl`: a tenth of it, within [`MIN_LOSS_MARGIN`] and

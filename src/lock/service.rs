@@ -4,10 +4,7 @@
 use std::{pin::Pin, time::Duration};
 
 use futures::Stream;
-use tokio::{
-    sync::{mpsc, oneshot},
-    time::Instant,
-};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -18,7 +15,7 @@ use super::{
 };
 use crate::{
     error::Error,
-    lease::{self, Event, LostReason},
+    lease::{self, Event, EventMessage, Grant},
     proto::v1::{
         self as pb, lock_service_hold_response::Event as HoldEvent,
         lock_service_keep_alive_response::Event as KeepAliveEvent,
@@ -31,8 +28,6 @@ use crate::{
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 /// Shortest non-zero wait (any positive duration rounds up to it).
 const MIN_WAIT: Duration = Duration::from_millis(1);
-/// Events buffered per stream before renewal events are dropped for a client that does not read.
-const STREAM_BUFFER: usize = 16;
 
 /// The LockService implementation.
 #[derive(Clone)]
@@ -74,44 +69,20 @@ fn lease_message(lease: &Lease) -> pb::LockLease {
     }
 }
 
-fn lost_message(reason: LostReason, message: String) -> pb::LeaseLost {
-    let reason = match reason {
-        LostReason::NotHeld => pb::LeaseLostReason::NotHeld,
-        LostReason::Unconfirmed => pb::LeaseLostReason::Unconfirmed,
-        LostReason::Shutdown => pb::LeaseLostReason::Shutdown,
-    };
-    pb::LeaseLost {
-        reason: reason.into(),
-        message,
-    }
-}
-
 fn hold_event(event: Event) -> pb::LockServiceHoldResponse {
-    let event = match event {
-        Event::Renewed(remaining) => HoldEvent::Renewed(pb::LeaseRenewed {
-            remaining_ttl: Some(wire::duration(remaining)),
-        }),
-        Event::Lost(reason, message) => HoldEvent::Lost(lost_message(reason, message)),
+    let event = match EventMessage::from(event) {
+        EventMessage::Renewed(r) => HoldEvent::Renewed(r),
+        EventMessage::Lost(l) => HoldEvent::Lost(l),
     };
     pb::LockServiceHoldResponse { event: Some(event) }
 }
 
 fn keep_alive_event(event: Event) -> pb::LockServiceKeepAliveResponse {
-    let event = match event {
-        Event::Renewed(remaining) => KeepAliveEvent::Renewed(pb::LeaseRenewed {
-            remaining_ttl: Some(wire::duration(remaining)),
-        }),
-        Event::Lost(reason, message) => KeepAliveEvent::Lost(lost_message(reason, message)),
+    let event = match EventMessage::from(event) {
+        EventMessage::Renewed(r) => KeepAliveEvent::Renewed(r),
+        EventMessage::Lost(l) => KeepAliveEvent::Lost(l),
     };
     pb::LockServiceKeepAliveResponse { event: Some(event) }
-}
-
-/// Ends when the receiving side of `tx` is gone (the caller left) or on shutdown.
-async fn stopped<T>(tx: &mpsc::Sender<T>, shutdown: &CancellationToken) -> Error {
-    tokio::select! {
-        () = tx.closed() => Error::Cancelled,
-        () = shutdown.cancelled() => Error::ShuttingDown,
-    }
 }
 
 #[tonic::async_trait]
@@ -140,32 +111,21 @@ impl LockService for LockApi {
             return Err(Error::ShuttingDown.into());
         }
 
-        // The acquisition runs in its own task so that a grant racing the caller's cancellation
-        // is released instead of leaking until its ttl.
-        let (tx, rx) = oneshot::channel::<Result<Acquired, Error>>();
         let locks = self.locks.clone();
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let mut tx = tx;
-            let result = {
-                let stop = async {
-                    tokio::select! {
-                        () = tx.closed() => Error::Cancelled,
-                        () = shutdown.cancelled() => Error::ShuttingDown,
+        let orphans = self.locks.clone();
+        let outcome = lease::detached(
+            &self.shutdown,
+            move |stop| async move { locks.acquire(&acquire, stop).await },
+            move |outcome| async move {
+                if let Acquired::Granted(lease) = outcome {
+                    tracing::debug!(lock = %lease.name, "caller left before the grant arrived; releasing");
+                    if let Err(e) = orphans.release(&lease.name, &lease.token).await {
+                        tracing::warn!(lock = %lease.name, error = %e, "could not release an orphaned grant");
                     }
-                };
-                locks.acquire(&acquire, stop).await
-            };
-            if let Err(Ok(Acquired::Granted(lease))) = tx.send(result) {
-                tracing::debug!(lock = %lease.name, "caller left before the grant arrived; releasing");
-                if let Err(e) = locks.release(&lease.name, &lease.token).await {
-                    tracing::warn!(lock = %lease.name, error = %e, "could not release an orphaned grant");
                 }
-            }
-        });
-        let outcome = rx
-            .await
-            .map_err(|_| Status::internal("the acquisition task ended without an answer"))??;
+            },
+        )
+        .await?;
         Ok(Response::new(match outcome {
             Acquired::Granted(lease) => pb::LockServiceAcquireResponse {
                 acquired: true,
@@ -231,45 +191,28 @@ impl LockService for LockApi {
             return Err(Error::ShuttingDown.into());
         }
 
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let locks = self.locks.clone();
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let outcome = locks.acquire(&acquire, stopped(&tx, &shutdown)).await;
-            let lease = match outcome {
-                Ok(Acquired::Granted(lease)) => lease,
-                Ok(Acquired::Held { remaining }) => {
-                    let event = HoldEvent::NotAcquired(pb::LockNotAcquired {
+        let events = lease::hold(&self.shutdown, hold_event, move |stop| async move {
+            Ok(match locks.acquire(&acquire, stop).await? {
+                Acquired::Granted(lease) => {
+                    tracing::debug!(lock = %lease.name, fencing_token = lease.fencing_token, "hold acquired");
+                    Grant::Granted {
+                        first: pb::LockServiceHoldResponse {
+                            event: Some(HoldEvent::Acquired(lease_message(&lease))),
+                        },
+                        valid_until: lease.sent_at + lease.remaining,
+                        ttl: acquire.ttl,
+                        lease: locks.lease_handle(lease.name, lease.token, Some(acquire.ttl)),
+                    }
+                }
+                Acquired::Held { remaining } => Grant::Refused(pb::LockServiceHoldResponse {
+                    event: Some(HoldEvent::NotAcquired(pb::LockNotAcquired {
                         holder_remaining_ttl: remaining.map(wire::duration),
-                    });
-                    let _ = tx
-                        .send(Ok(pb::LockServiceHoldResponse { event: Some(event) }))
-                        .await;
-                    return;
-                }
-                Err(Error::Cancelled) => return,
-                Err(e) => {
-                    let _ = tx.send(Err(e.into())).await;
-                    return;
-                }
-            };
-            let handle =
-                locks.lease_handle(lease.name.clone(), lease.token.clone(), Some(acquire.ttl));
-            let acquired = pb::LockServiceHoldResponse {
-                event: Some(HoldEvent::Acquired(lease_message(&lease))),
-            };
-            if tx.send(Ok(acquired)).await.is_err() {
-                // The caller left while the grant was on its way.
-                if let Err(e) = locks.release(&lease.name, &lease.token).await {
-                    tracing::warn!(lock = %lease.name, error = %e, "could not release an orphaned hold");
-                }
-                return;
-            }
-            tracing::debug!(lock = %lease.name, fencing_token = lease.fencing_token, "hold acquired");
-            let valid_until = lease.sent_at + lease.remaining;
-            lease::keep_alive(handle, acquire.ttl, valid_until, tx, hold_event, shutdown).await;
+                    })),
+                }),
+            })
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 
     type KeepAliveStream = EventStream<pb::LockServiceKeepAliveResponse>;
@@ -296,20 +239,15 @@ impl LockService for LockApi {
             )
             .into());
         };
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        // The channel is new and empty, so the first event always fits.
-        let _ = tx.try_send(Ok(keep_alive_event(Event::Renewed(remaining))));
-        let handle = self.locks.lease_handle(name, token, ttl);
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(lease::keep_alive(
-            handle,
-            ttl.unwrap_or(remaining),
-            sent + remaining,
-            tx,
+        let events = lease::keep_alive_stream(
+            &self.shutdown,
             keep_alive_event,
-            shutdown,
-        ));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            self.locks.lease_handle(name, token, ttl),
+            ttl.unwrap_or(remaining),
+            sent,
+            remaining,
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 
     async fn describe(

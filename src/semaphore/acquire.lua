@@ -1,0 +1,76 @@
+-- Acquire: grant `permits` permits if they fit under the strictest limit and it is the caller's
+-- turn (fair waiters first, in arrival order); otherwise register the caller as a waiter.
+--
+-- ARGV[1] token   ARGV[2] owner   ARGV[3] permits   ARGV[4] limit   ARGV[5] ttl ms
+-- ARGV[6] waiter id ('' when the caller does not wait)   ARGV[7] '1' for fair
+-- ARGV[8] wait left ms   ARGV[9] fair queue registration lease ms   ARGV[10] fence retention ms
+--
+-- Returns {1, fence, remaining ms, limit in force} when granted, or
+-- {0, permits available, ms until the earliest holder expires (-1: none)}.
+local token, owner = ARGV[1], ARGV[2]
+local permits, limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local waiter, fair, wait_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
+local queue_lease, retention = tonumber(ARGV[9]), tonumber(ARGV[10])
+
+local now, now_us = clock()
+reclaim(now)
+purge_waiters(now)
+
+local strictest = limit
+local lowest = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
+if lowest[2] then
+  strictest = math.min(strictest, tonumber(lowest[2]))
+end
+local used = in_use()
+
+local turn
+if fair and waiter ~= '' then
+  if not redis.call('ZSCORE', Q, waiter) and wait_ms > 0 then
+    redis.call('ZADD', Q, redis.call('HINCRBY', D, 'seq', 1), waiter)
+    redis.call('HSET', D, 'q:' .. waiter, permits .. '|' .. limit)
+  end
+  if wait_ms > 0 then
+    redis.call('ZADD', W, now + math.min(queue_lease, wait_ms), waiter)
+  end
+  local rank = redis.call('ZRANK', Q, waiter)
+  if rank then
+    turn = rank == 0
+  else
+    turn = redis.call('ZCARD', Q) == 0
+  end
+else
+  -- Nobody overtakes a queued fair waiter.
+  turn = redis.call('ZCARD', Q) == 0
+end
+
+if turn and used + permits <= strictest then
+  local last = tonumber(redis.call('GET', F) or '0')
+  local fence = string.format('%.0f', math.max(last + 1, now_us))
+  redis.call('SET', F, fence, 'PX', ttl + retention)
+  redis.call('ZADD', H, now + ttl, token)
+  redis.call('ZADD', L, limit, token)
+  redis.call('HSET', D, 'h:' .. token, permits .. '|' .. limit .. '|' .. ttl .. '|' .. fence .. '|' .. owner,
+             'last_limit', limit)
+  redis.call('HINCRBY', D, 'used', permits)
+  if waiter ~= '' then
+    local queued = redis.call('ZSCORE', Q, waiter)
+    drop_waiter(waiter)
+    -- The queue moved: the next fair waiter, or the others it was holding back, may fit now.
+    if queued and redis.call('ZCARD', W) > 0 then
+      redis.call('PUBLISH', C, 'next')
+    end
+  end
+  touch(now)
+  return {1, fence, ttl, strictest}
+end
+
+if waiter ~= '' and wait_ms > 0 and not fair then
+  redis.call('ZADD', W, now + wait_ms, waiter)
+end
+touch(now)
+local earliest = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
+local expiry = -1
+if earliest[2] then
+  expiry = tonumber(earliest[2]) - now
+end
+return {0, math.max(strictest - used, 0), expiry}
