@@ -26,7 +26,10 @@ use uuid::Uuid;
 use crate::{
     error::Error,
     lease::Renewable,
-    redis::{Notifier, Redis},
+    redis::{
+        Notifier, Redis,
+        reply::{int, millis, ms, string, unexpected},
+    },
     wait::{self, Attempt},
 };
 
@@ -390,27 +393,6 @@ impl Renewable for LockLease {
     async fn release(&self) -> Result<bool, Error> {
         Ok(self.locks.release(&self.name, &self.token).await?.was_held)
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A positive millisecond count from Redis as a duration; `None` for Redis's -1/-2 markers.
-fn ms(v: i64) -> Option<Duration> {
-    u64::try_from(v).ok().map(Duration::from_millis)
-}
-
-fn unexpected(what: &str) -> Error {
-    Error::Internal(format!("unexpected {what} from Redis"))
-}
-
-fn int(v: &Value) -> Result<i64, Error> {
-    redis::from_redis_value_ref(v).map_err(|_| unexpected("integer"))
-}
-
-fn string(v: &Value) -> Result<String, Error> {
-    redis::from_redis_value_ref(v).map_err(|_| unexpected("string"))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! time from Redis (`TIME`), never from this process.
 
 mod notifier;
+pub mod reply;
 
 use std::time::Duration;
 

@@ -6,7 +6,8 @@
 -- ARGV[8] wait left ms   ARGV[9] fair queue registration lease ms   ARGV[10] fence retention ms
 --
 -- Returns {1, fence, remaining ms, limit in force} when granted, or
--- {0, permits available, ms until the earliest holder expires (-1: none)}.
+-- {0, permits available, ms until the earliest holder lease ends, ms until that or the earliest
+-- waiter registration ends} (-1: none).
 local token, owner = ARGV[1], ARGV[2]
 local permits, limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local waiter, fair, wait_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
@@ -68,9 +69,17 @@ if waiter ~= '' and wait_ms > 0 and not fair then
   redis.call('ZADD', W, now + wait_ms, waiter)
 end
 touch(now)
-local earliest = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
-local expiry = -1
-if earliest[2] then
-  expiry = tonumber(earliest[2]) - now
+-- When to look again without a message: the earliest holder expiry frees permits, and the earliest
+-- waiter registration expiry may drop a dead fair waiter that holds the queue.
+local function earliest(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return tonumber(first[2]) - now
+  end
+  return -1
 end
-return {0, math.max(strictest - used, 0), expiry}
+local holder_expiry, wake = earliest(H), earliest(W)
+if wake < 0 or (holder_expiry >= 0 and holder_expiry < wake) then
+  wake = holder_expiry
+end
+return {0, math.max(strictest - used, 0), holder_expiry, wake}

@@ -1,0 +1,520 @@
+//! Counting semaphores with per-holder leases, weighted permits, optional FIFO fairness, and
+//! waiting woken by Redis pub/sub.
+//!
+//! The seed notes' three semaphores each have a flaw: the basic one trusts client clocks (a fast
+//! clock steals a slot), the fair one races between its steps (two acquirers exceed the limit),
+//! and both keep a crashed holder's slot until a fixed timeout. Here every step is one Lua script
+//! that reads Redis's clock, reclaims expired holders and decides in the same atomic call, and
+//! each holder carries its own ttl.
+//!
+//! # Limit semantics
+//!
+//! Each request carries the limit its caller believes in; the strictest one wins. A grant needs
+//! `in use + permits <= min(request limit, limit of every current holder)`, so no holder ever sees
+//! more permits in use than it asked for, whatever limits other callers pass.
+//!
+//! # Redis layout
+//!
+//! Every key of the semaphore `NAME` shares the hash tag `{sem:NAME}`:
+//!
+//! | key | type | holds | lifetime |
+//! |---|---|---|---|
+//! | `PREFIX{sem:NAME}` | hash | holder records, permits in use, last limit, queue counter, queued requests | last lease or wait + 60 s |
+//! | `PREFIX{sem:NAME}:holders` | sorted set | token → expiry (ms) | same |
+//! | `PREFIX{sem:NAME}:limits` | sorted set | token → the holder's limit | same |
+//! | `PREFIX{sem:NAME}:queue` | sorted set | fair waiter → arrival number | same |
+//! | `PREFIX{sem:NAME}:waiters` | sorted set | waiter → registration expiry (ms) | same |
+//! | `PREFIX{sem:NAME}:fence` | string | last fencing token issued | ttl + [`FENCE_RETENTION`] after a grant |
+//! | `PREFIX{sem:NAME}:released` | pub/sub channel | a message per release or queue move | — |
+//!
+//! The gRPC handler is in [`service`]; this module knows nothing of tonic.
+
+pub mod service;
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use redis::{Script, Value};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::{
+    error::Error,
+    lease::Renewable,
+    redis::{
+        Notifier, Redis,
+        reply::{int, millis, ms, string, unexpected},
+    },
+    wait::{self, Attempt},
+};
+
+/// Longest semaphore name, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// Longest owner label, in bytes.
+pub const MAX_OWNER_BYTES: usize = 256;
+/// Largest limit. It bounds the holders of one semaphore, and so the work of every script.
+pub const MAX_LIMIT: u32 = 10_000;
+/// Shortest lease ttl.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// Shortest lease ttl for `Hold` and `KeepAlive`, which renew about every third of it.
+pub const MIN_KEEPALIVE_TTL: Duration = Duration::from_millis(100);
+/// Longest lease ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+/// Longest wait.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// How long a fair waiter's place in the queue lasts unless renewed. Waiters renew it about every
+/// third of this, so the place of a waiter whose Baton died is freed within this time.
+pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
+/// How long the last fencing token is kept after the lease it was issued for ends; tokens stay
+/// increasing without it (they are floored at the Redis clock).
+pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
+/// Most holders `Describe` lists.
+pub const MAX_LISTED_HOLDERS: u32 = 100;
+
+/// The Redis keys and channel of one semaphore, in the order every script expects them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SemaphoreKeys {
+    /// Sorted set of holders by expiry.
+    pub holders: String,
+    /// Hash of holder records and counters.
+    pub data: String,
+    /// Sorted set of holders by the limit they asked for.
+    pub limits: String,
+    /// Sorted set of fair waiters by arrival.
+    pub queue: String,
+    /// Sorted set of waiters by registration expiry.
+    pub waiters: String,
+    /// Last fencing token issued.
+    pub fence: String,
+    /// Channel published on every release and queue move.
+    pub channel: String,
+}
+
+impl SemaphoreKeys {
+    /// The keys of semaphore `name` under `prefix`.
+    pub fn new(prefix: &str, name: &str) -> Self {
+        let data = format!("{prefix}{{sem:{name}}}");
+        Self {
+            holders: format!("{data}:holders"),
+            limits: format!("{data}:limits"),
+            queue: format!("{data}:queue"),
+            waiters: format!("{data}:waiters"),
+            fence: format!("{data}:fence"),
+            channel: format!("{data}:released"),
+            data,
+        }
+    }
+
+    fn all(&self) -> [&str; 7] {
+        [
+            &self.holders,
+            &self.data,
+            &self.limits,
+            &self.queue,
+            &self.waiters,
+            &self.fence,
+            &self.channel,
+        ]
+    }
+}
+
+/// A request for permits, already validated.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The semaphore's name.
+    pub name: String,
+    /// The limit the caller believes in.
+    pub limit: u32,
+    /// Permits to take, from 1 to `limit`.
+    pub permits: u32,
+    /// The lease's ttl.
+    pub ttl: Duration,
+    /// How long to wait; zero tries once.
+    pub wait: Duration,
+    /// The owner label; `None` uses the token.
+    pub owner: Option<String>,
+    /// Queue in arrival order.
+    pub fair: bool,
+}
+
+/// A granted permit lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permit {
+    /// The semaphore's name.
+    pub name: String,
+    /// The opaque token proving the lease.
+    pub token: String,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
+    /// Time left on the lease when Redis answered.
+    pub remaining: Duration,
+    /// Permits held.
+    pub permits: u32,
+    /// The limit in force for the grant.
+    pub limit: u32,
+    /// The owner label.
+    pub owner: String,
+    /// When the successful script call was sent: the lease lasts at least until
+    /// `sent_at + remaining` by this process's monotonic clock.
+    pub sent_at: Instant,
+}
+
+/// The result of an acquisition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The caller holds the permits.
+    Granted(Permit),
+    /// The permits stayed unavailable for the whole wait.
+    Unavailable {
+        /// Permits free under the strictest limit.
+        available: u32,
+        /// Time until the earliest holder's lease expires, if any.
+        earliest_expiry: Option<Duration>,
+    },
+}
+
+/// What one attempt found when the permits were not granted.
+struct Busy {
+    available: u32,
+    earliest_expiry: Option<Duration>,
+    /// When the state may change without a release message (a lease or a waiter registration
+    /// ends), if ever.
+    wake_in: Option<Duration>,
+}
+
+/// One unexpired lease, as `describe` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The owner label.
+    pub owner: String,
+    /// Permits held.
+    pub permits: u32,
+    /// Time left on the lease.
+    pub remaining: Duration,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
+    /// The limit the holder asked for.
+    pub limit: u32,
+}
+
+/// A snapshot of one semaphore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    /// The limit in force.
+    pub limit: u32,
+    /// Permits held by unexpired leases.
+    pub permits_in_use: u32,
+    /// Up to [`MAX_LISTED_HOLDERS`] unexpired leases, soonest to expire first.
+    pub holders: Vec<HolderInfo>,
+    /// Number of unexpired leases.
+    pub holder_count: u32,
+    /// Callers waiting, across every Baton.
+    pub waiters: u32,
+    /// The latest fencing token issued within the retention (0 when none).
+    pub fencing_token: u64,
+}
+
+impl From<Busy> for Acquired {
+    fn from(busy: Busy) -> Self {
+        Self::Unavailable {
+            available: busy.available,
+            earliest_expiry: busy.earliest_expiry,
+        }
+    }
+}
+
+/// The semaphore primitive. Cheap to clone.
+#[derive(Clone)]
+pub struct Semaphores {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    redis: Redis,
+    notifier: Notifier,
+    acquire: Script,
+    release: Script,
+    refresh: Script,
+    abandon: Script,
+    describe: Script,
+}
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(include_str!("prelude.lua"), include_str!($file)))
+    };
+}
+
+impl Semaphores {
+    /// Semaphores stored in `redis`, with waiters woken through `notifier`.
+    pub fn new(redis: Redis, notifier: Notifier) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                redis,
+                notifier,
+                acquire: script!("acquire.lua"),
+                release: script!("release.lua"),
+                refresh: script!("refresh.lua"),
+                abandon: script!("abandon.lua"),
+                describe: script!("describe.lua"),
+            }),
+        }
+    }
+
+    /// The keys of semaphore `name`.
+    pub fn keys(&self, name: &str) -> SemaphoreKeys {
+        SemaphoreKeys::new(self.inner.redis.key_prefix(), name)
+    }
+
+    fn invocation<'a>(
+        &'a self,
+        script: &'a Script,
+        keys: &SemaphoreKeys,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys.all() {
+            invocation.key(key);
+        }
+        invocation
+    }
+
+    /// Acquires permits, waiting up to `request.wait` without polling (fair waiters renew their
+    /// place in the queue about every third of [`QUEUE_LEASE`]).
+    ///
+    /// `stop` ends the wait early with the error it yields; it is never raced against a script
+    /// call, so a returned `Granted` is always a lease the caller must release.
+    pub async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        stop: impl Future<Output = Error>,
+    ) -> Result<Acquired, Error> {
+        let keys = self.keys(&request.name);
+        let token = Uuid::new_v4().hyphenated().to_string();
+        let owner = request.owner.clone().unwrap_or_else(|| token.clone());
+        let deadline = Instant::now() + request.wait;
+
+        // Uncontended acquisitions cost one script call: subscribe only when they must wait.
+        let first = self
+            .try_acquire(&keys, request, &owner, &token, None)
+            .await?;
+        match first {
+            Ok(permit) => return Ok(Acquired::Granted(permit)),
+            Err(busy) if request.wait.is_zero() => return Ok(busy.into()),
+            Err(_) => {}
+        }
+
+        let waiter = Uuid::new_v4().simple().to_string();
+        let renew_place = QUEUE_LEASE / 3;
+        let waited = wait::until(
+            &self.inner.notifier,
+            &keys.channel,
+            deadline,
+            stop,
+            |left| {
+                let attempt =
+                    self.try_acquire(&keys, request, &owner, &token, Some((&waiter, left)));
+                async move {
+                    Ok(match attempt.await? {
+                        Ok(permit) => Attempt::Done(Acquired::Granted(permit)),
+                        Err(busy) => {
+                            // Leases and registrations end without a message; one more
+                            // millisecond lets Redis's clock pass the expiry.
+                            let wake = busy.wake_in.map(|w| w + Duration::from_millis(1));
+                            // Fair waiters also renew their place in the queue.
+                            let retry_in = if request.fair {
+                                Some(wake.map_or(renew_place, |w| w.min(renew_place)))
+                            } else {
+                                wake
+                            };
+                            Attempt::Busy {
+                                answer: busy.into(),
+                                retry_in,
+                            }
+                        }
+                    })
+                }
+            },
+        )
+        .await;
+        if !matches!(waited, Ok(Acquired::Granted(_))) {
+            self.abandon_wait(&keys, &waiter).await;
+        }
+        waited
+    }
+
+    async fn try_acquire(
+        &self,
+        keys: &SemaphoreKeys,
+        request: &AcquireRequest,
+        owner: &str,
+        token: &str,
+        waiting: Option<(&str, Duration)>,
+    ) -> Result<Result<Permit, Busy>, Error> {
+        let (waiter, wait_left) = waiting.unwrap_or(("", Duration::ZERO));
+        let mut invocation = self.invocation(&self.inner.acquire, keys);
+        invocation
+            .arg(token)
+            .arg(owner)
+            .arg(request.permits)
+            .arg(request.limit)
+            .arg(millis(request.ttl))
+            .arg(waiter)
+            .arg(if request.fair { "1" } else { "0" })
+            .arg(millis(wait_left))
+            .arg(millis(QUEUE_LEASE))
+            .arg(millis(FENCE_RETENTION));
+        let sent_at = Instant::now();
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        match reply.as_slice() {
+            [granted, fence, remaining, limit] if int(granted)? == 1 => Ok(Ok(Permit {
+                name: request.name.clone(),
+                token: token.to_owned(),
+                fencing_token: u64::try_from(int(fence)?)
+                    .map_err(|_| unexpected("negative fencing token"))?,
+                remaining: ms(int(remaining)?).unwrap_or(request.ttl),
+                permits: request.permits,
+                limit: u32::try_from(int(limit)?).unwrap_or(request.limit),
+                owner: owner.to_owned(),
+                sent_at,
+            })),
+            [_, available, expiry, wake] => Ok(Err(Busy {
+                available: u32::try_from(int(available)?).unwrap_or(0),
+                earliest_expiry: ms(int(expiry)?),
+                wake_in: ms(int(wake)?),
+            })),
+            _ => Err(unexpected("acquire reply")),
+        }
+    }
+
+    /// Removes a waiter that stopped waiting, waking those queued behind it.
+    async fn abandon_wait(&self, keys: &SemaphoreKeys, waiter: &str) {
+        let mut invocation = self.invocation(&self.inner.abandon, keys);
+        invocation.arg(waiter);
+        if let Err(e) = self.inner.redis.eval::<i64>(&invocation).await {
+            tracing::debug!(error = %e, "could not remove a waiter; its registration will expire");
+        }
+    }
+
+    /// Gives the lease `token` back. Returns whether it was still held (false when it had
+    /// already expired or is unknown).
+    pub async fn release(&self, name: &str, token: &str) -> Result<bool, Error> {
+        let keys = self.keys(name);
+        let mut invocation = self.invocation(&self.inner.release, &keys);
+        invocation.arg(token);
+        Ok(self.inner.redis.eval::<i64>(&invocation).await? == 1)
+    }
+
+    /// Sets the remaining ttl of lease `token` to `ttl` (or its acquisition ttl), refusing with
+    /// `InvalidArgument` on `ttl` a result below `min`. Returns the new remaining ttl, or `None`
+    /// when the token holds no unexpired lease.
+    pub async fn refresh(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Option<Duration>,
+        min: Duration,
+    ) -> Result<Option<Duration>, Error> {
+        let keys = self.keys(name);
+        let mut invocation = self.invocation(&self.inner.refresh, &keys);
+        invocation
+            .arg(token)
+            .arg(ttl.map_or(0, millis))
+            .arg(millis(min));
+        match self.inner.redis.eval::<i64>(&invocation).await? {
+            -2 => Err(Error::invalid(
+                "ttl",
+                format!(
+                    "the lease's acquisition ttl is below {}; pass a longer ttl",
+                    humantime::format_duration(min)
+                ),
+            )),
+            reply => Ok(ms(reply)),
+        }
+    }
+
+    /// Reads the semaphore's state.
+    pub async fn describe(&self, name: &str) -> Result<Description, Error> {
+        let keys = self.keys(name);
+        let mut invocation = self.invocation(&self.inner.describe, &keys);
+        invocation.arg(MAX_LISTED_HOLDERS);
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let [limit, in_use, count, waiters, fence, listed] = reply.as_slice() else {
+            return Err(unexpected("describe reply"));
+        };
+        let listed: Vec<Vec<Value>> =
+            redis::from_redis_value_ref(listed).map_err(|_| unexpected("describe holders"))?;
+        let holders = listed
+            .iter()
+            .map(|h| match h.as_slice() {
+                [owner, permits, remaining, fence, limit] => Ok(HolderInfo {
+                    owner: string(owner)?,
+                    permits: u32::try_from(int(permits)?).unwrap_or(0),
+                    remaining: ms(int(remaining)?).unwrap_or_default(),
+                    fencing_token: u64::try_from(int(fence)?).unwrap_or(0),
+                    limit: u32::try_from(int(limit)?).unwrap_or(0),
+                }),
+                _ => Err(unexpected("describe holder")),
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Description {
+            limit: u32::try_from(int(limit)?).unwrap_or(0),
+            permits_in_use: u32::try_from(int(in_use)?).unwrap_or(u32::MAX),
+            holders,
+            holder_count: u32::try_from(int(count)?).unwrap_or(u32::MAX),
+            waiters: u32::try_from(int(waiters)?).unwrap_or(u32::MAX),
+            fencing_token: u64::try_from(int(fence)?).unwrap_or(0),
+        })
+    }
+
+    /// A handle that renews and releases one lease, for keepalive streams.
+    pub fn lease_handle(&self, name: String, token: String, ttl: Option<Duration>) -> PermitLease {
+        PermitLease {
+            semaphores: self.clone(),
+            name,
+            token,
+            ttl,
+        }
+    }
+}
+
+/// One permit lease, renewable by a keepalive stream.
+pub struct PermitLease {
+    semaphores: Semaphores,
+    name: String,
+    token: String,
+    ttl: Option<Duration>,
+}
+
+impl Renewable for PermitLease {
+    async fn renew(&self) -> Result<Option<Duration>, Error> {
+        self.semaphores
+            .refresh(&self.name, &self.token, self.ttl, Duration::ZERO)
+            .await
+    }
+
+    async fn release(&self) -> Result<bool, Error> {
+        self.semaphores.release(&self.name, &self.token).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of a semaphore carries the same non-empty hash tag, whatever the name contains.
+    #[test]
+    fn keys_share_one_hash_tag() {
+        for name in ["pool", "}", "{}", "a}b{c", "ünïcødé", ""] {
+            let keys = SemaphoreKeys::new("baton:", name);
+            let tag = |k: &str| {
+                let open = k.find('{').expect("has {");
+                let close = k[open + 1..].find('}').expect("has }") + open + 1;
+                k[open + 1..close].to_owned()
+            };
+            let t = tag(&keys.data);
+            assert!(!t.is_empty());
+            for key in keys.all() {
+                assert_eq!(tag(key), t, "{name}: {key}");
+            }
+        }
+    }
+}
