@@ -10,7 +10,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { env::set_var("PROTOC", protoc) };
 
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    let protos = ["proto/baton/v1/lease.proto", "proto/baton/v1/lock.proto"];
+    let protos = [
+        "proto/baton/v1/autocomplete.proto",
+        "proto/baton/v1/lease.proto",
+        "proto/baton/v1/lock.proto",
+        "proto/baton/v1/ratelimit.proto",
+        "proto/baton/v1/semaphore.proto",
+    ];
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("baton_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;

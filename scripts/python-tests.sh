@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the LockService contract from Python, through a client generated from proto/ with
+# Checks the services' contracts from Python, through a client generated from proto/ with
 # grpcio-tools: the way an application in another language sees Baton. Installs grpcio into a
 # virtualenv under .tools/ when missing; builds the baton binary the tests start.
 set -euo pipefail

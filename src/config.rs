@@ -3,7 +3,7 @@
 //! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
 //! together before Baton exits, instead of one per attempt.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -23,6 +23,12 @@ pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest key prefix accepted.
 pub const MAX_KEY_PREFIX_BYTES: usize = 128;
+/// Default time allowed for one rate limit decision's Redis call before the failure mode answers.
+pub const DEFAULT_RATELIMIT_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default answer of rate limit checks when Redis does not answer in time.
+pub const DEFAULT_RATELIMIT_FAILURE_MODE: FailureMode = FailureMode::Open;
+/// Default interval between checks of the rate limit rules file for changes.
+pub const DEFAULT_RATELIMIT_CONFIG_RELOAD: Duration = Duration::from_secs(10);
 
 /// Baton: a coordination sidecar serving distributed locks over gRPC, with state in Redis.
 #[derive(Debug, Parser)]
@@ -73,6 +79,19 @@ pub struct ServeArgs {
     /// Log filter in `tracing` syntax (e.g. `info,baton=debug`).
     #[arg(long, env = "BATON_LOG", default_value = "info")]
     pub log: String,
+    /// Time allowed for one rate limit decision's Redis call before the failure mode answers.
+    #[arg(long, env = "BATON_RATELIMIT_TIMEOUT", default_value = "50ms")]
+    pub ratelimit_timeout: String,
+    /// Rate limit answer when Redis does not answer in time: `open` (allow) or `closed` (deny).
+    #[arg(long, env = "BATON_RATELIMIT_FAILURE_MODE", default_value = "open")]
+    pub ratelimit_failure_mode: String,
+    /// Rules for Envoy's rate limit API (envoyproxy/ratelimit YAML: a file or a directory of
+    /// them); Envoy's API is served only when given.
+    #[arg(long, env = "BATON_RATELIMIT_CONFIG")]
+    pub ratelimit_config: Option<String>,
+    /// How often the rules file is checked for changes and reloaded (e.g. 10s); 0 never reloads.
+    #[arg(long, env = "BATON_RATELIMIT_CONFIG_RELOAD", default_value = "10s")]
+    pub ratelimit_config_reload: String,
 }
 
 /// How log lines are written.
@@ -82,6 +101,42 @@ pub enum LogFormat {
     Plain,
     /// One JSON object per line.
     Json,
+}
+
+/// What rate limit checks answer when Redis does not answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Allow, counting nothing.
+    Open,
+    /// Deny.
+    Closed,
+}
+
+/// Validated rate limiting settings.
+#[derive(Debug, Clone)]
+pub struct RateLimitConfig {
+    /// Time allowed for one decision's Redis call.
+    pub timeout: Duration,
+    /// The answer when Redis does not answer within `timeout`.
+    pub failure_mode: FailureMode,
+    /// The rules of Envoy's rate limit API; the API is served only when they are set.
+    pub rules: Option<Arc<crate::ratelimit::rules::Rules>>,
+    /// Where the rules were read from, to reload them when they change.
+    pub rules_path: Option<PathBuf>,
+    /// How often the rules are checked for changes; zero never reloads.
+    pub reload_interval: Duration,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_RATELIMIT_TIMEOUT,
+            failure_mode: DEFAULT_RATELIMIT_FAILURE_MODE,
+            rules: None,
+            rules_path: None,
+            reload_interval: DEFAULT_RATELIMIT_CONFIG_RELOAD,
+        }
+    }
 }
 
 /// Validated settings for a serving Baton.
@@ -99,6 +154,8 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     /// Log filter in `tracing` syntax.
     pub log_filter: String,
+    /// Rate limiting settings.
+    pub ratelimit: RateLimitConfig,
 }
 
 /// Validated Redis connection settings.
@@ -140,6 +197,7 @@ impl ServeConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             log_format: LogFormat::Plain,
             log_filter: "info".to_owned(),
+            ratelimit: RateLimitConfig::default(),
         }
     }
 
@@ -233,6 +291,45 @@ impl ServeConfig {
             }
         };
 
+        let ratelimit_timeout = duration(
+            &mut errors,
+            "--ratelimit-timeout / BATON_RATELIMIT_TIMEOUT",
+            &args.ratelimit_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(10),
+        );
+        let ratelimit_failure_mode = match args.ratelimit_failure_mode.as_str() {
+            "open" => FailureMode::Open,
+            "closed" => FailureMode::Closed,
+            other => {
+                errors.push(format!(
+                    "--ratelimit-failure-mode / BATON_RATELIMIT_FAILURE_MODE: {other:?} is neither \"open\" nor \"closed\""
+                ));
+                DEFAULT_RATELIMIT_FAILURE_MODE
+            }
+        };
+        let ratelimit_reload = duration(
+            &mut errors,
+            "--ratelimit-config-reload / BATON_RATELIMIT_CONFIG_RELOAD",
+            &args.ratelimit_config_reload,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        );
+        let ratelimit_rules = match args.ratelimit_config.as_deref().filter(|p| !p.is_empty()) {
+            None => None,
+            Some(path) => match crate::ratelimit::rules::Rules::load(std::path::Path::new(path)) {
+                Ok(rules) => Some(Arc::new(rules)),
+                Err(problems) => {
+                    errors.extend(
+                        problems
+                            .into_iter()
+                            .map(|p| format!("--ratelimit-config / BATON_RATELIMIT_CONFIG: {p}")),
+                    );
+                    None
+                }
+            },
+        };
+
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&args.log) {
             errors.push(format!(
                 "--log / BATON_LOG: {:?} is not a log filter: {e}",
@@ -256,6 +353,17 @@ impl ServeConfig {
             drain_timeout,
             log_format,
             log_filter: args.log.clone(),
+            ratelimit: RateLimitConfig {
+                timeout: ratelimit_timeout,
+                failure_mode: ratelimit_failure_mode,
+                rules: ratelimit_rules,
+                rules_path: args
+                    .ratelimit_config
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from),
+                reload_interval: ratelimit_reload,
+            },
         })
     }
 }

@@ -14,17 +14,26 @@
 //! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
 //!   loss before expiry, release when the client goes away.
 //! - [`lock`]: the `baton.v1.LockService`: its gRPC handler, its Lua scripts and its domain types.
+//! - [`ratelimit`]: the `baton.v1.RateLimitService` (GCRA, fixed and sliding windows) and
+//!   Envoy's `envoy.service.ratelimit.v3.RateLimitService` with rules from a YAML file.
+//! - [`semaphore`]: the `baton.v1.SemaphoreService`: counting semaphores with per-holder leases,
+//!   weights and FIFO fairness; handler, Lua scripts and domain types.
+//! - [`autocomplete`]: the `baton.v1.AutocompleteService`: completion over dictionaries and
+//!   recent lists, Unicode-normalized matching, page tokens; handler, Lua scripts, domain types.
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
 
 #![warn(missing_docs)]
 
+pub mod autocomplete;
 pub mod config;
 pub mod error;
 pub mod lease;
 pub mod lock;
 pub mod proto;
+pub mod ratelimit;
 pub mod redis;
+pub mod semaphore;
 pub mod server;
 pub mod telemetry;
 pub mod wait;

@@ -22,10 +22,23 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Server, server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
+use crate::proto::v1::rate_limit_service_server::RateLimitServiceServer;
+use crate::ratelimit::{RateLimiter, envoy::EnvoyRateLimitApi, service::RateLimitApi};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer as EnvoyRateLimitServiceServer;
+
+use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
+use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
 use crate::{
     config::ServeConfig,
     lock::{Locks, service::LockApi},
-    proto::{FILE_DESCRIPTOR_SET, v1::lock_service_server::LockServiceServer},
+    proto::{
+        FILE_DESCRIPTOR_SET,
+        v1::{
+            lock_service_server::LockServiceServer,
+            semaphore_service_server::SemaphoreServiceServer,
+        },
+    },
+    semaphore::{Semaphores, service::SemaphoreApi},
     redis::{Notifier, Redis},
 };
 
@@ -37,9 +50,15 @@ const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Health service names that follow Redis reachability.
-const READY_NAMES: [&str; 2] = ["readiness", "baton.v1.LockService"];
+const READY_NAMES: &[&str] = &[
+    "readiness",
+    "baton.v1.AutocompleteService",
+    "baton.v1.LockService",
+    "baton.v1.RateLimitService",
+    "baton.v1.SemaphoreService",
+];
 /// Health service names that follow the process.
-const LIVE_NAMES: [&str; 2] = ["", "liveness"];
+const LIVE_NAMES: &[&str] = &["", "liveness"];
 
 /// The sockets Baton serves on, bound before [`serve`] so tests can bind port 0.
 #[derive(Debug, Default)]
@@ -98,8 +117,22 @@ pub async fn serve(
         redis.command_timeout(),
         shutdown.child_token(),
     );
-    let locks = Locks::new(redis.clone(), notifier);
+    let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
+    let locks = Locks::new(redis.clone(), notifier.clone());
     let lock_api = LockApi::new(locks, shutdown.clone());
+    let semaphore_api = SemaphoreApi::new(Semaphores::new(redis.clone(), notifier), shutdown.clone());
+
+    // Rate limit decisions use their own pool, bounded by the (tighter) rate limit timeout.
+    let limiter = RateLimiter::connect(&config.redis, &config.ratelimit)?;
+    let ratelimit_api = RateLimitApi::new(limiter.clone());
+    let envoy_api = config.ratelimit.rules.clone().map(|rules| {
+        tracing::info!(domains = ?rules.domains(), files = ?rules.sources(), "serving Envoy's rate limit API");
+        let api = EnvoyRateLimitApi::new(limiter, rules);
+        if let Some(path) = config.ratelimit.rules_path.clone() {
+            api.reload_every(path, config.ratelimit.reload_interval, shutdown.clone());
+        }
+        api
+    });
 
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in LIVE_NAMES {
@@ -129,7 +162,11 @@ pub async fn serve(
             .add_service(health.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(LockServiceServer::new(lock_api.clone())))
+            .add_service(AutocompleteServiceServer::new(autocomplete_api.clone()))
+            .add_service(LockServiceServer::new(lock_api.clone()))
+            .add_service(RateLimitServiceServer::new(ratelimit_api.clone()))
+            .add_optional_service(envoy_api.clone().map(EnvoyRateLimitServiceServer::new))
+            .add_service(SemaphoreServiceServer::new(semaphore_api.clone())))
     };
 
     let mut servers = JoinSet::new();

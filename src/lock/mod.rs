@@ -258,7 +258,14 @@ impl Locks {
             .arg(millis(wait_left))
             .arg(millis(FENCE_RETENTION));
         let sent_at = Instant::now();
-        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let reply: Vec<Value> = match self.inner.redis.eval(&invocation).await {
+            Ok(reply) => reply,
+            Err(e @ Error::Unavailable(_)) => {
+                self.release_in_background(&request.name, token);
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         match reply.as_slice() {
             [granted, token, fence, remaining, count] if int(granted)? == 1 => {
                 Ok(Acquired::Granted(Lease {
@@ -277,6 +284,20 @@ impl Locks {
             }),
             _ => Err(unexpected("acquire reply")),
         }
+    }
+
+    /// Releases what an acquisition whose answer never came may have granted: Redis may have run
+    /// the script and only the reply missed the timeout. Harmless when nothing was granted (the
+    /// fresh token holds nothing); at worst the lease expires at its ttl.
+    fn release_in_background(&self, name: &str, token: &str) {
+        let (locks, name, token) = (self.clone(), name.to_owned(), token.to_owned());
+        tokio::spawn(async move {
+            if let Ok(released) = locks.release(&name, &token).await
+                && released.was_held
+            {
+                tracing::info!(lock = %name, "released a grant whose answer arrived too late");
+            }
+        });
     }
 
     /// Drops a waiter's entry when it stops waiting early; its deadline would drop it anyway.

@@ -8,7 +8,13 @@
 mod notifier;
 pub mod reply;
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use bb8_redis::{
     bb8,
@@ -24,11 +30,22 @@ pub use notifier::{Notifier, Subscription};
 
 use crate::{config::RedisConfig, error::Error};
 
-/// A pooled connection, marked broken after an I/O error or a timeout so that the pool drops it
-/// and opens a fresh one instead of handing the dead one out again.
+/// A pooled multiplexed connection, marked broken after an I/O error or a timeout so that the pool
+/// drops it and opens a fresh one instead of handing the dead one out again.
+///
+/// Calls do not hold the pool slot while they run: they clone the multiplexed handle (which
+/// pipelines any number of concurrent commands) and give the slot back at once, so the pool size
+/// sets how many sockets carry the load, not how many calls may be in flight.
+#[derive(Clone)]
 pub struct Conn {
     conn: MultiplexedConnection,
-    broken: bool,
+    broken: Arc<AtomicBool>,
+}
+
+impl Conn {
+    fn mark_broken(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Opens connections with Baton's connect and response timeouts.
@@ -52,7 +69,7 @@ impl bb8::ManageConnection for Manager {
             .await?;
         Ok(Conn {
             conn,
-            broken: false,
+            broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -61,7 +78,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken
+        conn.broken.load(Ordering::Relaxed)
     }
 }
 
@@ -71,7 +88,7 @@ impl bb8::ManageConnection for Manager {
 /// waiting `get` to run into its timeout; with this sink a refused connection fails the waiting
 /// calls at once with the real cause.
 #[derive(Clone)]
-struct ConnectFailures(tokio::sync::broadcast::Sender<std::sync::Arc<str>>);
+struct ConnectFailures(tokio::sync::broadcast::Sender<Arc<str>>);
 
 impl std::fmt::Debug for ConnectFailures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,7 +116,7 @@ pub struct Redis {
     client: Client,
     command_timeout: Duration,
     connect_timeout: Duration,
-    key_prefix: std::sync::Arc<str>,
+    key_prefix: Arc<str>,
 }
 
 impl Redis {
@@ -162,7 +179,7 @@ impl Redis {
         let deadline = Instant::now() + self.command_timeout;
         let mut conn = self.checkout(deadline).await?;
         let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
-        self.settle(&mut conn, outcome)
+        self.settle(&conn, outcome)
     }
 
     /// Sends one plain command within the command timeout.
@@ -170,7 +187,7 @@ impl Redis {
         let deadline = Instant::now() + self.command_timeout;
         let mut conn = self.checkout(deadline).await?;
         let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
-        self.settle(&mut conn, outcome)
+        self.settle(&conn, outcome)
     }
 
     /// Sends `PING` within the command timeout.
@@ -182,19 +199,19 @@ impl Redis {
     /// longer be trusted (an I/O error, a dropped connection, or no answer in time).
     fn settle<T>(
         &self,
-        conn: &mut Conn,
+        conn: &Conn,
         outcome: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, Error> {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-                    conn.broken = true;
+                    conn.mark_broken();
                 }
                 Err(e.into())
             }
             Err(_) => {
-                conn.broken = true;
+                conn.mark_broken();
                 Err(Error::Unavailable(format!(
                     "no answer within {}",
                     humantime::format_duration(self.command_timeout)
@@ -203,17 +220,15 @@ impl Redis {
         }
     }
 
-    async fn checkout(
-        &self,
-        deadline: Instant,
-    ) -> Result<bb8::PooledConnection<'_, Manager>, Error> {
+    /// A handle on one of the pooled connections; the pool slot itself is given back at once.
+    async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
         let mut failures = self.connect_failures.0.subscribe();
         let checkout = tokio::select! {
             r = timeout_at(deadline, self.pool.get()) => r,
             Ok(cause) = failures.recv() => return Err(Error::Unavailable(cause.to_string())),
         };
         match checkout {
-            Ok(Ok(conn)) => Ok(conn),
+            Ok(Ok(pooled)) => Ok(Conn::clone(&pooled)),
             Ok(Err(bb8::RunError::User(e))) => Err(e.into()),
             Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(Error::Unavailable(format!(
                 "no connection within {}",

@@ -363,7 +363,14 @@ impl Semaphores {
             .arg(millis(QUEUE_LEASE))
             .arg(millis(FENCE_RETENTION));
         let sent_at = Instant::now();
-        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let reply: Vec<Value> = match self.inner.redis.eval(&invocation).await {
+            Ok(reply) => reply,
+            Err(e @ Error::Unavailable(_)) => {
+                self.release_in_background(&request.name, token);
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         match reply.as_slice() {
             [granted, fence, remaining, limit] if int(granted)? == 1 => Ok(Ok(Permit {
                 name: request.name.clone(),
@@ -383,6 +390,18 @@ impl Semaphores {
             })),
             _ => Err(unexpected("acquire reply")),
         }
+    }
+
+    /// Releases what an acquisition whose answer never came may have granted: Redis may have run
+    /// the script and only the reply missed the timeout. Harmless when nothing was granted; at
+    /// worst the lease expires at its ttl.
+    fn release_in_background(&self, name: &str, token: &str) {
+        let (semaphores, name, token) = (self.clone(), name.to_owned(), token.to_owned());
+        tokio::spawn(async move {
+            if let Ok(true) = semaphores.release(&name, &token).await {
+                tracing::info!(semaphore = %name, "released a grant whose answer arrived too late");
+            }
+        });
     }
 
     /// Removes a waiter that stopped waiting, waking those queued behind it.

@@ -25,8 +25,11 @@ use std::{
 use baton::{
     config::{RedisConfig, ServeConfig},
     proto::v1::lock_service_client::LockServiceClient,
+    proto::v1::rate_limit_service_client::RateLimitServiceClient,
+    proto::v1::semaphore_service_client::SemaphoreServiceClient,
     server::{Listeners, serve},
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient as EnvoyRateLimitServiceClient;
 use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -459,6 +462,21 @@ impl Baton {
         LockServiceClient::new(channel(self.addr).await)
     }
 
+    /// A SemaphoreService client over a new TCP connection.
+    pub async fn semaphore_client(&self) -> SemaphoreServiceClient<Channel> {
+        SemaphoreServiceClient::new(channel(self.addr).await)
+    }
+
+    /// A RateLimitService client over a new TCP connection.
+    pub async fn ratelimit_client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::new(channel(self.addr).await)
+    }
+
+    /// A client of Envoy's rate limit API (`envoy.service.ratelimit.v3`) over a new TCP connection.
+    pub async fn envoy_ratelimit_client(&self) -> EnvoyRateLimitServiceClient<Channel> {
+        EnvoyRateLimitServiceClient::new(channel(self.addr).await)
+    }
+
     /// A LockService client over a new Unix socket connection.
     pub async fn uds_client(&self) -> LockServiceClient<Channel> {
         LockServiceClient::new(uds_channel(&self.socket_path).await)
@@ -720,6 +738,11 @@ impl Proxy {
     /// A LockService client whose connection goes through the proxy.
     pub async fn client(&self) -> LockServiceClient<Channel> {
         LockServiceClient::new(channel(self.addr).await)
+    }
+
+    /// A SemaphoreService client whose connection goes through the proxy.
+    pub async fn semaphore_client(&self) -> SemaphoreServiceClient<Channel> {
+        SemaphoreServiceClient::new(channel(self.addr).await)
     }
 
     /// Closes every relayed connection and stops accepting.

@@ -1,0 +1,1115 @@
+//! Load generator for the Autocomplete service.
+//!
+//! Starts its own `redis-server` (no persistence) and an in-process Baton on `127.0.0.1:0`, loads
+//! a seeded dictionary of realistic names (Latin with diacritics, Cyrillic, Greek, CJK, emoji)
+//! through Baton's gRPC `Add`, then measures `Complete` latency with concurrent closed-loop
+//! clients for several scenarios, and raw `ZRANGE ... BYLEX` sent straight to the same Redis on
+//! the same data in the same run as the baseline. Prints a Markdown report.
+//!
+//! ```sh
+//! cargo bench --bench autocomplete -- --terms 1000000 --clients 16 --seconds 10
+//! ```
+//!
+//! `tests/autocomplete.rs` runs it on a tiny dictionary for about a second as a smoke test.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::TcpListener as StdTcpListener,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use baton::{
+    autocomplete::text::query_form,
+    config::{RedisConfig, ServeConfig},
+    proto::v1::{self as pb, autocomplete_service_client::AutocompleteServiceClient},
+    server::{Listeners, serve},
+};
+use hdrhistogram::Histogram;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Distinct terms in the dictionary.
+    pub terms: usize,
+    /// Concurrent clients per scenario.
+    pub clients: usize,
+    /// Measured time per scenario.
+    pub seconds: f64,
+    /// Seed of the term generator and of the queries.
+    pub seed: u64,
+    /// Concurrent `Add` calls while loading.
+    pub loaders: usize,
+    /// Terms per `Add` call.
+    pub batch: usize,
+    /// Also measure memory per index (walks every key with `MEMORY USAGE`).
+    pub memory: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            terms: 1_000_000,
+            clients: 16,
+            seconds: 10.0,
+            seed: 42,
+            loaders: 4,
+            batch: 1000,
+            memory: true,
+        }
+    }
+}
+
+/// Latency figures of one scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// What was measured.
+    pub name: String,
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Results returned, over all requests.
+    pub results: u64,
+    /// Requests per second.
+    pub rate: f64,
+    /// Percentiles in microseconds: p50, p90, p99, p99.9, max.
+    pub micros: [u64; 5],
+    /// Redis CPU time per request in microseconds (from `INFO commandstats`).
+    pub redis_micros: f64,
+}
+
+/// Everything measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Terms loaded.
+    pub terms: u64,
+    /// Time to load them through `Add`.
+    pub load: Duration,
+    /// Redis CPU time spent loading them.
+    pub load_redis: Duration,
+    /// Redis `used_memory` growth while loading, in bytes.
+    pub memory: u64,
+    /// Bytes per index (key kind), when measured.
+    pub indexes: BTreeMap<String, (u64, u64)>,
+    /// The scenarios.
+    pub scenarios: Vec<Scenario>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut options = Options::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().context("a value after the flag");
+        match arg.as_str() {
+            "--terms" => options.terms = value()?.parse()?,
+            "--clients" => options.clients = value()?.parse()?,
+            "--seconds" => options.seconds = value()?.parse()?,
+            "--seed" => options.seed = value()?.parse()?,
+            "--loaders" => options.loaders = value()?.parse()?,
+            "--no-memory" => options.memory = false,
+            // cargo bench passes --bench to every bench target.
+            "--bench" => {}
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(run(&options))?;
+    println!("{}", markdown(&options, &report));
+    Ok(())
+}
+
+/// Starts Redis and Baton, loads the dictionary and runs every scenario.
+pub async fn run(options: &Options) -> anyhow::Result<Report> {
+    let redis = match std::env::var("BATON_BENCH_REDIS_PORT") {
+        // An already running Redis (for looking at the data afterwards); flushed first.
+        Ok(port) => RedisProcess::existing(port.parse()?).await?,
+        Err(_) => RedisProcess::start()?,
+    };
+    let prefix = "bench:";
+    let mut config = RedisConfig::new(redis.url());
+    config.key_prefix = prefix.to_owned();
+    config.pool_size = 4;
+    config.command_timeout = Duration::from_secs(5);
+    let mut serve_config = ServeConfig::new(config);
+    serve_config.listen = Some("127.0.0.1:0".parse()?);
+    let listeners = Listeners::bind(&serve_config).await?;
+    let addr = listeners
+        .tcp
+        .as_ref()
+        .context("a TCP listener")?
+        .local_addr()?;
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve(serve_config, listeners, shutdown.clone()));
+    let _stop = shutdown.clone().drop_guard();
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
+    let connect = || async {
+        for _ in 0..200 {
+            if let Ok(c) = endpoint.connect().await {
+                return Ok(c);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        bail!("Baton did not accept connections")
+    };
+
+    let client = redis::Client::open(redis.url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let before = used_memory(&mut conn).await?;
+
+    // Load.
+    let dictionary = "names";
+    let terms = Arc::new(generate(options.terms, options.seed));
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(&mut conn)
+        .await?;
+    let started = Instant::now();
+    let mut loaders = JoinSet::new();
+    for l in 0..options.loaders {
+        let mut api = AutocompleteServiceClient::new(connect().await?);
+        let terms = Arc::clone(&terms);
+        let (batch, loaders_n) = (options.batch, options.loaders);
+        loaders.spawn(async move {
+            let mut at = l * batch;
+            while at < terms.len() {
+                let chunk = &terms[at..(at + batch).min(terms.len())];
+                api.add(pb::AutocompleteServiceAddRequest {
+                    dictionary: dictionary.to_owned(),
+                    terms: chunk
+                        .iter()
+                        .map(|t| pb::AutocompleteTerm {
+                            display: t.display.clone(),
+                            score: Some(t.score),
+                            increment: false,
+                            payload: t.payload.clone(),
+                        })
+                        .collect(),
+                })
+                .await
+                .context("Add")?;
+                at += batch * loaders_n;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = loaders.join_next().await {
+        done??;
+    }
+    let load = started.elapsed();
+    let load_redis = Duration::from_secs_f64(redis_usec(&mut conn).await? / 1e6);
+    if std::env::var_os("BATON_BENCH_VERBOSE").is_some() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        eprintln!("commands while loading:\n{info}");
+    }
+    let mut api = AutocompleteServiceClient::new(connect().await?);
+    let count = api
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: dictionary.to_owned(),
+        })
+        .await?
+        .into_inner()
+        .term_count;
+    if count != terms.len() as u64 {
+        bail!("loaded {count} terms, expected {}", terms.len());
+    }
+    let memory = used_memory(&mut conn).await?.saturating_sub(before);
+
+    // Queries, seeded.
+    let mut rng = Rng(options.seed ^ 0x5eed);
+    let prefixes: Vec<String> = (0..20_000)
+        .map(|_| {
+            let t = &terms[rng.below(terms.len())].display;
+            let n = 1 + rng.below(5);
+            t.chars().take(n).collect()
+        })
+        .collect();
+    let substrings: Vec<String> = (0..20_000)
+        .map(|_| {
+            let chars: Vec<char> = terms[rng.below(terms.len())].display.chars().collect();
+            let n = (3 + rng.below(3)).min(chars.len());
+            let start = rng.below(chars.len() - n + 1);
+            chars[start..start + n].iter().collect()
+        })
+        .collect();
+    let words: Vec<String> = (0..20_000)
+        .map(|_| {
+            let t = &terms[rng.below(terms.len())].display;
+            let word = t.split(' ').nth(1).unwrap_or(t);
+            word.chars().take(2 + rng.below(3)).collect()
+        })
+        .collect();
+
+    let seconds = Duration::from_secs_f64(options.seconds);
+    let mut scenarios = Vec::new();
+    use pb::{AutocompleteMatchMode as M, AutocompleteOrder as O};
+    let complete = |name: &str, queries: &Vec<String>, mode: M, order: O| {
+        let queries = Arc::new(queries.clone());
+        let name = name.to_owned();
+        let connect = &connect;
+        let url = redis.url();
+        async move {
+            let mut channels = Vec::new();
+            for _ in 0..options.clients {
+                channels.push(connect().await?);
+            }
+            measure(url.clone(), name, options.clients, seconds, move |i, n| {
+                let mut api = AutocompleteServiceClient::new(channels[i].clone());
+                let queries = Arc::clone(&queries);
+                async move {
+                    let query = queries[n % queries.len()].clone();
+                    let page = api
+                        .complete(pb::AutocompleteServiceCompleteRequest {
+                            dictionary: dictionary.to_owned(),
+                            query,
+                            limit: 10,
+                            mode: mode as i32,
+                            order: order as i32,
+                            page_token: String::new(),
+                        })
+                        .await?
+                        .into_inner();
+                    anyhow::Ok(page.suggestions.len() as u64)
+                }
+            })
+            .await
+        }
+    };
+    scenarios.push(
+        complete(
+            "Complete: prefix of 1-5 characters, lexicographic",
+            &prefixes,
+            M::Prefix,
+            O::Lexicographic,
+        )
+        .await?,
+    );
+    scenarios.push(
+        raw_zrange(
+            &redis,
+            &format!("{prefix}{{ac:{dictionary}}}:lex"),
+            &prefixes,
+            options,
+            seconds,
+        )
+        .await?,
+    );
+    scenarios.push(
+        complete(
+            "Complete: prefix of 1-5 characters, by score",
+            &prefixes,
+            M::Prefix,
+            O::Score,
+        )
+        .await?,
+    );
+    scenarios.push(
+        complete(
+            "Complete: automatic, 1-5 characters, lexicographic",
+            &prefixes,
+            M::Automatic,
+            O::Lexicographic,
+        )
+        .await?,
+    );
+    scenarios.push(
+        complete(
+            "Complete: word prefix of 2-4 characters, lexicographic",
+            &words,
+            M::WordPrefix,
+            O::Lexicographic,
+        )
+        .await?,
+    );
+    scenarios.push(
+        complete(
+            "Complete: contains 3-5 characters, lexicographic",
+            &substrings,
+            M::Contains,
+            O::Lexicographic,
+        )
+        .await?,
+    );
+    scenarios.push(
+        complete(
+            "Complete: contains 3-5 characters, by score",
+            &substrings,
+            M::Contains,
+            O::Score,
+        )
+        .await?,
+    );
+
+    let indexes = if options.memory {
+        index_memory(&mut conn, &format!("{prefix}{{ac:{dictionary}}}")).await?
+    } else {
+        BTreeMap::new()
+    };
+    shutdown.cancel();
+    server.await??;
+    Ok(Report {
+        terms: count,
+        load,
+        load_redis,
+        memory,
+        indexes,
+        scenarios,
+    })
+}
+
+/// Raw `ZRANGE lex [p (p\xff BYLEX LIMIT 0 10` on the same Redis: the floor Baton builds on.
+async fn raw_zrange(
+    redis: &RedisProcess,
+    lex: &str,
+    prefixes: &[String],
+    options: &Options,
+    seconds: Duration,
+) -> anyhow::Result<Scenario> {
+    let forms: Arc<Vec<String>> = Arc::new(prefixes.iter().map(|p| query_form(p)).collect());
+    let client = redis::Client::open(redis.url())?;
+    let mut conns = Vec::new();
+    for _ in 0..options.clients {
+        conns.push(client.get_multiplexed_async_connection().await?);
+    }
+    let lex = lex.to_owned();
+    measure(
+        redis.url(),
+        "Raw ZRANGE ... BYLEX LIMIT 0 10 on the same Redis, prefix of 1-5 characters".to_owned(),
+        options.clients,
+        seconds,
+        move |i, n| {
+            let mut conn = conns[i].clone();
+            let form = forms[n % forms.len()].clone();
+            let lex = lex.clone();
+            async move {
+                let mut hi = form.clone().into_bytes();
+                hi.push(0xff);
+                let mut lo = b"[".to_vec();
+                lo.extend_from_slice(form.as_bytes());
+                let mut hi_arg = b"(".to_vec();
+                hi_arg.extend_from_slice(&hi);
+                let rows: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                    .arg(&lex)
+                    .arg(lo)
+                    .arg(hi_arg)
+                    .arg("BYLEX")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(10)
+                    .query_async(&mut conn)
+                    .await?;
+                anyhow::Ok(rows.len() as u64)
+            }
+        },
+    )
+    .await
+}
+
+/// Runs `clients` closed loops of `call(client index, request number)` for `seconds`, after a
+/// short warm-up, and reports the latency distribution.
+async fn measure<F, Fut>(
+    redis_url: String,
+    name: String,
+    clients: usize,
+    seconds: Duration,
+    call: F,
+) -> anyhow::Result<Scenario>
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
+{
+    let call = Arc::new(call);
+    let stats = redis::Client::open(redis_url)?;
+    let mut stats = stats.get_multiplexed_async_connection().await?;
+    let warmup = Duration::from_millis((seconds.as_millis() / 10).min(1000) as u64);
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let end = measure_from + seconds;
+    let mut tasks = JoinSet::new();
+    let reset = tokio::spawn({
+        let mut stats = stats.clone();
+        async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async::<()>(&mut stats)
+                .await
+        }
+    });
+    for i in 0..clients {
+        let call = Arc::clone(&call);
+        tasks.spawn(async move {
+            let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let (mut errors, mut results) = (0u64, 0u64);
+            let mut n = i * 7919;
+            loop {
+                let sent = Instant::now();
+                if sent >= end {
+                    break;
+                }
+                let outcome = call(i, n).await;
+                n += 1;
+                if sent < measure_from {
+                    continue;
+                }
+                let micros = sent.elapsed().as_micros() as u64;
+                match outcome {
+                    Ok(r) => {
+                        histogram.record(micros.max(1))?;
+                        results += r;
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            anyhow::Ok((histogram, errors, results))
+        });
+    }
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut errors, mut results) = (0, 0);
+    while let Some(done) = tasks.join_next().await {
+        let (h, e, r) = done??;
+        all.add(h)?;
+        errors += e;
+        results += r;
+    }
+    reset.await??;
+    let redis_usec = redis_usec(&mut stats).await?;
+    let requests = all.len();
+    Ok(Scenario {
+        redis_micros: redis_usec / requests.max(1) as f64,
+        name,
+        requests,
+        errors,
+        results,
+        rate: requests as f64 / seconds.as_secs_f64(),
+        micros: [
+            all.value_at_quantile(0.5),
+            all.value_at_quantile(0.9),
+            all.value_at_quantile(0.99),
+            all.value_at_quantile(0.999),
+            all.max(),
+        ],
+    })
+}
+
+/// Redis CPU time spent in commands since the last `CONFIG RESETSTAT`, in microseconds.
+async fn redis_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    // cmdstat_evalsha:calls=1,usec=2,usec_per_call=2.00,...: every command but INFO itself.
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            l.split("usec=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum())
+}
+
+async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("used_memory in INFO")
+}
+
+/// Bytes and keys per kind of key (`lex`, `data`, `r` ranked sets, `g` gram postings).
+async fn index_memory(
+    conn: &mut redis::aio::MultiplexedConnection,
+    base: &str,
+) -> anyhow::Result<BTreeMap<String, (u64, u64)>> {
+    let mut totals = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", base.replace('{', "\\{").replace('}', "\\}")))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        for key in keys {
+            let bytes: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(conn)
+                .await?;
+            let rest = &key[base.len()..];
+            let kind = match rest {
+                b":lex" => "lex (sorted set of every term)",
+                b":data" => "data (hash: score, display, payload)",
+                b":meta" => "meta",
+                _ if rest.starts_with(b":r:") => "r:* (ranked sets of heavy prefixes)",
+                _ if rest.starts_with(b":g:") => "g:* (gram postings)",
+                _ => "other",
+            };
+            let entry = totals.entry(kind.to_owned()).or_insert((0, 0));
+            entry.0 += bytes.unwrap_or(0);
+            entry.1 += 1;
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(totals)
+}
+
+/// The report as Markdown.
+pub fn markdown(options: &Options, report: &Report) -> String {
+    let mut out = String::new();
+    let per_term = |b: u64| b as f64 / report.terms.max(1) as f64;
+    out.push_str(&format!(
+        "Loaded {} terms through `Add` ({} per call, {} concurrent calls) in {:.1} s ({:.0} terms/s, Redis busy {:.1} s); Redis used_memory grew by {:.0} MiB ({:.0} bytes per term).\n\n",
+        report.terms,
+        options.batch,
+        options.loaders,
+        report.load.as_secs_f64(),
+        report.terms as f64 / report.load.as_secs_f64(),
+        report.load_redis.as_secs_f64(),
+        report.memory as f64 / (1 << 20) as f64,
+        per_term(report.memory),
+    ));
+    if !report.indexes.is_empty() {
+        out.push_str("| index | keys | MiB | bytes per term |\n|---|---:|---:|---:|\n");
+        for (kind, (bytes, keys)) in &report.indexes {
+            out.push_str(&format!(
+                "| {kind} | {keys} | {:.1} | {:.0} |\n",
+                *bytes as f64 / (1 << 20) as f64,
+                per_term(*bytes)
+            ));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "{} concurrent clients, {:.0} s per scenario, limit 10.\n\n",
+        options.clients, options.seconds
+    ));
+    out.push_str("| scenario | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results/request | errors | Redis µs/request |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for s in &report.scenarios {
+        out.push_str(&format!(
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} |\n",
+            s.name,
+            s.rate,
+            s.micros[0],
+            s.micros[1],
+            s.micros[2],
+            s.micros[3],
+            s.micros[4],
+            s.results as f64 / s.requests.max(1) as f64,
+            s.errors,
+            s.redis_micros
+        ));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis-server
+// ---------------------------------------------------------------------------------------------
+
+/// A private `redis-server` without persistence, killed on drop.
+struct RedisProcess {
+    child: Option<Child>,
+    port: u16,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl RedisProcess {
+    fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("baton-bench-").tempdir()?;
+        let port = StdTcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning redis-server")?;
+        let process = Self {
+            child: Some(child),
+            port,
+            _dir: Some(dir),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("redis-server did not start on port {port}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(process)
+    }
+
+    async fn existing(port: u16) -> anyhow::Result<Self> {
+        let process = Self {
+            child: None,
+            port,
+            _dir: None,
+        };
+        let client = redis::Client::open(process.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        Ok(process)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seeded terms
+// ---------------------------------------------------------------------------------------------
+
+/// One generated term.
+#[derive(Debug, Clone)]
+pub struct GeneratedTerm {
+    /// Its display text.
+    pub display: String,
+    /// Its score (popularity).
+    pub score: f64,
+    /// Its payload, for half of them.
+    pub payload: Option<Vec<u8>>,
+}
+
+/// SplitMix64: small, seeded, reproducible everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, list: &[&'a str]) -> &'a str {
+        list[self.below(list.len())]
+    }
+}
+
+const FIRST: &[&str] = &[
+    "Anna",
+    "Aaron",
+    "Adam",
+    "Adèle",
+    "Agnieszka",
+    "Ahmed",
+    "Aiko",
+    "Alba",
+    "Alejandro",
+    "Aleksandr",
+    "Alice",
+    "Amélie",
+    "Ana",
+    "Andrés",
+    "Andrzej",
+    "Ángel",
+    "Anja",
+    "Antoine",
+    "Antonio",
+    "Arjun",
+    "Ayşe",
+    "Beatriz",
+    "Benjamin",
+    "Björn",
+    "Bob",
+    "Bruno",
+    "Camille",
+    "Carlos",
+    "Chen",
+    "Chloé",
+    "Clara",
+    "Cristina",
+    "Daniel",
+    "Dávid",
+    "Diego",
+    "Dmitri",
+    "Élodie",
+    "Elena",
+    "Eliška",
+    "Emma",
+    "Emre",
+    "Érica",
+    "Eva",
+    "Fatima",
+    "Felix",
+    "Fernando",
+    "François",
+    "Frida",
+    "Gabriel",
+    "Giulia",
+    "Grégoire",
+    "Hana",
+    "Hannah",
+    "Héctor",
+    "Helga",
+    "Hiroshi",
+    "Ingrid",
+    "Isabel",
+    "Ivan",
+    "Jakub",
+    "James",
+    "Jan",
+    "Javier",
+    "Jean",
+    "Jörg",
+    "José",
+    "Juan",
+    "Julia",
+    "Jürgen",
+    "Karin",
+    "Kenji",
+    "Laura",
+    "Léa",
+    "Lena",
+    "Liam",
+    "Lucía",
+    "Łukasz",
+    "Magnus",
+    "Małgorzata",
+    "María",
+    "Marco",
+    "Margrét",
+    "Mateo",
+    "Mehmet",
+    "Mia",
+    "Miguel",
+    "Mikko",
+    "Noah",
+    "Noémie",
+    "Olga",
+    "Oliver",
+    "Óscar",
+    "Paula",
+    "Pedro",
+    "Pierre",
+    "Priya",
+    "Rafael",
+    "Ramón",
+    "Renée",
+    "Rocío",
+    "Rui",
+    "Sakura",
+    "Sara",
+    "Sebastián",
+    "Siobhán",
+    "Sofía",
+    "Søren",
+    "Stefan",
+    "Sven",
+    "Tomás",
+    "Umut",
+    "Valentina",
+    "Víctor",
+    "Wei",
+    "Yuki",
+    "Zoë",
+    "Žofia",
+    "Иван",
+    "Ольга",
+    "Дмитрий",
+    "Наталья",
+    "Сергей",
+    "Анна",
+    "Γιώργος",
+    "Μαρία",
+    "Νίκος",
+    "Ελένη",
+    "Δημήτρης",
+    "Σοφία",
+];
+
+const LAST: &[&str] = &[
+    "Smith",
+    "Johnson",
+    "Müller",
+    "Schmidt",
+    "García",
+    "Martínez",
+    "López",
+    "González",
+    "Rodríguez",
+    "Fernández",
+    "Pérez",
+    "Sánchez",
+    "Dubois",
+    "Lefèvre",
+    "Moreau",
+    "Rossi",
+    "Bianchi",
+    "Ferrari",
+    "Nowak",
+    "Kowalski",
+    "Wiśniewski",
+    "Novák",
+    "Dvořák",
+    "Svoboda",
+    "Jensen",
+    "Nielsen",
+    "Hansen",
+    "Andersson",
+    "Johansson",
+    "Ólafsdóttir",
+    "Jónsson",
+    "Kovačević",
+    "Horváth",
+    "Nagy",
+    "Yılmaz",
+    "Kaya",
+    "Öztürk",
+    "Sato",
+    "Suzuki",
+    "Takahashi",
+    "Tanaka",
+    "Kim",
+    "Lee",
+    "Park",
+    "Nguyễn",
+    "Trần",
+    "Patel",
+    "Sharma",
+    "Singh",
+    "O'Brien",
+    "O'Connor",
+    "MacDonald",
+    "Fitzgerald",
+    "Brown",
+    "Taylor",
+    "Wilson",
+    "Anderson",
+    "Thomas",
+    "Moore",
+    "Martin",
+    "Jackson",
+    "Thompson",
+    "White",
+    "Harris",
+    "Clark",
+    "Lewis",
+    "Robinson",
+    "Walker",
+    "Young",
+    "Allen",
+    "King",
+    "Wright",
+    "Scott",
+    "Hill",
+    "Green",
+    "Adams",
+    "Baker",
+    "Nelson",
+    "Carter",
+    "Mitchell",
+    "Roberts",
+    "Turner",
+    "Phillips",
+    "Campbell",
+    "Parker",
+    "Evans",
+    "Edwards",
+    "Collins",
+    "Stewart",
+    "Morris",
+    "Rogers",
+    "Reed",
+    "Cook",
+    "Morgan",
+    "Bell",
+    "Murphy",
+    "Bailey",
+    "Cooper",
+    "Richardson",
+    "Cox",
+    "Howard",
+    "Ward",
+    "Torres",
+    "Peterson",
+    "Gray",
+    "Ramírez",
+    "James",
+    "Watson",
+    "Brooks",
+    "Kelly",
+    "Sanders",
+    "Price",
+    "Bennett",
+    "Wood",
+    "Barnes",
+    "Ross",
+    "Henderson",
+    "Coleman",
+    "Jenkins",
+    "Straße",
+    "Weiß",
+    "Groß",
+    "Иванов",
+    "Петрова",
+    "Смирнов",
+    "Кузнецова",
+    "Παπαδόπουλος",
+    "Οικονόμου",
+    "Γεωργίου",
+    "Καραγιάννης",
+];
+
+const CJK_SURNAMES: &[&str] = &[
+    "王", "李", "张", "刘", "陈", "杨", "黄", "赵", "吴", "周", "徐", "孙", "马", "朱", "胡", "郭",
+    "何", "高", "林", "罗", "佐藤", "鈴木", "高橋", "田中", "渡辺", "김", "이", "박", "최", "정",
+];
+const CJK_GIVEN: &[&str] = &[
+    "伟", "芳", "娜", "敏", "静", "丽", "强", "磊", "军", "洋", "勇", "艳", "杰", "娟", "涛", "明",
+    "超", "秀", "霞", "平", "刚", "桂", "英", "华", "玉", "萍", "红", "鹏", "辉", "琳", "𠮷", "𡈽",
+    "太郎", "花子", "翔", "陽菜", "민준", "서연", "지호", "하은",
+];
+
+const BRANDS: &[&str] = &[
+    "Acme",
+    "Globex",
+    "Initech",
+    "Umbrella",
+    "Stark",
+    "Wayne",
+    "Hooli",
+    "Vandelay",
+    "Soylent",
+    "Zürich",
+    "Ñandú",
+    "Kōbō",
+    "Škoda",
+    "Łódź",
+    "Café Noir",
+    "Crème",
+    "Smörgås",
+    "Fjällräven",
+];
+const PRODUCTS: &[&str] = &[
+    "Blender",
+    "Toaster",
+    "Kettle",
+    "Headphones",
+    "Speaker",
+    "Guitar",
+    "Backpack",
+    "Sneakers",
+    "Espresso Machine",
+    "Desk Lamp",
+    "Office Chair",
+    "Monitor",
+    "Keyboard",
+    "Mouse",
+    "Router",
+    "Camera",
+    "Tripod",
+    "Drone",
+    "Scooter",
+    "Bicycle",
+    "Tent",
+    "Sleeping Bag",
+    "Jacket",
+];
+const EMOJI: &[&str] = &[
+    "🎸", "🚲", "☕", "🎧", "📷", "⛺", "🍕", "🚀", "🌍", "❤️", "👍", "🐈",
+];
+
+/// `n` distinct terms, the same for the same seed: people (Latin with diacritics, Cyrillic,
+/// Greek), CJK names, and product names, some with emoji.
+pub fn generate(n: usize, seed: u64) -> Vec<GeneratedTerm> {
+    let mut rng = Rng(seed);
+    let mut seen = HashSet::with_capacity(n);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let roll = rng.below(100);
+        let display = if roll < 70 {
+            let mut s = rng.pick(FIRST).to_owned();
+            if rng.below(100) < 40 {
+                s.push(' ');
+                s.push(char::from(b'A' + rng.below(26) as u8));
+                s.push('.');
+            }
+            s.push(' ');
+            s.push_str(rng.pick(LAST));
+            if rng.below(100) < 35 {
+                s.push(if rng.below(2) == 0 { ' ' } else { '-' });
+                s.push_str(rng.pick(LAST));
+            }
+            s
+        } else if roll < 82 {
+            let mut s = rng.pick(CJK_SURNAMES).to_owned();
+            s.push_str(rng.pick(CJK_GIVEN));
+            if rng.below(2) == 0 {
+                s.push_str(rng.pick(CJK_GIVEN));
+            }
+            if rng.below(100) < 30 {
+                s.push_str(&format!(" {}", rng.below(1000)));
+            }
+            s
+        } else {
+            let mut s = String::new();
+            if rng.below(100) < 25 {
+                s.push_str(rng.pick(EMOJI));
+                s.push(' ');
+            }
+            s.push_str(rng.pick(BRANDS));
+            s.push(' ');
+            s.push_str(rng.pick(PRODUCTS));
+            s.push_str(&format!(
+                " {}{}",
+                char::from(b'A' + rng.below(26) as u8),
+                rng.below(10_000)
+            ));
+            s
+        };
+        if seen.insert(display.clone()) {
+            let score = (rng.below(1_000_000) as f64).powf(0.5).floor();
+            let payload = (rng.below(2) == 0).then(|| format!("id:{}", out.len()).into_bytes());
+            out.push(GeneratedTerm {
+                display,
+                score,
+                payload,
+            });
+        }
+    }
+    out
+}

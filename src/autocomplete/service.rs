@@ -1,0 +1,364 @@
+//! The `baton.v1.AutocompleteService` gRPC handler: validates requests into domain types, calls
+//! [`Autocomplete`], and turns results back into responses. Validation errors name the proto
+//! field (`terms[3].display` for an entry of a batch).
+
+use std::time::SystemTime;
+
+use tonic::{Request, Response, Status};
+
+use super::{
+    Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECENT_ITEMS,
+    DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_BATCH, MAX_FORM_BYTES, MAX_LIMIT, MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind,
+    MatchMode, NewTerm, Order, RecentItem, ScoreChange, Suggestion, TermPart, Text, term_field,
+    text,
+};
+use crate::{
+    error::Error,
+    proto::v1::{self as pb, autocomplete_service_server::AutocompleteService},
+    wire,
+};
+
+/// The AutocompleteService implementation.
+#[derive(Clone)]
+pub struct AutocompleteApi {
+    autocomplete: Autocomplete,
+}
+
+impl AutocompleteApi {
+    /// A handler over `autocomplete`.
+    pub fn new(autocomplete: Autocomplete) -> Self {
+        Self { autocomplete }
+    }
+}
+
+fn name(field: &'static str, value: &str) -> Result<String, Error> {
+    wire::text(field, value, MAX_NAME_BYTES).map(str::to_owned)
+}
+
+/// A display text: 1 to [`MAX_TEXT_BYTES`] bytes, no U+0000, something other than whitespace.
+fn display(field: &'static str, value: &str) -> Result<Text, Error> {
+    wire::text(field, value, MAX_TEXT_BYTES)?;
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain U+0000"));
+    }
+    let text = Text::new(value)
+        .ok_or_else(|| Error::invalid(field, "must contain a character other than whitespace"))?;
+    if text.key.len() > MAX_FORM_BYTES || text.id.len() > MAX_FORM_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("grows past {MAX_FORM_BYTES} bytes when normalized"),
+        ));
+    }
+    Ok(text)
+}
+
+/// A query's matching form: 1 to [`MAX_TEXT_BYTES`] bytes, no U+0000, not only whitespace.
+fn query(value: &str) -> Result<String, Error> {
+    let field = "query";
+    wire::text(field, value, MAX_TEXT_BYTES)?;
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain U+0000"));
+    }
+    let form = text::query_form(value);
+    if form.is_empty() {
+        return Err(Error::invalid(
+            field,
+            "must contain a character other than whitespace",
+        ));
+    }
+    if form.len() > MAX_FORM_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("grows past {MAX_FORM_BYTES} bytes when normalized"),
+        ));
+    }
+    Ok(form)
+}
+
+fn limit(field: &'static str, value: u32, default: u32, max: u32) -> Result<u32, Error> {
+    match value {
+        0 => Ok(default),
+        v if v <= max => Ok(v),
+        v => Err(Error::invalid(
+            field,
+            format!("{v} is more than the {max} allowed"),
+        )),
+    }
+}
+
+fn payload(field: &'static str, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Error> {
+    match value {
+        Some(p) if p.len() > MAX_PAYLOAD_BYTES => Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes, more than the {MAX_PAYLOAD_BYTES} allowed",
+                p.len()
+            ),
+        )),
+        other => Ok(other),
+    }
+}
+
+fn batch_size(field: &'static str, len: usize) -> Result<(), Error> {
+    if len == 0 {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if len > MAX_BATCH {
+        return Err(Error::invalid(
+            field,
+            format!("has {len} entries, more than the {MAX_BATCH} allowed"),
+        ));
+    }
+    Ok(())
+}
+
+fn term(i: usize, t: pb::AutocompleteTerm) -> Result<NewTerm, Error> {
+    let text = display(term_field(i, TermPart::Display), &t.display)?;
+    let score_field = term_field(i, TermPart::Score);
+    let score = match (t.score, t.increment) {
+        (None, false) => ScoreChange::Keep,
+        (None, true) => {
+            return Err(Error::invalid(
+                score_field,
+                "is required when increment is true",
+            ));
+        }
+        (Some(v), _) if !v.is_finite() || v.abs() > MAX_ABS_SCORE => {
+            return Err(Error::invalid(
+                score_field,
+                format!("must be a finite number within ±{MAX_ABS_SCORE:e}"),
+            ));
+        }
+        (Some(v), false) => ScoreChange::Set(v),
+        (Some(v), true) => ScoreChange::Increment(v),
+    };
+    Ok(NewTerm {
+        text,
+        score,
+        payload: payload(term_field(i, TermPart::Payload), t.payload)?,
+    })
+}
+
+fn texts(field: &'static str, values: &[String]) -> Result<Vec<Text>, Error> {
+    batch_size(field, values.len())?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| display(term_field(i, TermPart::Removal), v))
+        .collect()
+}
+
+fn mode(value: i32) -> Result<MatchMode, Error> {
+    match pb::AutocompleteMatchMode::try_from(value) {
+        Ok(pb::AutocompleteMatchMode::Unspecified | pb::AutocompleteMatchMode::Prefix) => {
+            Ok(MatchMode::Prefix)
+        }
+        Ok(pb::AutocompleteMatchMode::WordPrefix) => Ok(MatchMode::WordPrefix),
+        Ok(pb::AutocompleteMatchMode::Suffix) => Ok(MatchMode::Suffix),
+        Ok(pb::AutocompleteMatchMode::Contains) => Ok(MatchMode::Contains),
+        Ok(pb::AutocompleteMatchMode::Automatic) => Ok(MatchMode::Automatic),
+        Err(_) => Err(Error::invalid(
+            "mode",
+            format!("{value} is not an AutocompleteMatchMode"),
+        )),
+    }
+}
+
+fn order(value: i32) -> Result<Order, Error> {
+    match pb::AutocompleteOrder::try_from(value) {
+        Ok(pb::AutocompleteOrder::Unspecified | pb::AutocompleteOrder::Lexicographic) => {
+            Ok(Order::Lexicographic)
+        }
+        Ok(pb::AutocompleteOrder::Score) => Ok(Order::Score),
+        Err(_) => Err(Error::invalid(
+            "order",
+            format!("{value} is not an AutocompleteOrder"),
+        )),
+    }
+}
+
+fn kind(k: MatchKind) -> pb::AutocompleteMatchKind {
+    match k {
+        MatchKind::Exact => pb::AutocompleteMatchKind::Exact,
+        MatchKind::Prefix => pb::AutocompleteMatchKind::Prefix,
+        MatchKind::WordPrefix => pb::AutocompleteMatchKind::WordPrefix,
+        MatchKind::Suffix => pb::AutocompleteMatchKind::Suffix,
+        MatchKind::Contains => pb::AutocompleteMatchKind::Contains,
+    }
+}
+
+fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+fn suggestion(s: Suggestion) -> pb::AutocompleteSuggestion {
+    pb::AutocompleteSuggestion {
+        display: s.display,
+        score: s.score,
+        payload: s.payload,
+        match_kind: kind(s.kind).into(),
+    }
+}
+
+fn recent_item(item: RecentItem) -> pb::AutocompleteRecentItem {
+    pb::AutocompleteRecentItem {
+        display: item.display,
+        payload: item.payload,
+        recorded_at: Some(timestamp(item.recorded_at)),
+        match_kind: item
+            .kind
+            .map_or(pb::AutocompleteMatchKind::Unspecified, kind)
+            .into(),
+    }
+}
+
+#[tonic::async_trait]
+impl AutocompleteService for AutocompleteApi {
+    async fn add(
+        &self,
+        request: Request<pb::AutocompleteServiceAddRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceAddResponse>, Status> {
+        let req = request.into_inner();
+        let dictionary = name("dictionary", &req.dictionary)?;
+        batch_size("terms", req.terms.len())?;
+        let terms = req
+            .terms
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| term(i, t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let added = self.autocomplete.add(&dictionary, &terms).await?;
+        Ok(Response::new(pb::AutocompleteServiceAddResponse {
+            added: added.added,
+            updated: added.updated,
+            scores: added.scores,
+            term_count: added.term_count,
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::AutocompleteServiceRemoveRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceRemoveResponse>, Status> {
+        let req = request.into_inner();
+        let dictionary = name("dictionary", &req.dictionary)?;
+        let texts = texts("displays", &req.displays)?;
+        let (removed, term_count) = self.autocomplete.remove(&dictionary, &texts).await?;
+        Ok(Response::new(pb::AutocompleteServiceRemoveResponse {
+            removed,
+            term_count,
+        }))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::AutocompleteServiceDescribeRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceDescribeResponse>, Status> {
+        let req = request.into_inner();
+        let dictionary = name("dictionary", &req.dictionary)?;
+        let term_count = self.autocomplete.term_count(&dictionary).await?;
+        Ok(Response::new(pb::AutocompleteServiceDescribeResponse {
+            term_count,
+        }))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::AutocompleteServiceCompleteRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceCompleteResponse>, Status> {
+        let req = request.into_inner();
+        let dictionary = name("dictionary", &req.dictionary)?;
+        let completion = Completion {
+            query: query(&req.query)?,
+            mode: mode(req.mode)?,
+            order: order(req.order)?,
+            limit: limit("limit", req.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
+            page_token: req.page_token,
+        };
+        let page = self.autocomplete.complete(&dictionary, &completion).await?;
+        Ok(Response::new(pb::AutocompleteServiceCompleteResponse {
+            suggestions: page.items.into_iter().map(suggestion).collect(),
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn record_recent(
+        &self,
+        request: Request<pb::AutocompleteServiceRecordRecentRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceRecordRecentResponse>, Status> {
+        let req = request.into_inner();
+        let list = name("list", &req.list)?;
+        let text = display("display", &req.display)?;
+        let payload = payload("payload", req.payload)?;
+        let max_items = limit(
+            "max_items",
+            req.max_items,
+            DEFAULT_RECENT_ITEMS,
+            MAX_RECENT_ITEMS,
+        )?;
+        let ttl = wire::optional_bounded("ttl", req.ttl, MIN_RECENT_TTL, MAX_RECENT_TTL)?
+            .unwrap_or(DEFAULT_RECENT_TTL);
+        let recorded = self
+            .autocomplete
+            .record(&list, &text, payload.as_deref(), max_items, ttl)
+            .await?;
+        Ok(Response::new(pb::AutocompleteServiceRecordRecentResponse {
+            size: recorded.size,
+            evicted: recorded.evicted,
+            recorded_at: Some(timestamp(recorded.recorded_at)),
+        }))
+    }
+
+    async fn remove_recent(
+        &self,
+        request: Request<pb::AutocompleteServiceRemoveRecentRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceRemoveRecentResponse>, Status> {
+        let req = request.into_inner();
+        let list = name("list", &req.list)?;
+        let texts = texts("displays", &req.displays)?;
+        let (removed, size) = self.autocomplete.remove_recent(&list, &texts).await?;
+        Ok(Response::new(pb::AutocompleteServiceRemoveRecentResponse {
+            removed,
+            size,
+        }))
+    }
+
+    async fn list_recent(
+        &self,
+        request: Request<pb::AutocompleteServiceListRecentRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceListRecentResponse>, Status> {
+        let req = request.into_inner();
+        let list = name("list", &req.list)?;
+        let limit = limit("limit", req.limit, DEFAULT_LIST_LIMIT, MAX_RECENT_ITEMS)?;
+        let page = self
+            .autocomplete
+            .list_recent(&list, limit, &req.page_token)
+            .await?;
+        Ok(Response::new(pb::AutocompleteServiceListRecentResponse {
+            items: page.items.into_iter().map(recent_item).collect(),
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn complete_recent(
+        &self,
+        request: Request<pb::AutocompleteServiceCompleteRecentRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceCompleteRecentResponse>, Status> {
+        let req = request.into_inner();
+        let list = name("list", &req.list)?;
+        let query = query(&req.query)?;
+        let mode = mode(req.mode)?;
+        let limit = limit("limit", req.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+        let page = self
+            .autocomplete
+            .complete_recent(&list, &query, mode, limit, &req.page_token)
+            .await?;
+        Ok(Response::new(
+            pb::AutocompleteServiceCompleteRecentResponse {
+                items: page.items.into_iter().map(recent_item).collect(),
+                next_page_token: page.next_page_token,
+            },
+        ))
+    }
+}

@@ -1,0 +1,55 @@
+-- GCRA (generic cell rate algorithm): a token bucket kept as one timestamp, the theoretical
+-- arrival time (TAT) of the next unit at the sustained rate. A unit may go when the TAT, after
+-- adding it, is at most `burst` intervals ahead of now.
+--
+-- KEYS[1] string "<whole us> <fraction of a us>": the TAT since the Unix epoch; expires when the
+--         bucket is full again
+-- ARGV[1] period us   ARGV[2] limit (units per period)   ARGV[3] burst   ARGV[4] cost (0 peeks)
+--
+-- Returns {allowed (0/1), remaining, retry after us, reset after us}. A peek (cost 0) writes
+-- nothing and answers whether a cost of 1 would be allowed now.
+--
+-- The arithmetic is done on the TAT's distance from now, which is at most `burst` intervals, so
+-- doubles keep it to about 1e-15 of the bucket's size however small the interval: a unit of a
+-- billion per second still counts.
+local key = KEYS[1]
+local period, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local burst, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = period / limit
+local capacity = burst * interval
+-- Tolerance for rounding when comparing times (microseconds) and counting units.
+local slack = capacity * 1e-12
+
+-- ahead: how far the TAT is ahead of now (0 when the bucket is full).
+local ahead = 0
+local stored = redis.call('GET', key)
+if stored then
+  local whole, fraction = string.match(stored, '^(%-?%d+) (%S+)$')
+  if whole then
+    ahead = math.max(0, (tonumber(whole) - now) + tonumber(fraction))
+  end
+end
+
+local function units(span)
+  return math.max(0, math.floor(span / interval + 1e-6))
+end
+
+local n = cost
+if cost == 0 then
+  n = 1
+end
+local after = ahead + n * interval
+local wait = after - capacity
+if wait > slack then
+  return {0, units(capacity - ahead), math.ceil(wait), math.ceil(ahead)}
+end
+if cost == 0 then
+  return {1, units(capacity - ahead), 0, math.ceil(ahead)}
+end
+local whole = math.floor(after)
+redis.call('SET', key, string.format('%.0f %.17g', now + whole, after - whole),
+  'PX', math.max(1, math.ceil(after / 1000)))
+return {1, units(capacity - after), 0, math.ceil(after)}

@@ -1,0 +1,396 @@
+//! Rate limiting: GCRA, fixed windows and an exact sliding window, each one atomic Lua script
+//! timed by Redis `TIME`, with a per-Baton failure mode for when Redis does not answer in time.
+//!
+//! # Redis layout
+//!
+//! Every limiter is one key whose hash tag is the limited key, so a decision touches one Redis
+//! Cluster slot. Each algorithm keeps its own state for a key:
+//!
+//! | key | type | holds | lifetime |
+//! |---|---|---|---|
+//! | `PREFIX{rl:KEY}:gcra` | string | theoretical arrival time (µs: whole and fraction) | until the bucket is full again (at most `burst` × `period` / `limit`) |
+//! | `PREFIX{rl:KEY}:fw` | string | units counted in the window | the window (`period` from its first allowed unit) |
+//! | `PREFIX{rl:KEY}:sw` | sorted set | one member per unit allowed in the last `period` | `period` after the last allowed unit |
+//! | `PREFIX{rl-envoy:DESCRIPTOR}:ALGO` | as above, plus `aw` (hash: window start, count) | the same for Envoy's API | the same; `aw` until the aligned window ends |
+//!
+//! The gRPC handlers are in [`service`] (`baton.v1.RateLimitService`) and [`envoy`]
+//! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`].
+//! This module knows nothing of tonic.
+
+pub mod envoy;
+pub mod rules;
+pub mod service;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use redis::Script;
+use tokio::time::Instant;
+
+use crate::{
+    config::{FailureMode, RateLimitConfig, RedisConfig},
+    error::{Error, UNAVAILABLE_RETRY_AFTER},
+    redis::Redis,
+};
+
+/// Longest limited key, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Largest limit (and burst and cost): large enough for byte counts, small enough that counts
+/// stay exact in Lua's doubles.
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+/// Largest limit of the sliding window, which keeps one entry per unit allowed in the window.
+pub const MAX_SLIDING_LIMIT: u64 = 10_000;
+/// Shortest period.
+pub const MIN_PERIOD: Duration = Duration::from_millis(1);
+/// Longest period.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Shortest interval between two failure-mode warnings in the log.
+const WARNING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: a sustained rate with bursts up to `burst`.
+    Gcra,
+    /// Fixed window opened by the first allowed unit (the classic INCR + EXPIRE limiter).
+    FixedWindow,
+    /// Fixed window aligned to multiples of the period since the Unix epoch (envoyproxy/ratelimit).
+    AlignedWindow,
+    /// Exact sliding window: at most `limit` in any interval of length `period`.
+    SlidingWindow,
+}
+
+impl Algorithm {
+    /// The suffix of this algorithm's Redis key.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Gcra => "gcra",
+            Self::FixedWindow => "fw",
+            Self::AlignedWindow => "aw",
+            Self::SlidingWindow => "sw",
+        }
+    }
+}
+
+/// Which setting of a [`Rate`] is out of range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateField {
+    /// The number of units per period.
+    Limit,
+    /// The period.
+    Period,
+    /// The GCRA burst.
+    Burst,
+}
+
+/// A validated limit: `limit` units per `period`, enforced by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// How the limit is enforced.
+    pub algorithm: Algorithm,
+    /// Units allowed per period.
+    pub limit: u64,
+    /// The period, a whole number of milliseconds.
+    pub period: Duration,
+    /// GCRA: units that may be spent at once from a full bucket; equal to `limit` otherwise.
+    pub burst: u64,
+}
+
+impl Rate {
+    /// A rate, or which setting is wrong and why. `burst` is GCRA's (`None` means `limit`); the
+    /// period must be a whole number of milliseconds.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        period: Duration,
+        burst: Option<u64>,
+    ) -> Result<Self, (RateField, String)> {
+        let max = match algorithm {
+            Algorithm::SlidingWindow => MAX_SLIDING_LIMIT,
+            _ => MAX_LIMIT,
+        };
+        if limit == 0 || limit > max {
+            return Err((RateField::Limit, format!("{limit} is outside 1 to {max}")));
+        }
+        if period < MIN_PERIOD
+            || period > MAX_PERIOD
+            || !period.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err((
+                RateField::Period,
+                format!(
+                    "{} is not a whole number of milliseconds from {} to {}",
+                    humantime::format_duration(period),
+                    humantime::format_duration(MIN_PERIOD),
+                    humantime::format_duration(MAX_PERIOD)
+                ),
+            ));
+        }
+        let burst = match (algorithm, burst) {
+            (Algorithm::Gcra, Some(b)) if b == 0 || b > MAX_LIMIT => {
+                return Err((RateField::Burst, format!("{b} is outside 1 to {MAX_LIMIT}")));
+            }
+            (Algorithm::Gcra, Some(b)) => b,
+            (_, Some(_)) => {
+                return Err((RateField::Burst, "applies to GCRA only".to_owned()));
+            }
+            (_, None) => limit,
+        };
+        Ok(Self {
+            algorithm,
+            limit,
+            period,
+            burst,
+        })
+    }
+
+    /// The largest cost that can ever be allowed at once.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::Gcra => self.burst,
+            _ => self.limit,
+        }
+    }
+}
+
+/// What decided an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// The limiter's state in Redis.
+    Redis,
+    /// Redis did not answer in time; allowed by the fail-open policy.
+    FailOpen,
+    /// Redis did not answer in time; denied by the fail-closed policy.
+    FailClosed,
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the cost was counted (or, for a peek, whether a cost of 1 would be).
+    pub allowed: bool,
+    /// The limit decided against.
+    pub limit: u64,
+    /// Units that could still be spent right now.
+    pub remaining: u64,
+    /// When denied, the time until the same check could be allowed (`None`: never, the cost is
+    /// larger than the limit can ever allow).
+    pub retry_after: Option<Duration>,
+    /// The time until the limiter is back to its full, unused state.
+    pub reset_after: Duration,
+    /// What decided.
+    pub decided_by: DecidedBy,
+}
+
+/// The Redis key of a limiter for `name` in `namespace` (`rl` for `Check`, `rl-envoy` for
+/// Envoy descriptors) under `prefix`.
+pub fn limiter_key(prefix: &str, namespace: &str, name: &str, algorithm: Algorithm) -> String {
+    format!("{prefix}{{{namespace}:{name}}}:{}", algorithm.suffix())
+}
+
+/// The rate limiter. Cheap to clone.
+#[derive(Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    redis: Redis,
+    failure_mode: FailureMode,
+    gcra: Script,
+    fixed_window: Script,
+    aligned_window: Script,
+    sliding_window: Script,
+    last_warning: Mutex<Option<Instant>>,
+}
+
+impl RateLimiter {
+    /// A limiter over its own pool of Redis connections whose command timeout is the rate limit
+    /// timeout, so that a slow Redis costs a decision at most that long.
+    pub fn connect(redis: &RedisConfig, config: &RateLimitConfig) -> Result<Self, Error> {
+        let mut redis = redis.clone();
+        redis.command_timeout = config.timeout;
+        Ok(Self::new(Redis::new(&redis)?, config.failure_mode))
+    }
+
+    /// A limiter over `redis`, answering by `failure_mode` when Redis does not answer.
+    pub fn new(redis: Redis, failure_mode: FailureMode) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                redis,
+                failure_mode,
+                gcra: Script::new(include_str!("gcra.lua")),
+                fixed_window: Script::new(include_str!("fixed_window.lua")),
+                aligned_window: Script::new(include_str!("aligned_window.lua")),
+                sliding_window: Script::new(include_str!("sliding_window.lua")),
+                last_warning: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The namespace put in front of every key.
+    pub fn key_prefix(&self) -> &str {
+        self.inner.redis.key_prefix()
+    }
+
+    /// What this limiter answers when Redis does not.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.inner.failure_mode
+    }
+
+    /// Decides one check of `cost` units (0 peeks) against `rate` on the limiter stored at `key`
+    /// (from [`limiter_key`]). When Redis does not answer in time, the answer follows the failure
+    /// mode and says so.
+    pub async fn check(&self, key: &str, rate: &Rate, cost: u64) -> Decision {
+        match self.try_check(key, rate, cost).await {
+            Ok(decision) => decision,
+            Err(e) => self.failed(rate, &e),
+        }
+    }
+
+    /// The answer of the failure mode after `error`.
+    pub fn failed(&self, rate: &Rate, error: &Error) -> Decision {
+        self.warn(error);
+        let open = self.inner.failure_mode == FailureMode::Open;
+        Decision {
+            allowed: open,
+            limit: rate.limit,
+            remaining: 0,
+            retry_after: (!open).then_some(UNAVAILABLE_RETRY_AFTER),
+            reset_after: Duration::ZERO,
+            decided_by: if open {
+                DecidedBy::FailOpen
+            } else {
+                DecidedBy::FailClosed
+            },
+        }
+    }
+
+    /// Logs a failure-mode decision, at most once per [`WARNING_INTERVAL`].
+    fn warn(&self, error: &Error) {
+        let now = Instant::now();
+        let due = match self.inner.last_warning.lock() {
+            Ok(mut last) => {
+                let due = last.is_none_or(|at| now.duration_since(at) >= WARNING_INTERVAL);
+                if due {
+                    *last = Some(now);
+                }
+                due
+            }
+            // A panic elsewhere while holding this lock only costs a log line.
+            Err(_) => true,
+        };
+        if due {
+            tracing::warn!(
+                error = %error,
+                failure_mode = ?self.inner.failure_mode,
+                "rate limit decided by the failure mode: redis did not answer"
+            );
+        }
+    }
+
+    /// Runs the algorithm's script: one Redis round trip.
+    pub async fn try_check(&self, key: &str, rate: &Rate, cost: u64) -> Result<Decision, Error> {
+        let period_ms = millis(rate.period);
+        let period_us = period_ms.saturating_mul(1000);
+        let inner = &self.inner;
+        let mut invocation = match rate.algorithm {
+            Algorithm::Gcra => inner.gcra.key(key),
+            Algorithm::FixedWindow => inner.fixed_window.key(key),
+            Algorithm::AlignedWindow => inner.aligned_window.key(key),
+            Algorithm::SlidingWindow => inner.sliding_window.key(key),
+        };
+        match rate.algorithm {
+            Algorithm::Gcra => invocation
+                .arg(period_us)
+                .arg(rate.limit)
+                .arg(rate.burst)
+                .arg(cost),
+            Algorithm::FixedWindow | Algorithm::AlignedWindow => {
+                invocation.arg(rate.limit).arg(period_ms).arg(cost)
+            }
+            Algorithm::SlidingWindow => invocation
+                .arg(rate.limit)
+                .arg(period_us)
+                .arg(period_ms)
+                .arg(cost),
+        };
+        let reply: Vec<i64> = inner.redis.eval(&invocation).await?;
+        match reply.as_slice() {
+            [allowed, remaining, retry, reset] => Ok(Decision {
+                allowed: *allowed == 1,
+                limit: rate.limit,
+                remaining: u64::try_from(*remaining).unwrap_or(0),
+                retry_after: u64::try_from(*retry).ok().map(Duration::from_micros),
+                reset_after: Duration::from_micros(u64::try_from(*reset).unwrap_or(0)),
+                decided_by: DecidedBy::Redis,
+            }),
+            _ => Err(Error::Internal(
+                "unexpected rate limit reply from Redis".to_owned(),
+            )),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key's hash tag is the same non-empty tag whatever the limited key contains.
+    #[test]
+    fn keys_have_one_hash_tag() {
+        for name in ["user:1", "}", "{}", "a}b{c", ""] {
+            let key = limiter_key("baton:", "rl", name, Algorithm::Gcra);
+            let open = key.find('{').expect("has {");
+            let close = key[open + 1..].find('}').expect("has }") + open + 1;
+            assert!(close > open + 1, "{key}");
+            assert!(key.starts_with("baton:{rl:"), "{key}");
+        }
+    }
+
+    /// Rates are bounded, and the burst belongs to GCRA only.
+    #[test]
+    fn rate_bounds() {
+        let s = Duration::from_secs(1);
+        assert!(Rate::new(Algorithm::Gcra, 10, s, None).is_ok());
+        assert_eq!(Rate::new(Algorithm::Gcra, 10, s, None).unwrap().burst, 10);
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 0, s, None).unwrap_err().0,
+            RateField::Limit
+        );
+        assert_eq!(
+            Rate::new(Algorithm::SlidingWindow, MAX_SLIDING_LIMIT + 1, s, None)
+                .unwrap_err()
+                .0,
+            RateField::Limit
+        );
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 1, Duration::from_micros(1500), None)
+                .unwrap_err()
+                .0,
+            RateField::Period
+        );
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 1, MAX_PERIOD + s, None)
+                .unwrap_err()
+                .0,
+            RateField::Period
+        );
+        assert_eq!(
+            Rate::new(Algorithm::FixedWindow, 1, s, Some(2))
+                .unwrap_err()
+                .0,
+            RateField::Burst
+        );
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 1, s, Some(0)).unwrap_err().0,
+            RateField::Burst
+        );
+    }
+}

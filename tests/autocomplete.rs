@@ -1,0 +1,1543 @@
+//! Black-box tests of `baton.v1.AutocompleteService` against a real `redis-server`, over gRPC to
+//! an in-process Baton bound to port 0.
+
+mod support;
+
+#[path = "../benches/autocomplete.rs"]
+#[allow(dead_code)]
+mod load;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use baton::proto::v1::{
+    self as pb, AutocompleteMatchKind as Kind, AutocompleteMatchMode as Mode,
+    AutocompleteOrder as Order, autocomplete_service_client::AutocompleteServiceClient,
+};
+use support::{Baton, RedisServer, channel, ms, within};
+use tokio::task::JoinSet;
+use tonic::{Code, Status, transport::Channel};
+use tonic_types::StatusExt;
+
+type Client = AutocompleteServiceClient<Channel>;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+async fn setup() -> (RedisServer, Baton, Client) {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    (redis, baton, client)
+}
+
+fn term(display: &str) -> pb::AutocompleteTerm {
+    pb::AutocompleteTerm {
+        display: display.to_owned(),
+        ..Default::default()
+    }
+}
+
+fn scored(display: &str, score: f64) -> pb::AutocompleteTerm {
+    pb::AutocompleteTerm {
+        display: display.to_owned(),
+        score: Some(score),
+        ..Default::default()
+    }
+}
+
+async fn add(
+    client: &mut Client,
+    dictionary: &str,
+    terms: Vec<pb::AutocompleteTerm>,
+) -> pb::AutocompleteServiceAddResponse {
+    client
+        .add(pb::AutocompleteServiceAddRequest {
+            dictionary: dictionary.to_owned(),
+            terms,
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Add to {dictionary:?} failed: {s:?}"))
+        .into_inner()
+}
+
+async fn add_all(client: &mut Client, dictionary: &str, displays: &[&str]) {
+    for chunk in displays.chunks(1000) {
+        add(client, dictionary, chunk.iter().map(|d| term(d)).collect()).await;
+    }
+}
+
+async fn remove(
+    client: &mut Client,
+    dictionary: &str,
+    displays: &[&str],
+) -> pb::AutocompleteServiceRemoveResponse {
+    client
+        .remove(pb::AutocompleteServiceRemoveRequest {
+            dictionary: dictionary.to_owned(),
+            displays: displays.iter().map(|d| (*d).to_owned()).collect(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Remove from {dictionary:?} failed: {s:?}"))
+        .into_inner()
+}
+
+async fn count(client: &mut Client, dictionary: &str) -> u64 {
+    client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: dictionary.to_owned(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner()
+        .term_count
+}
+
+fn request(
+    dictionary: &str,
+    query: &str,
+    mode: Mode,
+    order: Order,
+    limit: u32,
+) -> pb::AutocompleteServiceCompleteRequest {
+    pb::AutocompleteServiceCompleteRequest {
+        dictionary: dictionary.to_owned(),
+        query: query.to_owned(),
+        limit,
+        mode: mode as i32,
+        order: order as i32,
+        page_token: String::new(),
+    }
+}
+
+async fn page(
+    client: &mut Client,
+    request: pb::AutocompleteServiceCompleteRequest,
+) -> pb::AutocompleteServiceCompleteResponse {
+    client
+        .complete(request.clone())
+        .await
+        .unwrap_or_else(|s| panic!("Complete {request:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// The display texts of the first page.
+async fn complete(
+    client: &mut Client,
+    dictionary: &str,
+    query: &str,
+    mode: Mode,
+    order: Order,
+    limit: u32,
+) -> Vec<String> {
+    page(client, request(dictionary, query, mode, order, limit))
+        .await
+        .suggestions
+        .into_iter()
+        .map(|s| s.display)
+        .collect()
+}
+
+/// Every suggestion, following page tokens to the end (bounded).
+async fn all_pages(
+    client: &mut Client,
+    mut request: pb::AutocompleteServiceCompleteRequest,
+) -> Vec<pb::AutocompleteSuggestion> {
+    let mut all = Vec::new();
+    for _ in 0..100_000 {
+        let response = page(client, request.clone()).await;
+        assert!(response.suggestions.len() <= request.limit.max(1) as usize);
+        all.extend(response.suggestions);
+        if response.next_page_token.is_empty() {
+            return all;
+        }
+        request.page_token = response.next_page_token;
+    }
+    panic!("pagination did not end");
+}
+
+fn displays(s: &[pb::AutocompleteSuggestion]) -> Vec<String> {
+    s.iter().map(|s| s.display.clone()).collect()
+}
+
+fn invalid(status: &Status, field: &str) {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with(&format!("{field}: ")),
+        "message should start with {field:?}: {}",
+        status.message()
+    );
+    let details = status.get_error_details();
+    let bad = details.bad_request().expect("a BadRequest detail");
+    assert_eq!(bad.field_violations[0].field, field);
+}
+
+/// The byte order Baton sorts lexicographic results in: matching form, then NFC display.
+fn lex_key(display: &str) -> (String, String) {
+    let text = baton::autocomplete::Text::new(display).expect("not blank");
+    (text.key, text.id)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The seed notes' scenarios
+// ---------------------------------------------------------------------------------------------
+
+/// Players join and leave a guild; prefix completion over the member list follows at once.
+#[tokio::test]
+async fn guild_join_leave_then_prefix_completion() {
+    let (_redis, _baton, mut client) = setup().await;
+    let guild = "members:guild-7";
+    add_all(
+        &mut client,
+        guild,
+        &[
+            "jack",
+            "jacob",
+            "jacqueline",
+            "james",
+            "jane",
+            "Jabba",
+            "bob",
+        ],
+    )
+    .await;
+    assert_eq!(count(&mut client, guild).await, 7);
+    assert_eq!(
+        complete(
+            &mut client,
+            guild,
+            "ja",
+            Mode::Prefix,
+            Order::Lexicographic,
+            10
+        )
+        .await,
+        ["Jabba", "jack", "jacob", "jacqueline", "james", "jane"]
+    );
+    // The default limit is 10, and results stop at the limit.
+    assert_eq!(
+        complete(
+            &mut client,
+            guild,
+            "jac",
+            Mode::Unspecified,
+            Order::Unspecified,
+            2
+        )
+        .await,
+        ["jack", "jacob"]
+    );
+
+    // Leaving: jack and jacob go; an unknown member is ignored.
+    let left = remove(&mut client, guild, &["jack", "jacob", "nobody"]).await;
+    assert_eq!((left.removed, left.term_count), (2, 5));
+    assert_eq!(
+        complete(
+            &mut client,
+            guild,
+            "jac",
+            Mode::Prefix,
+            Order::Lexicographic,
+            10
+        )
+        .await,
+        ["jacqueline"]
+    );
+    // Joining again.
+    add_all(&mut client, guild, &["jack"]).await;
+    assert_eq!(
+        complete(
+            &mut client,
+            guild,
+            "JAC",
+            Mode::Prefix,
+            Order::Lexicographic,
+            10
+        )
+        .await,
+        ["jack", "jacqueline"]
+    );
+    // Other guilds are separate.
+    assert!(
+        complete(
+            &mut client,
+            "members:guild-8",
+            "ja",
+            Mode::Prefix,
+            Order::Lexicographic,
+            10
+        )
+        .await
+        .is_empty()
+    );
+    assert_eq!(count(&mut client, "members:guild-8").await, 0);
+}
+
+/// Recent contacts: at most 100 kept, recording again moves to the front, removal works, and
+/// completion over the list goes most recent first.
+#[tokio::test]
+async fn recent_contacts_capped_at_100_with_move_to_front_and_removal() {
+    let (redis, baton, mut client) = setup().await;
+    let list = "recent:user-42";
+    let record = |display: String| pb::AutocompleteServiceRecordRecentRequest {
+        list: list.to_owned(),
+        display,
+        ..Default::default()
+    };
+    let mut last = None;
+    for i in 0..105 {
+        let r = client
+            .record_recent(record(format!("contact {i:03}")))
+            .await
+            .expect("RecordRecent")
+            .into_inner();
+        assert_eq!(r.size, (i + 1).min(100));
+        assert_eq!(r.evicted, u32::from(i >= 100));
+        let at = r.recorded_at.expect("recorded_at");
+        if let Some(prev) = last.replace(at) {
+            assert!(
+                (at.seconds, at.nanos) > (prev.seconds, prev.nanos),
+                "recorded_at increases"
+            );
+        }
+    }
+    let list_all = |client: &mut Client| {
+        let mut client = client.clone();
+        async move {
+            let mut items = Vec::new();
+            let mut token = String::new();
+            loop {
+                let r = client
+                    .list_recent(pb::AutocompleteServiceListRecentRequest {
+                        list: list.to_owned(),
+                        limit: 30,
+                        page_token: token,
+                    })
+                    .await
+                    .expect("ListRecent")
+                    .into_inner();
+                items.extend(r.items.into_iter().map(|i| i.display));
+                if r.next_page_token.is_empty() {
+                    return items;
+                }
+                token = r.next_page_token;
+            }
+        }
+    };
+    let items = list_all(&mut client).await;
+    let expected: Vec<String> = (5..105).rev().map(|i| format!("contact {i:03}")).collect();
+    assert_eq!(items, expected, "the 100 most recent, newest first");
+
+    // Move to front.
+    client
+        .record_recent(record("contact 010".into()))
+        .await
+        .expect("RecordRecent");
+    let items = list_all(&mut client).await;
+    assert_eq!(items.len(), 100);
+    assert_eq!(items[0], "contact 010");
+    assert_eq!(items.iter().filter(|d| *d == "contact 010").count(), 1);
+
+    // Removal.
+    let removed = client
+        .remove_recent(pb::AutocompleteServiceRemoveRecentRequest {
+            list: list.to_owned(),
+            displays: vec![
+                "contact 010".into(),
+                "contact 104".into(),
+                "stranger".into(),
+            ],
+        })
+        .await
+        .expect("RemoveRecent")
+        .into_inner();
+    assert_eq!((removed.removed, removed.size), (2, 98));
+    let items = list_all(&mut client).await;
+    assert_eq!(items[0], "contact 103");
+    assert!(!items.contains(&"contact 010".to_owned()));
+
+    // Completion over the list, most recent first; a record past the cap evicts the oldest.
+    let complete_recent = |query: &str, mode: Mode| pb::AutocompleteServiceCompleteRecentRequest {
+        list: list.to_owned(),
+        query: query.to_owned(),
+        limit: 5,
+        mode: mode as i32,
+        page_token: String::new(),
+    };
+    let found = client
+        .complete_recent(complete_recent("CONTACT 09", Mode::Prefix))
+        .await
+        .expect("CompleteRecent")
+        .into_inner();
+    let names: Vec<_> = found.items.iter().map(|i| i.display.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "contact 099",
+            "contact 098",
+            "contact 097",
+            "contact 096",
+            "contact 095"
+        ]
+    );
+    assert!(!found.next_page_token.is_empty());
+    let found = client
+        .complete_recent(complete_recent("t 10", Mode::Contains))
+        .await
+        .expect("CompleteRecent")
+        .into_inner();
+    let names: Vec<_> = found.items.iter().map(|i| i.display.as_str()).collect();
+    assert_eq!(
+        names,
+        ["contact 103", "contact 102", "contact 101", "contact 100"]
+    );
+    assert!(found.items.iter().all(|i| i.match_kind() == Kind::Contains));
+
+    // Both keys of the list expire (the default ttl is 90 days).
+    let mut conn = redis.client().await;
+    for key in [
+        format!("{}{{acr:{list}}}", baton.prefix()),
+        format!("{}{{acr:{list}}}:items", baton.prefix()),
+    ] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(
+            ttl > 89 * 24 * 3600 * 1000,
+            "{key} expires in about 90 days: {ttl}"
+        );
+    }
+}
+
+/// Automatic mode: exact matches, then prefix, then word-prefix, then contains, each term once,
+/// stopping at the limit, and paging across the groups.
+#[tokio::test]
+async fn automatic_mode_orders_exact_prefix_word_prefix_contains() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "people";
+    add_all(
+        &mut client,
+        d,
+        &[
+            "Anna Karenina",
+            "anna",
+            "Hanna Schmidt",
+            "Ann",
+            "Joanna Anna",
+            "Annabel Lee",
+            "Marianne",
+            "Zed",
+        ],
+    )
+    .await;
+    let all = all_pages(
+        &mut client,
+        request(d, "ann", Mode::Automatic, Order::Lexicographic, 10),
+    )
+    .await;
+    let got: Vec<(String, Kind)> = all
+        .iter()
+        .map(|s| (s.display.clone(), s.match_kind()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("Ann".to_owned(), Kind::Exact),
+            ("anna".to_owned(), Kind::Prefix),
+            ("Anna Karenina".to_owned(), Kind::Prefix),
+            ("Annabel Lee".to_owned(), Kind::Prefix),
+            ("Joanna Anna".to_owned(), Kind::WordPrefix),
+            ("Hanna Schmidt".to_owned(), Kind::Contains),
+            ("Marianne".to_owned(), Kind::Contains),
+        ]
+    );
+    // Stopping at the limit, then going on from where the page stopped, across groups.
+    for limit in 1..=7 {
+        let paged = all_pages(
+            &mut client,
+            request(d, "ann", Mode::Automatic, Order::Lexicographic, limit),
+        )
+        .await;
+        assert_eq!(displays(&paged), displays(&all), "limit {limit}");
+    }
+    let first = complete(
+        &mut client,
+        d,
+        "ann",
+        Mode::Automatic,
+        Order::Lexicographic,
+        3,
+    )
+    .await;
+    assert_eq!(first, ["Ann", "anna", "Anna Karenina"]);
+    // Each group by score when asked.
+    add(
+        &mut client,
+        d,
+        vec![
+            scored("Annabel Lee", 5.0),
+            scored("Marianne", 9.0),
+            scored("Hanna Schmidt", 1.0),
+        ],
+    )
+    .await;
+    let ranked = all_pages(
+        &mut client,
+        request(d, "ann", Mode::Automatic, Order::Score, 2),
+    )
+    .await;
+    assert_eq!(
+        displays(&ranked),
+        [
+            "Ann",
+            "Annabel Lee",
+            "anna",
+            "Anna Karenina",
+            "Joanna Anna",
+            "Marianne",
+            "Hanna Schmidt"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modes, scores, payloads
+// ---------------------------------------------------------------------------------------------
+
+/// Prefix, word-prefix, suffix and contains modes, with match kinds.
+#[tokio::test]
+async fn match_modes() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "modes";
+    add_all(
+        &mut client,
+        d,
+        &[
+            "hello fellow",
+            "Fellini",
+            "yellow",
+            "Jean-Luc Picard",
+            "O'Brien",
+            "Jackson",
+            "Smithson",
+        ],
+    )
+    .await;
+    let c = |q: &str, mode: Mode| {
+        let mut client = client.clone();
+        let q = q.to_owned();
+        async move { complete(&mut client, d, &q, mode, Order::Lexicographic, 10).await }
+    };
+    assert_eq!(
+        c("fel", Mode::WordPrefix).await,
+        ["Fellini", "hello fellow"]
+    );
+    assert_eq!(c("luc", Mode::WordPrefix).await, ["Jean-Luc Picard"]);
+    assert_eq!(c("brien", Mode::WordPrefix).await, ["O'Brien"]);
+    assert_eq!(c("jean-l", Mode::WordPrefix).await, ["Jean-Luc Picard"]);
+    assert_eq!(c("ellow", Mode::WordPrefix).await, Vec::<String>::new());
+    assert_eq!(c("son", Mode::Suffix).await, ["Jackson", "Smithson"]);
+    assert_eq!(c("ello", Mode::Contains).await, ["hello fellow", "yellow"]);
+    assert_eq!(c("o f", Mode::Contains).await, ["hello fellow"]);
+    assert_eq!(
+        c("l", Mode::Contains).await,
+        ["Fellini", "hello fellow", "Jean-Luc Picard", "yellow"]
+    );
+    assert_eq!(c("n-luc p", Mode::Contains).await, ["Jean-Luc Picard"]);
+    assert_eq!(c("ello", Mode::Prefix).await, Vec::<String>::new());
+
+    let kinds = page(
+        &mut client,
+        request(d, "fel", Mode::Contains, Order::Lexicographic, 10),
+    )
+    .await;
+    let kinds: Vec<_> = kinds
+        .suggestions
+        .iter()
+        .map(|s| (s.display.as_str(), s.match_kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("Fellini", Kind::Prefix),
+            ("hello fellow", Kind::WordPrefix)
+        ]
+    );
+    let exact = page(
+        &mut client,
+        request(d, "yellow", Mode::Suffix, Order::Lexicographic, 10),
+    )
+    .await;
+    assert_eq!(exact.suggestions[0].match_kind(), Kind::Exact);
+}
+
+/// Scores are set, incremented or kept; payloads kept, replaced or cleared; the display form
+/// follows the last add; the score order follows the scores.
+#[tokio::test]
+async fn scores_payloads_and_updates() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "products";
+    let r = add(
+        &mut client,
+        d,
+        vec![
+            pb::AutocompleteTerm {
+                display: "iPhone".into(),
+                score: Some(10.0),
+                payload: Some(b"sku-1".to_vec()),
+                ..Default::default()
+            },
+            scored("iPad", 20.0),
+            term("iMac"),
+            pb::AutocompleteTerm {
+                display: "iPhone".into(),
+                score: Some(15.0),
+                increment: true,
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    assert_eq!((r.added, r.updated, r.term_count), (3, 1, 3));
+    assert_eq!(r.scores, [10.0, 20.0, 0.0, 25.0]);
+    assert_eq!(
+        complete(&mut client, d, "i", Mode::Prefix, Order::Score, 10).await,
+        ["iPhone", "iPad", "iMac"]
+    );
+
+    // Keep the score and payload, change the display form (same NFC id? no: a new term).
+    let r = add(
+        &mut client,
+        d,
+        vec![
+            term("iPhone"),
+            pb::AutocompleteTerm {
+                display: "iMac".into(),
+                score: Some(-1.5),
+                increment: true,
+                payload: Some(vec![0, 255]),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    assert_eq!(r.scores, [25.0, -1.5]);
+    let page1 = page(&mut client, request(d, "i", Mode::Prefix, Order::Score, 10)).await;
+    let got: Vec<_> = page1
+        .suggestions
+        .iter()
+        .map(|s| (s.display.as_str(), s.score, s.payload.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("iPhone", 25.0, b"sku-1".to_vec()),
+            ("iPad", 20.0, vec![]),
+            ("iMac", -1.5, vec![0, 255])
+        ]
+    );
+    // Clearing a payload, and a fractional score.
+    add(
+        &mut client,
+        d,
+        vec![pb::AutocompleteTerm {
+            display: "iPhone".into(),
+            payload: Some(vec![]),
+            score: Some(0.25),
+            ..Default::default()
+        }],
+    )
+    .await;
+    let page1 = page(
+        &mut client,
+        request(d, "iph", Mode::Prefix, Order::Score, 10),
+    )
+    .await;
+    assert_eq!(
+        (
+            page1.suggestions[0].score,
+            page1.suggestions[0].payload.len()
+        ),
+        (0.25, 0)
+    );
+    // Ties in score order are broken lexicographically.
+    add(
+        &mut client,
+        d,
+        vec![scored("iPod", 20.0), scored("iBook", 20.0)],
+    )
+    .await;
+    assert_eq!(
+        complete(&mut client, d, "i", Mode::Prefix, Order::Score, 10).await,
+        ["iBook", "iPad", "iPod", "iPhone", "iMac"]
+    );
+}
+
+/// Score order stays exact through the ranked sets Baton keeps for prefixes with many terms, as
+/// they are created, updated and dropped.
+#[tokio::test]
+async fn ranked_prefix_sets_follow_changes() {
+    let (redis, baton, mut client) = setup().await;
+    let d = "ranked";
+    let n = 700;
+    let score = |i: usize| ((i * 7919) % 1000) as f64;
+    let mut expected: HashMap<String, f64> = HashMap::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(250) {
+        let terms = chunk
+            .iter()
+            .map(|&i| scored(&format!("ab{i:04}"), score(i)))
+            .collect();
+        add(&mut client, d, terms).await;
+    }
+    for i in 0..n {
+        expected.insert(format!("ab{i:04}"), score(i));
+    }
+    let check = |expected: HashMap<String, f64>| {
+        let mut client = client.clone();
+        async move {
+            let mut want: Vec<(String, f64)> = expected.into_iter().collect();
+            want.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            for q in ["a", "ab", "ab0", "ab01"] {
+                let got =
+                    all_pages(&mut client, request(d, q, Mode::Prefix, Order::Score, 37)).await;
+                let got: Vec<(String, f64)> =
+                    got.into_iter().map(|s| (s.display, s.score)).collect();
+                let want: Vec<_> = want
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(q))
+                    .cloned()
+                    .collect();
+                assert_eq!(got, want, "query {q:?}");
+            }
+        }
+    };
+    check(expected.clone()).await;
+    let mut conn = redis.client().await;
+    let ranked_key = format!("{}{{ac:{d}}}:r:ab", baton.prefix());
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&ranked_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        exists, 1,
+        "a prefix with more than 256 terms has a ranked set"
+    );
+
+    // Score changes move terms within the ranked sets.
+    let updates: Vec<_> = (0..n)
+        .step_by(3)
+        .map(|i| (format!("ab{i:04}"), 2000.0 - i as f64))
+        .collect();
+    add(
+        &mut client,
+        d,
+        updates.iter().map(|(k, s)| scored(k, *s)).collect(),
+    )
+    .await;
+    expected.extend(updates);
+    check(expected.clone()).await;
+
+    // Removing most terms drops the ranked set; the order stays exact.
+    let gone: Vec<String> = (0..n)
+        .filter(|i| i % 7 != 0)
+        .map(|i| format!("ab{i:04}"))
+        .collect();
+    for chunk in gone.chunks(500) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        remove(&mut client, d, &refs).await;
+    }
+    for k in &gone {
+        expected.remove(k);
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&ranked_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        exists, 0,
+        "the ranked set goes once the prefix has 128 terms or fewer"
+    );
+    check(expected.clone()).await;
+    // And comes back when the prefix grows again.
+    add(
+        &mut client,
+        d,
+        (0..n)
+            .filter(|i| i % 7 != 0)
+            .take(300)
+            .map(|i| scored(&format!("ab{i:04}"), 1.0))
+            .collect(),
+    )
+    .await;
+    for i in (0..n).filter(|i| i % 7 != 0).take(300) {
+        expected.insert(format!("ab{i:04}"), 1.0);
+    }
+    check(expected).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unicode
+// ---------------------------------------------------------------------------------------------
+
+/// Case folding (full: ß = ss), normalization (composed = decomposed, compatibility forms), in
+/// Latin with diacritics, Cyrillic, Greek, CJK and emoji; results keep their display form.
+#[tokio::test]
+async fn unicode_matching_in_several_scripts() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "unicode";
+    let decomposed = "Rene\u{301}e Dubois"; // "Renée" with a combining acute accent
+    add_all(
+        &mut client,
+        d,
+        &[
+            "Straße",
+            "Müller",
+            decomposed,
+            "Zoë Ólafsdóttir",
+            "Łódź",
+            "Иван Петров",
+            "ПЕТЯ",
+            "Οδυσσέας Ελύτης",
+            "ΣΟΦΙΑ",
+            "王伟",
+            "张伟明",
+            "佐藤太郎",
+            "𠮷野家",
+            "🎸 Guitar Shop",
+            "Rock 🎸",
+            "ＡＢＣ Corp",
+            "ﬁle",
+        ],
+    )
+    .await;
+    let c = |q: &str, mode: Mode| {
+        let mut client = client.clone();
+        let q = q.to_owned();
+        async move { complete(&mut client, d, &q, mode, Order::Lexicographic, 10).await }
+    };
+    // Full case folding.
+    assert_eq!(c("STRASSE", Mode::Prefix).await, ["Straße"]);
+    assert_eq!(c("strass", Mode::Prefix).await, ["Straße"]);
+    assert_eq!(c("STRAẞE", Mode::Prefix).await, ["Straße"]);
+    // Composed query, decomposed term (and back): the display keeps its original form.
+    assert_eq!(c("Ren\u{e9}e", Mode::Prefix).await, [decomposed]);
+    assert_eq!(c("RENE\u{301}E", Mode::Prefix).await, [decomposed]);
+    assert_eq!(c("zoe\u{308}", Mode::Prefix).await, ["Zoë Ólafsdóttir"]);
+    assert_eq!(c("ÓLAFS", Mode::WordPrefix).await, ["Zoë Ólafsdóttir"]);
+    assert_eq!(c("MÜL", Mode::Prefix).await, ["Müller"]);
+    assert_eq!(c("łó", Mode::Prefix).await, ["Łódź"]);
+    // No accent folding: "zoe" is not "zoë".
+    assert!(c("zoe", Mode::Prefix).await.is_empty());
+    // Cyrillic and Greek, with final sigma.
+    assert_eq!(c("иван", Mode::Prefix).await, ["Иван Петров"]);
+    assert_eq!(c("ПЕТР", Mode::WordPrefix).await, ["Иван Петров"]);
+    assert_eq!(c("петя", Mode::Prefix).await, ["ПЕТЯ"]);
+    assert_eq!(c("ΟΔΥΣΣΈΑΣ", Mode::Prefix).await, ["Οδυσσέας Ελύτης"]);
+    assert_eq!(c("σοφια", Mode::Prefix).await, ["ΣΟΦΙΑ"]);
+    assert_eq!(c("ύτης", Mode::Suffix).await, ["Οδυσσέας Ελύτης"]);
+    // CJK, including a character outside the Basic Multilingual Plane.
+    assert_eq!(c("伟", Mode::Contains).await, ["张伟明", "王伟"]);
+    assert_eq!(c("张", Mode::Prefix).await, ["张伟明"]);
+    assert_eq!(c("太郎", Mode::Suffix).await, ["佐藤太郎"]);
+    assert_eq!(c("𠮷", Mode::Prefix).await, ["𠮷野家"]);
+    assert_eq!(c("野", Mode::Contains).await, ["𠮷野家"]);
+    // Emoji.
+    assert_eq!(c("🎸", Mode::Prefix).await, ["🎸 Guitar Shop"]);
+    assert_eq!(c("🎸", Mode::Contains).await, ["Rock 🎸", "🎸 Guitar Shop"]);
+    assert_eq!(c("guitar", Mode::WordPrefix).await, ["🎸 Guitar Shop"]);
+    // Compatibility forms.
+    assert_eq!(c("abc", Mode::Prefix).await, ["ＡＢＣ Corp"]);
+    assert_eq!(c("FILE", Mode::Prefix).await, ["ﬁle"]);
+    // Removing by either normalization form of the display.
+    let r = remove(&mut client, d, &["Ren\u{e9}e Dubois"]).await;
+    assert_eq!(r.removed, 1);
+    assert!(c("renee", Mode::Prefix).await.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pagination and concurrency
+// ---------------------------------------------------------------------------------------------
+
+/// Paging through thousands of results returns each exactly once, in order, in every mode and
+/// order, and across changes made between pages.
+#[tokio::test]
+async fn pagination_through_thousands_returns_each_once() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "big";
+    let n = 3000;
+    let names: Vec<String> = (0..n)
+        .map(|i| match i % 3 {
+            0 => format!("Member {i:05} Smith"),
+            1 => format!("member-{i:05} Smithson"),
+            _ => format!("Émile {i:05} Blacksmith"),
+        })
+        .collect();
+    for chunk in names.chunks(1000) {
+        let terms = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, d)| scored(d, (i % 50) as f64))
+            .collect();
+        add(&mut client, d, terms).await;
+    }
+    assert_eq!(count(&mut client, d).await, n as u64);
+    let cases = [
+        ("mem", Mode::Prefix, n * 2 / 3),
+        ("smi", Mode::WordPrefix, n * 2 / 3),
+        ("smith", Mode::Contains, n),
+        ("son", Mode::Suffix, n / 3),
+        ("m", Mode::Automatic, n),
+        ("00", Mode::Contains, n),
+    ];
+    for (q, mode, expected) in cases {
+        for order in [Order::Lexicographic, Order::Score] {
+            let got = all_pages(&mut client, request(d, q, mode, order, 97)).await;
+            let unique: HashSet<&str> = got.iter().map(|s| s.display.as_str()).collect();
+            assert_eq!(got.len(), expected, "{q:?} {mode:?} {order:?}: count");
+            assert_eq!(
+                unique.len(),
+                expected,
+                "{q:?} {mode:?} {order:?}: duplicates"
+            );
+            if mode != Mode::Automatic {
+                // In order within the mode.
+                let keys: Vec<_> = got.iter().map(|s| (s.score, lex_key(&s.display))).collect();
+                for w in keys.windows(2) {
+                    let ordered = match order {
+                        Order::Score => w[0].0 > w[1].0 || (w[0].0 == w[1].0 && w[0].1 < w[1].1),
+                        _ => w[0].1 < w[1].1,
+                    };
+                    assert!(
+                        ordered,
+                        "{q:?} {mode:?} {order:?}: {:?} then {:?}",
+                        w[0], w[1]
+                    );
+                }
+            }
+        }
+    }
+
+    // Terms added and removed between pages: the ones kept are each seen once; none removed
+    // before its page shows up.
+    let mut req = request(d, "member", Mode::Prefix, Order::Lexicographic, 100);
+    let mut seen = Vec::new();
+    let mut removed = HashSet::new();
+    loop {
+        let response = page(&mut client, req.clone()).await;
+        seen.extend(displays(&response.suggestions));
+        if response.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = response.next_page_token;
+        let victim = format!("Member {:05} Smith", (seen.len() * 3 + 600) % n / 3 * 3);
+        if remove(&mut client, d, &[victim.as_str()]).await.removed == 1 {
+            removed.insert(victim);
+        }
+        add(
+            &mut client,
+            d,
+            vec![term(&format!("Member {:05} New", seen.len()))],
+        )
+        .await;
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no duplicates");
+    assert!(
+        seen.iter().all(|s| !removed.contains(s)),
+        "no removed term after its removal"
+    );
+}
+
+/// Adds and removes running during queries never show a partial entry or one from another
+/// dictionary: every result is whole (display, score and payload agree) and belongs here.
+#[tokio::test]
+async fn concurrent_adds_and_removes_never_show_partial_or_foreign_entries() {
+    let (_redis, baton, client) = setup().await;
+    let entry = |dict: &str, i: u32| pb::AutocompleteTerm {
+        display: format!("{dict} item {i:04}"),
+        score: Some(f64::from(i)),
+        payload: Some(format!("{dict}/{i}").into_bytes()),
+        increment: false,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = JoinSet::new();
+    for dict in ["alpha", "beta"] {
+        let mut writer = AutocompleteServiceClient::new(channel(baton.addr()).await);
+        let stop = Arc::clone(&stop);
+        tasks.spawn(async move {
+            let mut round = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let base = (round % 4) * 100;
+                let terms = (base..base + 300).map(|i| entry(dict, i)).collect();
+                writer
+                    .add(pb::AutocompleteServiceAddRequest {
+                        dictionary: dict.into(),
+                        terms,
+                    })
+                    .await
+                    .expect("Add");
+                let gone: Vec<String> = (base..base + 300)
+                    .step_by(2)
+                    .map(|i| format!("{dict} item {i:04}"))
+                    .collect();
+                writer
+                    .remove(pb::AutocompleteServiceRemoveRequest {
+                        dictionary: dict.into(),
+                        displays: gone,
+                    })
+                    .await
+                    .expect("Remove");
+                round += 1;
+            }
+            0usize
+        });
+    }
+    for r in 0..4 {
+        let mut reader = client.clone();
+        let stop = Arc::clone(&stop);
+        tasks.spawn(async move {
+            let modes = [
+                Mode::Prefix,
+                Mode::Contains,
+                Mode::WordPrefix,
+                Mode::Automatic,
+                Mode::Suffix,
+            ];
+            let mut checked = 0;
+            let mut n = r;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let dict = if n % 2 == 0 { "alpha" } else { "beta" };
+                let query = ["item 0", "item", "ite", "0", "1", "ha item", "a it"][n % 7];
+                let mode = modes[n % modes.len()];
+                let order = if n % 3 == 0 {
+                    Order::Score
+                } else {
+                    Order::Lexicographic
+                };
+                let got = all_pages(&mut reader, request(dict, query, mode, order, 50)).await;
+                for s in got {
+                    let i: u32 = s
+                        .display
+                        .rsplit(' ')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .expect("a number");
+                    assert_eq!(s.display, format!("{dict} item {i:04}"), "foreign entry");
+                    assert_eq!(s.score, f64::from(i), "{}", s.display);
+                    assert_eq!(
+                        s.payload,
+                        format!("{dict}/{i}").into_bytes(),
+                        "{}",
+                        s.display
+                    );
+                    checked += 1;
+                }
+            }
+            checked
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut checked = 0;
+    while let Some(done) = within(
+        Duration::from_secs(30),
+        tasks.join_next(),
+        "the workers to stop",
+    )
+    .await
+    {
+        checked += done.expect("no worker panicked");
+    }
+    assert!(checked > 1000, "only {checked} results were checked");
+}
+
+/// Reads never write: completing and listing change nothing in Redis.
+#[tokio::test]
+async fn reads_never_write() {
+    let (redis, _baton, mut client) = setup().await;
+    add_all(
+        &mut client,
+        "d",
+        &(0..400)
+            .map(|i| format!("name {i}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    client
+        .record_recent(pb::AutocompleteServiceRecordRecentRequest {
+            list: "l".into(),
+            display: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut conn = redis.client().await;
+    let dirty = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("rdb_changes_since_last_save:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = dirty(
+        redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+    );
+    for mode in [
+        Mode::Prefix,
+        Mode::WordPrefix,
+        Mode::Suffix,
+        Mode::Contains,
+        Mode::Automatic,
+    ] {
+        for order in [Order::Lexicographic, Order::Score] {
+            all_pages(&mut client, request("d", "n", mode, order, 50)).await;
+            all_pages(&mut client, request("d", "e 1", mode, order, 50)).await;
+        }
+    }
+    client
+        .list_recent(pb::AutocompleteServiceListRecentRequest {
+            list: "l".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    client
+        .complete_recent(pb::AutocompleteServiceCompleteRecentRequest {
+            list: "l".into(),
+            query: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: "d".into(),
+        })
+        .await
+        .unwrap();
+    let after = dirty(
+        redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(before, after, "reads changed Redis");
+}
+
+/// Removing every term of a dictionary leaves no key behind.
+#[tokio::test]
+async fn removing_every_term_leaves_no_key() {
+    let (redis, baton, mut client) = setup().await;
+    let names: Vec<String> = (0..600)
+        .map(|i| format!("Ünïcode name {i} 王{i} 🎸"))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    add_all(&mut client, "gone", &refs).await;
+    let mut conn = redis.client().await;
+    let keys = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let pattern = format!("{}*", baton.prefix());
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            keys
+        }
+    };
+    assert!(keys(&mut conn).await.len() > 10);
+    for chunk in refs.chunks(250) {
+        remove(&mut client, "gone", chunk).await;
+    }
+    assert_eq!(keys(&mut conn).await, Vec::<String>::new());
+    assert_eq!(count(&mut client, "gone").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+/// Every bad input fails with INVALID_ARGUMENT naming the field, and changes nothing.
+#[tokio::test]
+async fn validation_failures_name_the_field_and_change_nothing() {
+    let (_redis, _baton, mut client) = setup().await;
+    let d = "valid";
+    add_all(&mut client, d, &["kept"]).await;
+    let add_err = |terms: Vec<pb::AutocompleteTerm>, dictionary: &str| {
+        let mut client = client.clone();
+        let dictionary = dictionary.to_owned();
+        async move {
+            client
+                .add(pb::AutocompleteServiceAddRequest { dictionary, terms })
+                .await
+                .expect_err("Add should fail")
+        }
+    };
+    invalid(&add_err(vec![term("x")], "").await, "dictionary");
+    invalid(
+        &add_err(vec![term("x")], &"d".repeat(257)).await,
+        "dictionary",
+    );
+    invalid(&add_err(vec![], d).await, "terms");
+    invalid(
+        &add_err((0..1001).map(|i| term(&i.to_string())).collect(), d).await,
+        "terms",
+    );
+    invalid(
+        &add_err(vec![term("ok"), term("")], d).await,
+        "terms[1].display",
+    );
+    invalid(&add_err(vec![term(" \t ")], d).await, "terms[0].display");
+    invalid(&add_err(vec![term("a\0b")], d).await, "terms[0].display");
+    invalid(
+        &add_err(vec![term(&"é".repeat(129))], d).await,
+        "terms[0].display",
+    );
+    invalid(
+        &add_err(
+            vec![
+                term("ok"),
+                term("ok2"),
+                pb::AutocompleteTerm {
+                    display: "p".into(),
+                    payload: Some(vec![1; 1025]),
+                    ..Default::default()
+                },
+            ],
+            d,
+        )
+        .await,
+        "terms[2].payload",
+    );
+    for bad in [f64::NAN, f64::INFINITY, 1e16, -1e16] {
+        invalid(&add_err(vec![scored("s", bad)], d).await, "terms[0].score");
+    }
+    invalid(
+        &add_err(
+            vec![pb::AutocompleteTerm {
+                display: "s".into(),
+                increment: true,
+                ..Default::default()
+            }],
+            d,
+        )
+        .await,
+        "terms[0].score",
+    );
+    // An increment overflowing the bound, found inside Redis: the whole batch is rejected.
+    add(&mut client, d, vec![scored("big", 9e14)]).await;
+    let overflow = vec![
+        term("new one"),
+        pb::AutocompleteTerm {
+            display: "big".into(),
+            score: Some(9e14),
+            increment: true,
+            ..Default::default()
+        },
+    ];
+    invalid(&add_err(overflow, d).await, "terms[1].score");
+    assert_eq!(
+        count(&mut client, d).await,
+        2,
+        "nothing of the rejected batch was applied"
+    );
+    assert!(
+        complete(
+            &mut client,
+            d,
+            "new",
+            Mode::Prefix,
+            Order::Lexicographic,
+            10
+        )
+        .await
+        .is_empty()
+    );
+
+    // Remove.
+    let remove_err = |displays: Vec<String>| {
+        let mut client = client.clone();
+        async move {
+            client
+                .remove(pb::AutocompleteServiceRemoveRequest {
+                    dictionary: d.into(),
+                    displays,
+                })
+                .await
+                .expect_err("Remove should fail")
+        }
+    };
+    invalid(&remove_err(vec![]).await, "displays");
+    invalid(
+        &remove_err(vec!["kept".into(), String::new()]).await,
+        "displays[1]",
+    );
+    invalid(
+        &remove_err((0..1001).map(|i| i.to_string()).collect()).await,
+        "displays",
+    );
+    assert_eq!(count(&mut client, d).await, 2);
+
+    // Complete.
+    let complete_err = |req: pb::AutocompleteServiceCompleteRequest| {
+        let mut client = client.clone();
+        async move {
+            client
+                .complete(req)
+                .await
+                .expect_err("Complete should fail")
+        }
+    };
+    let ok = request(d, "k", Mode::Prefix, Order::Lexicographic, 10);
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            query: String::new(),
+            ..ok.clone()
+        })
+        .await,
+        "query",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            query: "   ".into(),
+            ..ok.clone()
+        })
+        .await,
+        "query",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            query: "q".repeat(257),
+            ..ok.clone()
+        })
+        .await,
+        "query",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            limit: 1001,
+            ..ok.clone()
+        })
+        .await,
+        "limit",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            mode: 42,
+            ..ok.clone()
+        })
+        .await,
+        "mode",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            order: -1,
+            ..ok.clone()
+        })
+        .await,
+        "order",
+    );
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            dictionary: String::new(),
+            ..ok.clone()
+        })
+        .await,
+        "dictionary",
+    );
+    for token in ["garbage", "AAAA", "!!", "eyJhIjoxfQ"] {
+        invalid(
+            &complete_err(pb::AutocompleteServiceCompleteRequest {
+                page_token: token.into(),
+                ..ok.clone()
+            })
+            .await,
+            "page_token",
+        );
+    }
+    // A real token, tampered with or used for another query.
+    add_all(&mut client, d, &["k1", "k2", "k3"]).await;
+    let first = page(
+        &mut client,
+        pb::AutocompleteServiceCompleteRequest {
+            limit: 1,
+            ..ok.clone()
+        },
+    )
+    .await;
+    assert!(!first.next_page_token.is_empty());
+    let mut tampered = first.next_page_token.clone().into_bytes();
+    let at = tampered.len() / 2;
+    tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+    invalid(
+        &complete_err(pb::AutocompleteServiceCompleteRequest {
+            page_token: String::from_utf8(tampered).unwrap(),
+            limit: 1,
+            ..ok.clone()
+        })
+        .await,
+        "page_token",
+    );
+    let other = pb::AutocompleteServiceCompleteRequest {
+        query: "k1".into(),
+        page_token: first.next_page_token.clone(),
+        limit: 1,
+        ..ok.clone()
+    };
+    invalid(&complete_err(other).await, "page_token");
+    let other = pb::AutocompleteServiceCompleteRequest {
+        order: Order::Score as i32,
+        page_token: first.next_page_token.clone(),
+        limit: 1,
+        ..ok.clone()
+    };
+    invalid(&complete_err(other).await, "page_token");
+
+    // Recent lists.
+    let record_err = |req: pb::AutocompleteServiceRecordRecentRequest| {
+        let mut client = client.clone();
+        async move {
+            client
+                .record_recent(req)
+                .await
+                .expect_err("RecordRecent should fail")
+        }
+    };
+    let ok = pb::AutocompleteServiceRecordRecentRequest {
+        list: "l".into(),
+        display: "x".into(),
+        ..Default::default()
+    };
+    invalid(
+        &record_err(pb::AutocompleteServiceRecordRecentRequest {
+            list: String::new(),
+            ..ok.clone()
+        })
+        .await,
+        "list",
+    );
+    invalid(
+        &record_err(pb::AutocompleteServiceRecordRecentRequest {
+            display: String::new(),
+            ..ok.clone()
+        })
+        .await,
+        "display",
+    );
+    invalid(
+        &record_err(pb::AutocompleteServiceRecordRecentRequest {
+            max_items: 1001,
+            ..ok.clone()
+        })
+        .await,
+        "max_items",
+    );
+    invalid(
+        &record_err(pb::AutocompleteServiceRecordRecentRequest {
+            ttl: Some(ms(10)),
+            ..ok.clone()
+        })
+        .await,
+        "ttl",
+    );
+    invalid(
+        &record_err(pb::AutocompleteServiceRecordRecentRequest {
+            payload: Some(vec![0; 1025]),
+            ..ok.clone()
+        })
+        .await,
+        "payload",
+    );
+    let list_err = client
+        .list_recent(pb::AutocompleteServiceListRecentRequest {
+            list: "l".into(),
+            limit: 1001,
+            page_token: String::new(),
+        })
+        .await
+        .expect_err("ListRecent should fail");
+    invalid(&list_err, "limit");
+    let list_err = client
+        .list_recent(pb::AutocompleteServiceListRecentRequest {
+            list: "l".into(),
+            limit: 1,
+            page_token: "nope".into(),
+        })
+        .await
+        .expect_err("ListRecent should fail");
+    invalid(&list_err, "page_token");
+    let complete_recent_err = client
+        .complete_recent(pb::AutocompleteServiceCompleteRecentRequest {
+            list: "l".into(),
+            query: String::new(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("CompleteRecent should fail");
+    invalid(&complete_recent_err, "query");
+    let remove_recent_err = client
+        .remove_recent(pb::AutocompleteServiceRemoveRecentRequest {
+            list: "l".into(),
+            displays: vec![],
+        })
+        .await
+        .expect_err("RemoveRecent should fail");
+    invalid(&remove_recent_err, "displays");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmark
+// ---------------------------------------------------------------------------------------------
+
+/// The load generator (benches/autocomplete.rs) runs end to end on a tiny dictionary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn benchmark_smoke() {
+    let options = load::Options {
+        terms: 2000,
+        clients: 2,
+        seconds: 0.1,
+        seed: 7,
+        loaders: 2,
+        batch: 500,
+        memory: true,
+    };
+    let report = within(
+        Duration::from_secs(60),
+        load::run(&options),
+        "the benchmark",
+    )
+    .await
+    .expect("benchmark runs");
+    assert_eq!(report.terms, 2000);
+    assert!(!report.indexes.is_empty());
+    for s in &report.scenarios {
+        assert_eq!(s.errors, 0, "{}", s.name);
+        assert!(s.requests > 0, "{}", s.name);
+        assert!(s.results > 0, "{}: no results", s.name);
+    }
+    let text = load::markdown(&options, &report);
+    assert!(text.contains("Raw ZRANGE"));
+}

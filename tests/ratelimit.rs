@@ -1,0 +1,1222 @@
+//! Black-box tests of `baton.v1.RateLimitService` and of Envoy's rate limit API
+//! (`envoy.service.ratelimit.v3.RateLimitService`) against a real `redis-server`, over gRPC to an
+//! in-process Baton bound to port 0.
+
+mod support;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use baton::{
+    config::FailureMode,
+    proto::v1::{self as pb, rate_limit_service_client::RateLimitServiceClient},
+    ratelimit::rules::Rules,
+};
+use envoy_types::pb::{
+    envoy::{
+        extensions::common::ratelimit::v3::{
+            RateLimitDescriptor,
+            rate_limit_descriptor::{Entry, RateLimitOverride},
+        },
+        service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+            rate_limit_response::{Code, rate_limit::Unit},
+        },
+    },
+    google::protobuf::{UInt64Value, value::Kind},
+};
+use support::{Baton, RedisServer, baton_command, ms, run_baton, std_duration, wait_until, within};
+use tokio::{task::JoinSet, time::Instant};
+use tonic::transport::Channel;
+
+type Client = RateLimitServiceClient<Channel>;
+
+/// The rate limit timeout of tests that are not about Redis failing: long enough that a loaded
+/// CI machine running tests in parallel never falls back to the failure mode.
+const RELAXED_TIMEOUT: Duration = Duration::from_secs(2);
+
+const GCRA: pb::RateLimitAlgorithm = pb::RateLimitAlgorithm::Gcra;
+const FIXED: pb::RateLimitAlgorithm = pb::RateLimitAlgorithm::FixedWindow;
+const SLIDING: pb::RateLimitAlgorithm = pb::RateLimitAlgorithm::SlidingWindow;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn request(
+    key: &str,
+    limit: u64,
+    period_ms: u64,
+    algorithm: pb::RateLimitAlgorithm,
+    cost: Option<u64>,
+) -> pb::RateLimitServiceCheckRequest {
+    pb::RateLimitServiceCheckRequest {
+        key: key.to_owned(),
+        limit,
+        period: Some(ms(period_ms)),
+        cost,
+        algorithm: algorithm.into(),
+        burst: 0,
+    }
+}
+
+async fn check(
+    client: &mut Client,
+    req: pb::RateLimitServiceCheckRequest,
+) -> pb::RateLimitServiceCheckResponse {
+    client
+        .check(req.clone())
+        .await
+        .unwrap_or_else(|s| panic!("Check {req:?} failed: {s:?}"))
+        .into_inner()
+}
+
+fn micros(d: Option<&prost_types::Duration>) -> u64 {
+    d.map(|d| u64::try_from(std_duration(d).as_micros()).expect("fits"))
+        .unwrap_or_else(|| panic!("a duration was expected"))
+}
+
+/// Redis's clock, in microseconds since the Unix epoch.
+async fn redis_time(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (secs, us): (u64, u64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .expect("TIME answers");
+    secs * 1_000_000 + us
+}
+
+fn rules_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ratelimit_rules.yaml")
+}
+
+fn rules() -> Arc<Rules> {
+    Arc::new(Rules::load(&rules_path()).expect("the test rules are valid"))
+}
+
+/// A Baton with the relaxed rate limit timeout.
+async fn baton(redis: &RedisServer) -> Baton {
+    Baton::start_with(redis, |c| c.ratelimit.timeout = RELAXED_TIMEOUT).await
+}
+
+/// A Baton serving Envoy's API with the test rules, and the relaxed rate limit timeout.
+async fn envoy_baton(redis: &RedisServer) -> Baton {
+    let rules = rules();
+    Baton::start_with(redis, move |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules = Some(rules);
+    })
+    .await
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn envoy_request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn should_rate_limit(baton: &Baton, req: RateLimitRequest) -> RateLimitResponse {
+    baton
+        .envoy_ratelimit_client()
+        .await
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap_or_else(|s| panic!("ShouldRateLimit {req:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// The codes of a response: overall first, then each descriptor's.
+fn codes(r: &RateLimitResponse) -> (Code, Vec<Code>) {
+    (
+        r.overall_code(),
+        r.statuses.iter().map(|s| s.code()).collect(),
+    )
+}
+
+fn metadata_string(r: &RateLimitResponse, field: &str) -> Option<String> {
+    match r
+        .dynamic_metadata
+        .as_ref()?
+        .fields
+        .get(field)?
+        .kind
+        .as_ref()?
+    {
+        Kind::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn metadata_list(r: &RateLimitResponse, field: &str) -> Vec<String> {
+    let Some(Kind::ListValue(list)) = r
+        .dynamic_metadata
+        .as_ref()
+        .and_then(|m| m.fields.get(field))
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return Vec::new();
+    };
+    list.values
+        .iter()
+        .filter_map(|v| match &v.kind {
+            Some(Kind::StringValue(s)) => Some(s.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// baton.v1.RateLimitService
+// ---------------------------------------------------------------------------------------------
+
+/// GCRA of the tests: an interval model whose theoretical arrival time (TAT) is known to lie in
+/// [lo, hi] because each request's Redis time is only known to lie between two TIME readings.
+struct GcraModel {
+    interval: u64,
+    capacity: u64,
+    lo: u64,
+    hi: u64,
+}
+
+impl GcraModel {
+    /// (allowed, remaining, retry after) at time `t` for a TAT of `tat`, `n` units (0 peeks).
+    fn decide(&self, t: u64, tat: u64, n: u64) -> (bool, u64, u64) {
+        let tat = tat.max(t);
+        let units = n.max(1);
+        let new = tat + units * self.interval;
+        if new > t + self.capacity {
+            let left = (t + self.capacity).saturating_sub(tat) / self.interval;
+            return (false, left, new - self.capacity - t);
+        }
+        let after = if n == 0 { tat } else { new };
+        (true, (t + self.capacity - after) / self.interval, 0)
+    }
+}
+
+/// GCRA allows exactly what the analytic model allows, for a scripted sequence of requests at
+/// known times (bursts, spaced requests, a peek, costs above 1), with the same remaining units
+/// and retry-after.
+#[tokio::test]
+async fn gcra_matches_the_analytic_model() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let mut conn = redis.client().await;
+
+    // 5 per second (an interval of 200 ms) with a burst of 3. Every request below is at least
+    // 60 ms away from a decision boundary, so scheduling jitter cannot change a decision.
+    let (limit, period_ms, burst) = (5, 1000, 3);
+    let interval = period_ms * 1000 / limit;
+    let schedule: [(u64, u64); 16] = [
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (100, 1),
+        (300, 1),
+        (320, 1),
+        (500, 1),
+        (700, 1),
+        (1100, 0),
+        (1100, 1),
+        (1120, 1),
+        (1130, 1),
+        (1500, 1),
+        (1700, 2),
+        (1700, 2),
+    ];
+    let start = Instant::now();
+    let first = redis_time(&mut conn).await;
+    let mut model = GcraModel {
+        interval,
+        capacity: burst * interval,
+        lo: first,
+        hi: first,
+    };
+    let (mut allowed, mut denied) = (0, 0);
+    for (step, (at_ms, cost)) in schedule.into_iter().enumerate() {
+        tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+        let mut req = request("model", limit, period_ms, GCRA, Some(cost));
+        req.burst = burst;
+        let t0 = redis_time(&mut conn).await;
+        let got = check(&mut client, req).await;
+        let t1 = redis_time(&mut conn).await;
+
+        let outcomes: Vec<(bool, u64, u64)> = [
+            (t0, model.lo),
+            (t0, model.hi),
+            (t1, model.lo),
+            (t1, model.hi),
+        ]
+        .into_iter()
+        .map(|(t, tat)| model.decide(t, tat, cost))
+        .collect();
+        let expected = outcomes[0].0;
+        assert!(
+            outcomes.iter().all(|o| o.0 == expected),
+            "step {step}: request {at_ms} ms in lands within scheduling jitter of a boundary ({outcomes:?})"
+        );
+        assert_eq!(got.allowed, expected, "step {step} at {at_ms} ms: {got:?}");
+        let remaining = outcomes.iter().map(|o| o.1);
+        let (rmin, rmax) = (remaining.clone().min().unwrap(), remaining.max().unwrap());
+        assert!(
+            (rmin..=rmax).contains(&got.remaining),
+            "step {step}: remaining {} outside the model's {rmin}..={rmax}",
+            got.remaining
+        );
+        let retry = outcomes.iter().map(|o| o.2);
+        let (wmin, wmax) = (retry.clone().min().unwrap(), retry.max().unwrap());
+        let got_retry = micros(got.retry_after.as_ref());
+        assert!(
+            (wmin..=wmax + 1).contains(&got_retry),
+            "step {step}: retry_after {got_retry} us outside the model's {wmin}..={wmax}"
+        );
+        assert_eq!(got.limit, limit);
+        assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis);
+        if got.allowed && cost > 0 {
+            model.lo = model.lo.max(t0) + cost * interval;
+            model.hi = model.hi.max(t1) + cost * interval;
+            let reset = micros(got.reset_after.as_ref());
+            assert!(
+                (model.lo.saturating_sub(t1)..=model.hi - t0 + 1).contains(&reset),
+                "step {step}: reset_after {reset} us is not the TAT"
+            );
+        }
+        if got.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+    }
+    // The schedule exercises both outcomes (11 allowed, counting the peek, and 5 denied).
+    assert_eq!((allowed, denied), (11, 5));
+}
+
+/// Counts the checks allowed just before and just after the end of the window a first check
+/// opened: `limit - 1` checks 60 ms before it, `limit` checks 20 ms after it.
+async fn around_window_end(
+    client: &mut Client,
+    key: &str,
+    limit: u64,
+    period_ms: u64,
+    algorithm: pb::RateLimitAlgorithm,
+) -> (u64, Duration) {
+    let period = Duration::from_millis(period_ms);
+    let sent = Instant::now();
+    let first = check(client, request(key, limit, period_ms, algorithm, None)).await;
+    assert!(first.allowed);
+    // Redis opened the window between `sent` and now.
+    let (end_earliest, end_latest) = (sent + period, Instant::now() + period);
+    tokio::time::sleep_until(end_earliest - Duration::from_millis(60)).await;
+    let burst_start = Instant::now();
+    let mut allowed = 0;
+    for _ in 0..limit - 1 {
+        allowed += u64::from(
+            check(client, request(key, limit, period_ms, algorithm, None))
+                .await
+                .allowed,
+        );
+    }
+    tokio::time::sleep_until(end_latest + Duration::from_millis(20)).await;
+    for _ in 0..limit {
+        allowed += u64::from(
+            check(client, request(key, limit, period_ms, algorithm, None))
+                .await
+                .allowed,
+        );
+    }
+    (allowed, burst_start.elapsed())
+}
+
+/// The fixed window lets about twice the limit through around a window's end; GCRA and the
+/// sliding window, asked the same way at the same moments, do not.
+#[tokio::test]
+async fn fixed_window_boundary_burst_and_the_others_without_it() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let (limit, period_ms) = (10, 600);
+
+    let (fixed, span) = around_window_end(&mut client, "b-fixed", limit, period_ms, FIXED).await;
+    assert_eq!(
+        fixed,
+        2 * limit - 1,
+        "fixed window: {fixed} allowed within {span:?} around the window's end"
+    );
+    assert!(span < Duration::from_millis(period_ms / 2), "{span:?}");
+
+    let (sliding, span) =
+        around_window_end(&mut client, "b-sliding", limit, period_ms, SLIDING).await;
+    // Exactly the units that left the window (the first check) can be spent again.
+    assert_eq!(
+        sliding, limit,
+        "sliding window: {sliding} allowed within {span:?}"
+    );
+
+    let (gcra, span) = around_window_end(&mut client, "b-gcra", limit, period_ms, GCRA).await;
+    // A full bucket (burst = limit) plus what refills during the span at one unit per 60 ms.
+    let refill = u64::try_from(span.as_millis()).unwrap() / (period_ms / limit) + 1;
+    assert!(
+        gcra <= limit + refill,
+        "gcra: {gcra} allowed within {span:?}, more than the burst {limit} + {refill} refilled"
+    );
+    assert!(fixed > gcra && fixed > sliding);
+}
+
+/// 64 concurrent callers on one key never get more than the limit (the sliding and fixed
+/// windows: exactly the limit; GCRA: the burst plus what refilled while they ran).
+#[tokio::test]
+async fn concurrent_callers_never_exceed_the_limit() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(baton.ratelimit_client().await);
+    }
+    let limit = 50;
+    let period_ms = 20_000;
+    for algorithm in [GCRA, FIXED, SLIDING] {
+        let key = format!("crowd-{}", algorithm.as_str_name());
+        let started = Instant::now();
+        let mut callers = JoinSet::new();
+        for caller in 0..64 {
+            let mut client = channels[caller % channels.len()].clone();
+            let key = key.clone();
+            callers.spawn(async move {
+                let mut allowed = 0u64;
+                for _ in 0..4 {
+                    let got = check(
+                        &mut client,
+                        request(&key, limit, period_ms, algorithm, None),
+                    )
+                    .await;
+                    assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis);
+                    allowed += u64::from(got.allowed);
+                }
+                allowed
+            });
+        }
+        let mut total = 0;
+        while let Some(joined) = callers.join_next().await {
+            total += joined.expect("caller task");
+        }
+        let elapsed = started.elapsed();
+        if algorithm == GCRA {
+            let refill = u64::try_from(elapsed.as_millis()).unwrap() * limit / period_ms + 1;
+            assert!(
+                (limit..=limit + refill).contains(&total),
+                "gcra: {total} allowed in {elapsed:?}"
+            );
+        } else {
+            assert_eq!(total, limit, "{algorithm:?}: {total} of 256 allowed");
+        }
+    }
+}
+
+/// Responses carry the limit, what remains, when to retry and when the limit resets; a peek
+/// (cost 0) consumes nothing; a denied check consumes nothing.
+#[tokio::test]
+async fn check_reports_remaining_retry_and_reset() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+
+    for algorithm in [GCRA, FIXED, SLIDING] {
+        let key = format!("fields-{}", algorithm.as_str_name());
+        let peek = check(&mut client, request(&key, 3, 10_000, algorithm, Some(0))).await;
+        assert!(peek.allowed);
+        assert_eq!(peek.remaining, 3, "{algorithm:?} peek on a fresh key");
+        assert_eq!(micros(peek.reset_after.as_ref()), 0);
+
+        let a = check(&mut client, request(&key, 3, 10_000, algorithm, Some(2))).await;
+        assert!(a.allowed && a.remaining == 1, "{algorithm:?}: {a:?}");
+        assert_eq!(micros(a.retry_after.as_ref()), 0);
+        let reset = micros(a.reset_after.as_ref());
+        assert!(
+            reset > 5_000_000 && reset <= 10_000_000,
+            "{algorithm:?}: reset {reset}"
+        );
+
+        // Too much for what is left: denied, nothing consumed.
+        let b = check(&mut client, request(&key, 3, 10_000, algorithm, Some(2))).await;
+        assert!(!b.allowed, "{algorithm:?}: {b:?}");
+        assert_eq!(b.remaining, 1);
+        let retry = micros(b.retry_after.as_ref());
+        assert!(
+            retry > 0 && retry <= 10_000_000,
+            "{algorithm:?}: retry {retry}"
+        );
+
+        let c = check(&mut client, request(&key, 3, 10_000, algorithm, None)).await;
+        assert!(c.allowed && c.remaining == 0, "{algorithm:?}: {c:?}");
+        let peek = check(&mut client, request(&key, 3, 10_000, algorithm, Some(0))).await;
+        assert!(
+            !peek.allowed && peek.remaining == 0,
+            "{algorithm:?}: {peek:?}"
+        );
+    }
+}
+
+/// Periods of any length at millisecond precision: a 250 ms sliding window frees its units
+/// 250 ms after they were spent, and retry-after says when.
+#[tokio::test]
+async fn arbitrary_periods_and_retry_after() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+
+    let first = check(&mut client, request("short", 2, 250, SLIDING, Some(2))).await;
+    assert!(first.allowed);
+    let denied = check(&mut client, request("short", 2, 250, SLIDING, None)).await;
+    assert!(!denied.allowed);
+    let retry = std_duration(denied.retry_after.as_ref().unwrap());
+    assert!(
+        retry <= Duration::from_millis(250) && retry > Duration::from_millis(150),
+        "{retry:?}"
+    );
+    tokio::time::sleep(retry + Duration::from_millis(5)).await;
+    let again = check(&mut client, request("short", 2, 250, SLIDING, None)).await;
+    assert!(again.allowed, "after retry_after: {again:?}");
+
+    // 1 per 1500 ms in GCRA: an interval of 1.5 s, not a whole second.
+    let a = check(&mut client, request("odd", 1, 1500, GCRA, None)).await;
+    assert!(a.allowed);
+    let b = check(&mut client, request("odd", 1, 1500, GCRA, None)).await;
+    let retry = std_duration(b.retry_after.as_ref().unwrap());
+    assert!(
+        !b.allowed && retry > Duration::from_millis(1400) && retry <= Duration::from_millis(1500),
+        "{b:?}"
+    );
+}
+
+/// Every key the limiter writes is under the prefix, hash-tagged by the limited key, and expires.
+#[tokio::test]
+async fn keys_are_tagged_and_expire() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    for algorithm in [GCRA, FIXED, SLIDING] {
+        check(
+            &mut client,
+            request("user:42", 10, 60_000, algorithm, Some(3)),
+        )
+        .await;
+    }
+    let mut conn = redis.client().await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    keys.sort();
+    let p = baton.prefix();
+    assert_eq!(
+        keys,
+        vec![
+            format!("{p}{{rl:user:42}}:fw"),
+            format!("{p}{{rl:user:42}}:gcra"),
+            format!("{p}{{rl:user:42}}:sw"),
+        ]
+    );
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(ttl > 0 && ttl <= 60_000, "{key} has ttl {ttl}");
+    }
+}
+
+/// Bad input fails with INVALID_ARGUMENT naming the field, and writes nothing.
+#[tokio::test]
+async fn invalid_arguments_name_the_field_and_write_nothing() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let ok = request("k", 10, 1000, GCRA, None);
+    let cases: Vec<(pb::RateLimitServiceCheckRequest, &str)> = vec![
+        (
+            pb::RateLimitServiceCheckRequest {
+                key: String::new(),
+                ..ok.clone()
+            },
+            "key: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                key: "k".repeat(1025),
+                ..ok.clone()
+            },
+            "key: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                limit: 0,
+                ..ok.clone()
+            },
+            "limit: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                limit: 1_000_000_000_001,
+                ..ok.clone()
+            },
+            "limit: ",
+        ),
+        (request("k", 10_001, 1000, SLIDING, None), "limit: "),
+        (
+            pb::RateLimitServiceCheckRequest {
+                period: None,
+                ..ok.clone()
+            },
+            "period: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                period: Some(ms(367 * 86_400_000)),
+                ..ok.clone()
+            },
+            "period: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                period: Some(prost_types::Duration {
+                    seconds: -1,
+                    nanos: 0,
+                }),
+                ..ok.clone()
+            },
+            "period: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                cost: Some(11),
+                ..ok.clone()
+            },
+            "cost: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                burst: 2,
+                cost: Some(3),
+                ..ok.clone()
+            },
+            "cost: ",
+        ),
+        (request("k", 10, 1000, FIXED, Some(11)), "cost: "),
+        (
+            pb::RateLimitServiceCheckRequest {
+                burst: 2,
+                ..request("k", 10, 1000, FIXED, None)
+            },
+            "burst: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                burst: 1_000_000_000_001,
+                ..ok.clone()
+            },
+            "burst: ",
+        ),
+        (
+            pb::RateLimitServiceCheckRequest {
+                algorithm: 9,
+                ..ok.clone()
+            },
+            "algorithm: ",
+        ),
+    ];
+    for (req, prefix) in cases {
+        let status = client
+            .check(req.clone())
+            .await
+            .expect_err(&format!("{req:?} must be rejected"));
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{req:?}: {status:?}"
+        );
+        assert!(
+            status.message().starts_with(prefix),
+            "{req:?}: {:?} should start with {prefix:?}",
+            status.message()
+        );
+    }
+    // A sub-millisecond part rounds up to the next millisecond: 9 s + 1 ns is 9001 ms, so one unit
+    // of 10 is an interval of 900.1 ms.
+    let rounded = pb::RateLimitServiceCheckRequest {
+        period: Some(prost_types::Duration {
+            seconds: 9,
+            nanos: 1,
+        }),
+        ..ok.clone()
+    };
+    let got = check(&mut client, rounded).await;
+    assert!(got.allowed);
+    assert_eq!(micros(got.reset_after.as_ref()), 900_100);
+    let mut conn = redis.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", baton.prefix()))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert_eq!(keys.len(), 1, "only the valid check wrote: {keys:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis down: the failure mode
+// ---------------------------------------------------------------------------------------------
+
+fn signal(redis: &RedisServer, signal: nix::sys::signal::Signal) {
+    let pid = i32::try_from(redis.pid().expect("redis runs")).expect("pid fits");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signalling redis");
+}
+
+/// Fail-open and fail-closed Batons each answer within their rate limit timeout, through both
+/// APIs, when Redis is frozen and when it is gone, say so in the response, and decide by Redis
+/// again once it is back.
+#[tokio::test]
+async fn redis_down_fail_open_and_fail_closed_answer_within_the_timeout() {
+    let mut redis = RedisServer::start().await;
+    let timeout = Duration::from_millis(100);
+    let start = |mode| {
+        let rules = rules();
+        Baton::start_with(&redis, move |c| {
+            c.ratelimit.timeout = timeout;
+            c.ratelimit.failure_mode = mode;
+            c.ratelimit.rules = Some(rules);
+        })
+    };
+    let open = start(FailureMode::Open).await;
+    let closed = start(FailureMode::Closed).await;
+    let mut open_client = open.ratelimit_client().await;
+    let mut closed_client = closed.ratelimit_client().await;
+    let req = || request("down", 5, 1000, GCRA, None);
+    assert_eq!(
+        check(&mut open_client, req()).await.decided_by(),
+        pb::RateLimitDecidedBy::Redis
+    );
+    assert_eq!(
+        check(&mut closed_client, req()).await.decided_by(),
+        pb::RateLimitDecidedBy::Redis
+    );
+    let envoy = || envoy_request("edge", vec![descriptor(&[("remote_address", "10.1.1.1")])]);
+
+    // Frozen: connections stay open but nothing answers.
+    signal(&redis, nix::sys::signal::Signal::SIGSTOP);
+    for round in 0..2 {
+        let t = Instant::now();
+        let got = check(&mut open_client, req()).await;
+        let took = t.elapsed();
+        assert!(got.allowed, "round {round}: {got:?}");
+        assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::FailOpen);
+        assert!(
+            took < timeout + Duration::from_millis(150),
+            "fail-open took {took:?}"
+        );
+
+        let t = Instant::now();
+        let got = check(&mut closed_client, req()).await;
+        let took = t.elapsed();
+        assert!(!got.allowed, "round {round}: {got:?}");
+        assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::FailClosed);
+        assert!(
+            took < timeout + Duration::from_millis(150),
+            "fail-closed took {took:?}"
+        );
+        assert!(got.retry_after.is_some());
+
+        let t = Instant::now();
+        let got = should_rate_limit(&open, envoy()).await;
+        assert!(t.elapsed() < timeout + Duration::from_millis(150));
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+        assert_eq!(
+            metadata_string(&got, "baton.failure_mode").as_deref(),
+            Some("open")
+        );
+
+        let t = Instant::now();
+        let got = should_rate_limit(&closed, envoy()).await;
+        assert!(t.elapsed() < timeout + Duration::from_millis(150));
+        assert_eq!(codes(&got), (Code::OverLimit, vec![Code::OverLimit]));
+        assert_eq!(
+            metadata_string(&got, "baton.failure_mode").as_deref(),
+            Some("closed")
+        );
+    }
+    signal(&redis, nix::sys::signal::Signal::SIGCONT);
+
+    // Gone: connections are refused at once.
+    redis.kill();
+    for _ in 0..2 {
+        let t = Instant::now();
+        let got = check(&mut open_client, req()).await;
+        assert!(
+            got.allowed && got.decided_by() == pb::RateLimitDecidedBy::FailOpen,
+            "{got:?}"
+        );
+        assert!(
+            t.elapsed() < timeout + Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        let got = check(&mut closed_client, req()).await;
+        assert!(
+            !got.allowed && got.decided_by() == pb::RateLimitDecidedBy::FailClosed,
+            "{got:?}"
+        );
+        assert!(
+            t.elapsed() < timeout + Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    // Back: decisions come from Redis again (the data is gone: nothing was persisted).
+    redis.restart().await;
+    for client in [&open_client, &closed_client] {
+        wait_until(Duration::from_secs(5), "decisions by Redis again", || {
+            let mut client = client.clone();
+            async move {
+                let got = check(&mut client, req()).await;
+                if got.decided_by() == pb::RateLimitDecidedBy::Redis {
+                    Ok(())
+                } else {
+                    Err(got)
+                }
+            }
+        })
+        .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envoy's rate limit API
+// ---------------------------------------------------------------------------------------------
+
+/// A matching descriptor is limited with its full status (code, limit, remaining, reset); one
+/// that matches no rule is OK with no limit; a key-only rule limits each value separately.
+#[tokio::test]
+async fn envoy_matching_and_not_matching_descriptors() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let ip = |ip: &str| envoy_request("edge", vec![descriptor(&[("remote_address", ip)])]);
+
+    for expected_remaining in [1, 0] {
+        let got = should_rate_limit(&baton, ip("10.0.0.1")).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+        let status = &got.statuses[0];
+        let limit = status
+            .current_limit
+            .as_ref()
+            .expect("the limit is reported");
+        assert_eq!(limit.requests_per_unit, 2);
+        assert_eq!(limit.unit(), Unit::Hour);
+        assert_eq!(status.limit_remaining, expected_remaining);
+        let reset = status
+            .duration_until_reset
+            .as_ref()
+            .expect("reset is reported");
+        assert!(
+            reset.seconds <= 3600 && (reset.seconds > 0 || reset.nanos > 0),
+            "{reset:?}"
+        );
+    }
+    let over = should_rate_limit(&baton, ip("10.0.0.1")).await;
+    assert_eq!(codes(&over), (Code::OverLimit, vec![Code::OverLimit]));
+    assert_eq!(over.statuses[0].limit_remaining, 0);
+    // Another address has its own limit.
+    let other = should_rate_limit(&baton, ip("10.0.0.2")).await;
+    assert_eq!(codes(&other), (Code::Ok, vec![Code::Ok]));
+
+    // No rule: OK without a limit; an unknown domain: the same.
+    for req in [
+        envoy_request("edge", vec![descriptor(&[("path", "/nothing")])]),
+        envoy_request("edge", vec![descriptor(&[("unknown", "x")])]),
+        envoy_request(
+            "nowhere",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+        ),
+        // More entries than the rules nest.
+        envoy_request(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1"), ("x", "y")])],
+        ),
+    ] {
+        let got = should_rate_limit(&baton, req.clone()).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]), "{req:?}");
+        assert!(got.statuses[0].current_limit.is_none(), "{req:?}");
+    }
+
+    // Several descriptors: any over the limit makes the whole request over the limit, and each
+    // status is its own.
+    let got = should_rate_limit(
+        &baton,
+        envoy_request(
+            "edge",
+            vec![
+                descriptor(&[("path", "/login")]),
+                descriptor(&[("remote_address", "10.0.0.1")]),
+                descriptor(&[("path", "/none")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(
+        codes(&got),
+        (Code::OverLimit, vec![Code::Ok, Code::OverLimit, Code::Ok])
+    );
+    let login = got.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((login.name.as_str(), login.unit()), ("login", Unit::Hour));
+    assert_eq!(got.statuses[0].limit_remaining, 4);
+
+    // A domain's rules are its own.
+    let got = should_rate_limit(
+        &baton,
+        envoy_request("other", vec![descriptor(&[("remote_address", "10.0.0.1")])]),
+    )
+    .await;
+    assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+    assert_eq!(
+        got.statuses[0].current_limit.as_ref().unwrap().unit(),
+        Unit::Second
+    );
+}
+
+/// Nested rules apply to the full descriptor only; wildcard prefixes, GCRA with a 1.5 s period,
+/// unlimited and blocking rules, `replaces`, and limit overrides from Envoy's route config.
+#[tokio::test]
+async fn envoy_nested_wildcard_and_special_rules() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let one = |entries: &[(&str, &str)]| envoy_request("edge", vec![descriptor(entries)]);
+
+    // tenant alone has no limit; (tenant, plan=free) has a sliding window of 3 per day.
+    let got = should_rate_limit(&baton, one(&[("tenant", "acme")])).await;
+    assert!(got.statuses[0].current_limit.is_none());
+    for remaining in [2, 1, 0] {
+        let got = should_rate_limit(&baton, one(&[("tenant", "acme"), ("plan", "free")])).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+        assert_eq!(got.statuses[0].limit_remaining, remaining);
+        let limit = got.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.unit(), limit.requests_per_unit),
+            ("free-plan", Unit::Day, 3)
+        );
+    }
+    let got = should_rate_limit(&baton, one(&[("tenant", "acme"), ("plan", "free")])).await;
+    assert_eq!(codes(&got), (Code::OverLimit, vec![Code::OverLimit]));
+    // Another tenant on the same rule has its own count; gold is unlimited.
+    let got = should_rate_limit(&baton, one(&[("tenant", "other"), ("plan", "free")])).await;
+    assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+    for _ in 0..5 {
+        let got = should_rate_limit(&baton, one(&[("tenant", "acme"), ("plan", "gold")])).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+        assert_eq!(got.statuses[0].limit_remaining, u32::MAX);
+    }
+
+    // /api/* : GCRA, 3 per 1500 ms with a burst of 2; the unit is not a standard one.
+    let api = |path: &str| one(&[("path", path)]);
+    let a = should_rate_limit(&baton, api("/api/users")).await;
+    let b = should_rate_limit(&baton, api("/api/users")).await;
+    let c = should_rate_limit(&baton, api("/api/users")).await;
+    assert_eq!(codes(&a).1, vec![Code::Ok]);
+    assert_eq!(codes(&b).1, vec![Code::Ok]);
+    assert_eq!(codes(&c).1, vec![Code::OverLimit]);
+    let limit = c.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.unit(), limit.requests_per_unit),
+        ("api", Unit::Unknown, 3)
+    );
+    // Retry after one interval (500 ms) at most.
+    let retry = c.statuses[0].duration_until_reset.as_ref().unwrap();
+    assert!(
+        retry.seconds == 0 && retry.nanos > 0 && retry.nanos <= 500_000_000,
+        "{retry:?}"
+    );
+    // A different path under the prefix has its own bucket.
+    assert_eq!(
+        codes(&should_rate_limit(&baton, api("/api/orders")).await).1,
+        vec![Code::Ok]
+    );
+
+    // requests_per_unit: 0 blocks everything without touching Redis.
+    let got = should_rate_limit(&baton, one(&[("banned", "1")])).await;
+    assert_eq!(codes(&got), (Code::OverLimit, vec![Code::OverLimit]));
+
+    // vip replaces the login limit when both match: the login limit is not counted.
+    let got = should_rate_limit(
+        &baton,
+        envoy_request(
+            "edge",
+            vec![
+                descriptor(&[("path", "/login")]),
+                descriptor(&[("vip", "true")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok, Code::Ok]));
+    assert!(got.statuses[0].current_limit.is_none(), "login is replaced");
+    assert_eq!(got.statuses[1].current_limit.as_ref().unwrap().name, "vip");
+    let alone = should_rate_limit(&baton, one(&[("path", "/login")])).await;
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 4,
+        "the replaced request did not count"
+    );
+
+    // A limit override from Envoy's route config applies even without a rule.
+    let mut d = descriptor(&[("custom", "x")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour.into(),
+    });
+    let req = envoy_request("edge", vec![d]);
+    assert_eq!(
+        codes(&should_rate_limit(&baton, req.clone()).await).1,
+        vec![Code::Ok]
+    );
+    let got = should_rate_limit(&baton, req).await;
+    assert_eq!(codes(&got).1, vec![Code::OverLimit]);
+    assert_eq!(
+        got.statuses[0].current_limit.as_ref().unwrap().unit(),
+        Unit::Hour
+    );
+}
+
+/// `hits_addend` counts that many hits (per request, or per descriptor when it sets its own).
+#[tokio::test]
+async fn envoy_hits_addend() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let mut req = envoy_request("edge", vec![descriptor(&[("path", "/login")])]);
+    req.hits_addend = 3;
+    let got = should_rate_limit(&baton, req.clone()).await;
+    assert_eq!(codes(&got).1, vec![Code::Ok]);
+    assert_eq!(got.statuses[0].limit_remaining, 2);
+    let got = should_rate_limit(&baton, req).await;
+    assert_eq!(codes(&got).1, vec![Code::OverLimit]);
+    assert_eq!(
+        got.statuses[0].limit_remaining, 2,
+        "the denied hits were not counted"
+    );
+
+    // The descriptor's own hits_addend wins over the request's; 0 peeks.
+    let mut d = descriptor(&[("path", "/login")]);
+    d.hits_addend = Some(UInt64Value { value: 2 });
+    let mut req = envoy_request("edge", vec![d.clone()]);
+    req.hits_addend = 50;
+    let got = should_rate_limit(&baton, req).await;
+    assert_eq!(codes(&got).1, vec![Code::Ok]);
+    assert_eq!(got.statuses[0].limit_remaining, 0);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let got = should_rate_limit(&baton, envoy_request("edge", vec![d])).await;
+    assert_eq!(
+        codes(&got).1,
+        vec![Code::OverLimit],
+        "a peek at an exhausted limit"
+    );
+}
+
+/// Shadow mode allows over the limit but reports it, in the status's remaining count and in
+/// the dynamic metadata Envoy logs.
+#[tokio::test]
+async fn envoy_shadow_mode_allows_but_reports() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let req = envoy_request("edge", vec![descriptor(&[("experiment", "new-limits")])]);
+    let first = should_rate_limit(&baton, req.clone()).await;
+    assert_eq!(codes(&first), (Code::Ok, vec![Code::Ok]));
+    assert!(first.dynamic_metadata.is_none(), "nothing to report yet");
+    for _ in 0..3 {
+        let got = should_rate_limit(&baton, req.clone()).await;
+        assert_eq!(
+            codes(&got),
+            (Code::Ok, vec![Code::Ok]),
+            "shadow mode never denies"
+        );
+        assert_eq!(got.statuses[0].limit_remaining, 0);
+        assert_eq!(
+            metadata_list(&got, "baton.shadow_over_limit"),
+            vec!["experiment".to_owned()]
+        );
+    }
+}
+
+/// Malformed Envoy requests fail with INVALID_ARGUMENT; without a rules file Envoy's API is not
+/// served at all.
+#[tokio::test]
+async fn envoy_invalid_requests_and_unconfigured() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let mut client = baton.envoy_ratelimit_client().await;
+    let mut negative = descriptor(&[("path", "/login")]);
+    negative.is_negative_hits = true;
+    for (req, prefix) in [
+        (
+            envoy_request("", vec![descriptor(&[("a", "b")])]),
+            "domain: ",
+        ),
+        (envoy_request("edge", vec![]), "descriptors: "),
+        (
+            envoy_request("edge", vec![descriptor(&[])]),
+            "descriptors: ",
+        ),
+        (
+            envoy_request("edge", vec![descriptor(&[("", "b")])]),
+            "descriptors: ",
+        ),
+        (
+            envoy_request("edge", vec![descriptor(&[("a", &"v".repeat(1025))])]),
+            "descriptors: ",
+        ),
+        (
+            envoy_request("edge", vec![descriptor(&[("a", "b")]); 65]),
+            "descriptors: ",
+        ),
+        (envoy_request("edge", vec![negative]), "descriptors: "),
+    ] {
+        let status = client
+            .should_rate_limit(req.clone())
+            .await
+            .expect_err("rejected");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().starts_with(prefix), "{status:?}");
+    }
+
+    let plain = Baton::start(&redis).await;
+    let status = plain
+        .envoy_ratelimit_client()
+        .await
+        .should_rate_limit(envoy_request("edge", vec![descriptor(&[("a", "b")])]))
+        .await
+        .expect_err("not served");
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------------
+
+/// Bad rate limit flags and a bad rules file are reported together, each naming its flag, the
+/// file, the domain and the setting, and the binary exits with code 2.
+#[tokio::test]
+async fn bad_ratelimit_configuration_is_reported_at_startup() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(
+        &file,
+        "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: path\n    rate_limit: {period: 2s, requests_per_unit: 5, algorithm: leaky}\n",
+    )
+    .expect("writing rules");
+    let mut command = baton_command();
+    command.args([
+        "serve",
+        "--ratelimit-timeout",
+        "soon",
+        "--ratelimit-failure-mode",
+        "maybe",
+        "--ratelimit-config",
+    ]);
+    command.arg(&file);
+    let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    for needle in [
+        "--ratelimit-timeout / BATON_RATELIMIT_TIMEOUT",
+        "--ratelimit-failure-mode / BATON_RATELIMIT_FAILURE_MODE",
+        "domain \"web\": descriptors[0].rate_limit.unit: \"fortnight\"",
+        "domain \"web\": descriptors[1].rate_limit.algorithm: \"leaky\"",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} missing in:\n{stderr}");
+    }
+
+    let mut command = baton_command();
+    command.args(["serve", "--ratelimit-config", "/nonexistent/rules.yaml"]);
+    let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent/rules.yaml"), "{stderr}");
+}
+
+/// A directory of rules files is read whole, and the test rules file itself is valid.
+#[tokio::test]
+async fn rules_directory_loads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(rules_path(), dir.path().join("a.yaml")).expect("copy");
+    std::fs::write(dir.path().join("b.yml"), "domain: third\n").expect("write");
+    std::fs::write(dir.path().join("notes.txt"), "not yaml: [").expect("write");
+    let rules = within(
+        Duration::from_secs(5),
+        async { Rules::load(dir.path()) },
+        "loading",
+    )
+    .await
+    .expect("valid");
+    assert_eq!(rules.domains(), vec!["edge", "other", "third"]);
+}
+
+/// Changed rules are put in force without a restart; invalid ones are refused and the rules in
+/// force kept.
+#[tokio::test]
+async fn envoy_rules_reload_when_the_file_changes() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("rules.yaml");
+    let write = |limit: &str| {
+        std::fs::write(
+            &file,
+            format!("domain: live\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"),
+        )
+        .expect("writing rules");
+    };
+    write("5");
+    let loaded = Arc::new(Rules::load(&file).expect("valid"));
+    let path = file.clone();
+    let baton = Baton::start_with(&redis, move |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules = Some(loaded);
+        c.ratelimit.rules_path = Some(path);
+        c.ratelimit.reload_interval = Duration::from_millis(50);
+    })
+    .await;
+    let limit_now = || async {
+        let got = should_rate_limit(
+            &baton,
+            envoy_request("live", vec![descriptor(&[("k", "v")])]),
+        )
+        .await;
+        got.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit_now().await, Some(5));
+
+    write("7");
+    wait_until(Duration::from_secs(5), "the new limit in force", || async {
+        match limit_now().await {
+            Some(7) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+
+    // An invalid file is refused: the rules in force stay, across several reload intervals.
+    write("lots");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(limit_now().await, Some(7));
+}
