@@ -38,8 +38,8 @@ use crate::{
             semaphore_service_server::SemaphoreServiceServer,
         },
     },
-    semaphore::{Semaphores, service::SemaphoreApi},
     redis::{Notifier, Redis},
+    semaphore::{Semaphores, service::SemaphoreApi},
 };
 
 /// How often readiness checks Redis with `PING`.
@@ -120,7 +120,8 @@ pub async fn serve(
     let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
     let locks = Locks::new(redis.clone(), notifier.clone());
     let lock_api = LockApi::new(locks, shutdown.clone());
-    let semaphore_api = SemaphoreApi::new(Semaphores::new(redis.clone(), notifier), shutdown.clone());
+    let semaphore_api =
+        SemaphoreApi::new(Semaphores::new(redis.clone(), notifier), shutdown.clone());
 
     // Rate limit decisions use their own pool, bounded by the (tighter) rate limit timeout.
     let limiter = RateLimiter::connect(&config.redis, &config.ratelimit)?;
