@@ -1,4 +1,4 @@
-//! Keepalive streams shared by every leased primitive (lock holds now, semaphore permits later).
+//! Keepalive streams shared by every leased primitive (lock holds and semaphore permits).
 //!
 //! [`keep_alive`] renews a [`Renewable`] lease about every third of its ttl and reports each
 //! renewal. It tracks, by this process's monotonic clock, the earliest moment the lease could
