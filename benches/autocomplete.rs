@@ -31,14 +31,17 @@ use hdrhistogram::Histogram;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Distinct terms in the dictionary.
     pub terms: usize,
-    /// Concurrent clients per scenario.
+    /// Concurrent clients per scenario (closed loops, one request in flight each).
     pub clients: usize,
+    /// Connections the clients share (HTTP/2 to Baton; multiplexed to Redis for the baseline).
+    pub connections: usize,
     /// Measured time per scenario.
     pub seconds: f64,
     /// Seed of the term generator and of the queries.
@@ -56,6 +59,7 @@ impl Default for Options {
         Self {
             terms: 1_000_000,
             clients: 16,
+            connections: 16,
             seconds: 10.0,
             seed: 42,
             loaders: 4,
@@ -102,6 +106,12 @@ pub struct Report {
 }
 
 fn main() -> anyhow::Result<()> {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it, and
+    // the suite's smoke test (tests/autocomplete.rs) already covers it, so it stops there.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("autocomplete load generator: run it with `cargo bench --bench autocomplete`");
+        return Ok(());
+    }
     let mut options = Options::default();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -109,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--terms" => options.terms = value()?.parse()?,
             "--clients" => options.clients = value()?.parse()?,
+            "--connections" => options.connections = value()?.parse()?,
             "--seconds" => options.seconds = value()?.parse()?,
             "--seed" => options.seed = value()?.parse()?,
             "--loaders" => options.loaders = value()?.parse()?,
@@ -130,7 +141,10 @@ fn main() -> anyhow::Result<()> {
 pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let redis = match std::env::var("BATON_BENCH_REDIS_PORT") {
         // An already running Redis (for looking at the data afterwards); flushed first.
-        Ok(port) => RedisProcess::existing(port.parse()?).await?,
+        Ok(port) => {
+            let flush = std::env::var_os("BATON_BENCH_REUSE").is_none();
+            RedisProcess::existing(port.parse()?, flush).await?
+        }
         Err(_) => RedisProcess::start()?,
     };
     let prefix = "bench:";
@@ -173,7 +187,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         .await?;
     let started = Instant::now();
     let mut loaders = JoinSet::new();
-    for l in 0..options.loaders {
+    // BATON_BENCH_REUSE (with BATON_BENCH_REDIS_PORT): query the dictionary a previous run left.
+    let reuse = std::env::var_os("BATON_BENCH_REUSE").is_some();
+    for l in 0..if reuse { 0 } else { options.loaders } {
         let mut api = AutocompleteServiceClient::new(connect().await?);
         let terms = Arc::clone(&terms);
         let (batch, loaders_n) = (options.batch, options.loaders);
@@ -260,11 +276,11 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         let url = redis.url();
         async move {
             let mut channels = Vec::new();
-            for _ in 0..options.clients {
+            for _ in 0..options.connections.clamp(1, options.clients) {
                 channels.push(connect().await?);
             }
             measure(url.clone(), name, options.clients, seconds, move |i, n| {
-                let mut api = AutocompleteServiceClient::new(channels[i].clone());
+                let mut api = AutocompleteServiceClient::new(channels[i % channels.len()].clone());
                 let queries = Arc::clone(&queries);
                 async move {
                     let query = queries[n % queries.len()].clone();
@@ -294,6 +310,33 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         )
         .await?,
     );
+    // The floor of any call through Baton on this machine: a gRPC health check, no Redis.
+    {
+        let mut channels = Vec::new();
+        for _ in 0..options.connections.clamp(1, options.clients) {
+            channels.push(connect().await?);
+        }
+        scenarios.push(
+            measure(
+                redis.url(),
+                "gRPC health check through Baton (no Redis): the floor of any call".to_owned(),
+                options.clients,
+                seconds,
+                move |i, _| {
+                    let mut health = HealthClient::new(channels[i % channels.len()].clone());
+                    async move {
+                        health
+                            .check(HealthCheckRequest {
+                                service: "liveness".to_owned(),
+                            })
+                            .await?;
+                        anyhow::Ok(0)
+                    }
+                },
+            )
+            .await?,
+        );
+    }
     scenarios.push(
         raw_zrange(
             &redis,
@@ -378,7 +421,7 @@ async fn raw_zrange(
     let forms: Arc<Vec<String>> = Arc::new(prefixes.iter().map(|p| query_form(p)).collect());
     let client = redis::Client::open(redis.url())?;
     let mut conns = Vec::new();
-    for _ in 0..options.clients {
+    for _ in 0..options.connections.clamp(1, options.clients) {
         conns.push(client.get_multiplexed_async_connection().await?);
     }
     let lex = lex.to_owned();
@@ -388,7 +431,7 @@ async fn raw_zrange(
         options.clients,
         seconds,
         move |i, n| {
-            let mut conn = conns[i].clone();
+            let mut conn = conns[i % conns.len()].clone();
             let form = forms[n % forms.len()].clone();
             let lex = lex.clone();
             async move {
@@ -502,24 +545,29 @@ where
     })
 }
 
-/// Redis CPU time spent in commands since the last `CONFIG RESETSTAT`, in microseconds.
+/// Time Redis spent executing commands since the last `CONFIG RESETSTAT`, in microseconds: the
+/// scripts (`EVALSHA`, which includes the commands they call) when there are any, else every
+/// command (the raw baseline's `ZRANGE`), never `INFO` itself.
 async fn redis_usec(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await?;
-    // cmdstat_evalsha:calls=1,usec=2,usec_per_call=2.00,...: every command but INFO itself.
+    // cmdstat_evalsha:calls=1,usec=2,usec_per_call=2.00,...
+    let usec =
+        |l: &str| -> Option<f64> { l.split("usec=").nth(1)?.split(',').next()?.parse().ok() };
+    let scripts: f64 = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(usec)
+        .sum();
+    if scripts > 0.0 {
+        return Ok(scripts);
+    }
     Ok(info
         .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| {
-            l.split("usec=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
+        .filter_map(usec)
         .sum())
 }
 
@@ -557,11 +605,13 @@ async fn index_memory(
                 .await?;
             let rest = &key[base.len()..];
             let kind = match rest {
-                b":lex" => "lex (sorted set of every term)",
-                b":data" => "data (hash: score, display, payload)",
-                b":meta" => "meta",
-                _ if rest.starts_with(b":r:") => "r:* (ranked sets of heavy prefixes)",
-                _ if rest.starts_with(b":g:") => "g:* (gram postings)",
+                b":lex" => "lex: every term, in lexicographic order",
+                b":data" => "data: score, display text, payload",
+                b":meta" | b":h" => "meta, h: bookkeeping of ranked prefixes",
+                b":v" => "v: the vocabulary (every word)",
+                _ if rest.starts_with(b":r:") => "r:*: ranked sets of prefixes with many terms",
+                _ if rest.starts_with(b":w:") => "w:*: terms of each word",
+                _ if rest.starts_with(b":vg:") => "vg:*: vocabulary words of each gram",
                 _ => "other",
             };
             let entry = totals.entry(kind.to_owned()).or_insert((0, 0));
@@ -603,8 +653,10 @@ pub fn markdown(options: &Options, report: &Report) -> String {
         out.push('\n');
     }
     out.push_str(&format!(
-        "{} concurrent clients, {:.0} s per scenario, limit 10.\n\n",
-        options.clients, options.seconds
+        "{} concurrent clients over {} connections, {:.0} s per scenario, limit 10.\n\n",
+        options.clients,
+        options.connections.clamp(1, options.clients),
+        options.seconds
     ));
     out.push_str("| scenario | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results/request | errors | Redis µs/request |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for s in &report.scenarios {
@@ -667,7 +719,7 @@ impl RedisProcess {
         Ok(process)
     }
 
-    async fn existing(port: u16) -> anyhow::Result<Self> {
+    async fn existing(port: u16, flush: bool) -> anyhow::Result<Self> {
         let process = Self {
             child: None,
             port,
@@ -675,7 +727,9 @@ impl RedisProcess {
         };
         let client = redis::Client::open(process.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        if flush {
+            redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        }
         Ok(process)
     }
 

@@ -5,6 +5,7 @@
 -- KEYS[2] data   hash: id -> "<score>\0<display, '' when equal to id>\0<payload>"
 -- KEYS[3] meta   hash: 'depth' = the longest prefix (in characters) that ever had a ranked set
 -- KEYS[4] vocab  sorted set, every score 0: every word of every term
+-- KEYS[5] heavy  hash: prefix -> 1 for every prefix that has a ranked set
 -- ARGV[1] base: the dictionary's other keys, which share the hash tag of KEYS, are
 --         <base>:r:<prefix>  ranked set of every term with that prefix, kept while the prefix
 --                            has more than `heavy` terms (see remove.lua for when it goes)
@@ -12,17 +13,20 @@
 --         <base>:vg:<gram>   set of the vocabulary words containing that gram
 -- ARGV[2] heavy: a prefix gets a ranked set once more than this many terms have it
 -- ARGV[3] largest absolute score allowed
--- ARGV[4..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
+-- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set (queries on
+--         longer ones walk the longest shorter prefix's set, or rank the few terms they have)
+-- ARGV[5..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words
 --
 -- Returns {0, added, updated, term count, score of each entry (as text)...}, or {1, entry number}
 -- when an entry's resulting score would be out of range.
-local lex, data, meta, vocab = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lex, data, meta, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local base, heavy, max_score = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_depth = tonumber(ARGV[4])
 
 -- The entries, parsed once.
 local entries = {}
-local at = 4
+local at = 5
 while at <= #ARGV do
   local e = {
     id = ARGV[at],
@@ -80,6 +84,25 @@ local function materialize(rk, p, whole)
     args[#args + 1] = rank_bytes((parse_value(values[i]))) .. members[i]
   end
   redis.call('ZADD', rk, unpack(args))
+  redis.call('HSET', heavy_set, p, 1)
+end
+
+-- The prefixes of key (the empty one first) up to `upto` characters, and which of them have a
+-- ranked set.
+local function prefixes(key, upto)
+  local list = { '' }
+  local n = 0
+  for i = 2, #key + 1 do
+    local b = string.byte(key, i)
+    if b == nil or b < 128 or b >= 192 then
+      n = n + 1
+      if n > upto then
+        break
+      end
+      list[#list + 1] = string.sub(key, 1, i - 1)
+    end
+  end
+  return list, redis.call('HMGET', heavy_set, unpack(list))
 end
 
 local depth = tonumber(redis.call('HGET', meta, 'depth') or '-1')
@@ -121,10 +144,11 @@ for _, e in ipairs(entries) do
       -- Move the term within every ranked set it is in (a ranked set holds every term with
       -- its prefix, so the old member is there exactly when the set exists).
       local old_ranked, new_ranked = rank_bytes(old_score) .. member, rank_bytes(score) .. member
-      local ends = char_ends(key)
-      for l = 0, math.min(#ends, depth) do
-        local rk = base .. ':r:' .. (l == 0 and '' or string.sub(key, 1, ends[l]))
-        if redis.call('ZREM', rk, old_ranked) == 1 then
+      local list, has = prefixes(key, depth)
+      for l = 1, #list do
+        if has[l] then
+          local rk = base .. ':r:' .. list[l]
+          redis.call('ZREM', rk, old_ranked)
           redis.call('ZADD', rk, 0, new_ranked)
         end
       end
@@ -148,33 +172,37 @@ for _, e in ipairs(entries) do
     -- `heavy` terms. Once a prefix has at most `heavy` terms, longer ones do too and need no
     -- count, but a ranked set may still exist for them up to `depth`.
     local ranked = rank_bytes(score) .. member
-    local ends = char_ends(key)
+    local list, has = prefixes(key, math.min(depth + 1, max_depth))
     local counting = true
-    for l = 0, #ends do
-      if l > depth and not counting then
-        break
-      end
-      local p = l == 0 and '' or string.sub(key, 1, ends[l])
+    local l = 1
+    while l <= #list do
+      local p = list[l]
       local rk = base .. ':r:' .. p
-      if redis.call('EXISTS', rk) == 1 then
+      if has[l] then
         redis.call('ZADD', rk, 0, ranked)
       elseif counting then
         local count
-        if l == 0 then
+        if l == 1 then
           count = redis.call('ZCARD', lex)
         else
           count = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255')
         end
         if count > heavy then
-          materialize(rk, p, l == 0)
-          if l > depth then
-            depth = l
+          materialize(rk, p, l == 1)
+          if l - 1 > depth then
+            -- A new deepest ranked prefix: the next one may need counting too.
+            depth = l - 1
             redis.call('HSET', meta, 'depth', depth)
+            local longer = prefixes(key, math.min(depth + 1, max_depth))
+            if #longer > #list then
+              list[#list + 1] = longer[#longer]
+            end
           end
         else
           counting = false
         end
       end
+      l = l + 1
     end
   end
   scores[#scores + 1] = score_text(score)

@@ -12,8 +12,10 @@
 -- ARGV[8] the non-ASCII word separators
 -- ARGV[9] gather: a candidate set this small is read whole and put in order here
 -- ARGV[10] budget: the most index entries this call may look at
--- ARGV[11] 's' when the query starts with a separator, 'e' when it ends with one (or both)
--- ARGV[12..] the query's words (runs of non-separators), in order
+-- ARGV[11] max depth: the longest prefix (in characters) that can have a ranked set
+-- ARGV[12] 's' when the query starts with a separator, 'e' when it ends with one (or both)
+-- ARGV[13] heavy: prefixes of at most `max depth` characters with more terms have a ranked set
+-- ARGV[14..] the query's words (runs of non-separators), in order
 --
 -- Returns {next group, next position, then per result: id, data value, match kind}; the next
 -- group is 0 when there are no more results.
@@ -37,10 +39,12 @@ Q = ARGV[5]
 local group, pos = tonumber(ARGV[6]), ARGV[7]
 SEPS = ARGV[8]
 local gather, budget = tonumber(ARGV[9]), tonumber(ARGV[10])
-local starts_sep = string.find(ARGV[11], 's', 1, true) ~= nil
-local ends_sep = string.find(ARGV[11], 'e', 1, true) ~= nil
+local max_depth = tonumber(ARGV[11])
+local heavy = tonumber(ARGV[13])
+local starts_sep = string.find(ARGV[12], 's', 1, true) ~= nil
+local ends_sep = string.find(ARGV[12], 'e', 1, true) ~= nil
 local tokens = {}
-for i = 12, #ARGV do
+for i = 14, #ARGV do
   tokens[#tokens + 1] = ARGV[i]
 end
 local root = base .. ':r:'
@@ -153,6 +157,63 @@ local function add_scores(cands)
   end
 end
 
+-- The vocabulary words starting with t, or nil when there are more than WORD_CAP.
+local function words_starting(t)
+  local words =
+    redis.call('ZRANGE', vocab, '[' .. t, '(' .. t .. '\255', 'BYLEX', 'LIMIT', 0, WORD_CAP + 1)
+  budget = budget - #words
+  if #words > WORD_CAP then
+    return nil
+  end
+  return words
+end
+
+-- The vocabulary words containing f (how = 'contains') or ending with it ('ends'), found through
+-- the rarest gram of f; nil when f has no gram or the words are too many to merge.
+local function words_with(f, how)
+  local grams = grams_of(utf8_chars(f))
+  local gk, gsize
+  for g = 1, math.min(#grams, 24) do
+    local k = base .. ':vg:' .. grams[g]
+    local size = redis.call('SCARD', k)
+    if size == 0 then
+      return {}
+    end
+    if gk == nil or size < gsize then
+      gk, gsize = k, size
+    end
+  end
+  if gk == nil or gsize > gather then
+    return nil
+  end
+  budget = budget - gsize
+  local words = {}
+  for _, w in ipairs(redis.call('SMEMBERS', gk)) do
+    local ok
+    if how == 'ends' then
+      ok = #w >= #f and string.sub(w, #w - #f + 1) == f
+    else
+      ok = string.find(w, f, 1, true) ~= nil
+    end
+    if ok then
+      words[#words + 1] = w
+      if #words > WORD_CAP then
+        return nil
+      end
+    end
+  end
+  return words
+end
+
+-- The number of terms in the postings of `words` (an upper bound of the terms having any).
+local function postings_total(words)
+  local total = 0
+  for _, w in ipairs(words) do
+    total = total + redis.call('ZCARD', base .. ':w:' .. w)
+  end
+  return total
+end
+
 -- Walks the union of the postings of `words` in lex order from the position: each round reads
 -- the next entries of every posting up to a common frontier (the smallest last entry of the
 -- postings not yet exhausted), so every term up to it is seen, once.
@@ -211,9 +272,9 @@ end
 
 -- Reads the entries of the lex-ordered src from lo to hi whole, keeps those `want` accepts and
 -- takes a page of them. Returns nil when there are more than `gather` entries.
-local function gather_range(src, lo, hi, want)
+local function gather_range(src, lo, hi, want, cap)
   local count = redis.call('ZLEXCOUNT', src, lo, hi)
-  if count > gather then
+  if count > (cap or gather) then
     return nil
   end
   if count > budget and #out > 0 then
@@ -238,10 +299,7 @@ end
 -- Merges the postings of `words` (terms having any of them), keeps what `want` accepts and takes
 -- a page. Returns nil when they hold more than `gather` terms.
 local function gather_words(words, want)
-  local total = 0
-  for _, w in ipairs(words) do
-    total = total + redis.call('ZCARD', base .. ':w:' .. w)
-  end
+  local total = postings_total(words)
   if total > gather then
     return nil
   end
@@ -292,49 +350,30 @@ local function word_list(want)
   end
   if word_mode then
     -- One query word, the start of a word of every match.
-    local t = tokens[1]
-    local words =
-      redis.call('ZRANGE', vocab, '[' .. t, '(' .. t .. '\255', 'BYLEX', 'LIMIT', 0, WORD_CAP + 1)
-    budget = budget - #words
-    if #words > WORD_CAP then
-      return nil
-    end
-    return words
+    return words_starting(tokens[1])
   end
-  -- Every match has a word containing the query's longest fragment: find those words through
-  -- the rarest gram of the fragment.
-  local f = tokens[1]
-  for _, t in ipairs(tokens) do
-    if #t > #f then
-      f = t
+  -- Otherwise every match has a word containing the query's only word, or ending with its
+  -- first word, or starting with its last: take the candidate set with the fewest terms.
+  local first, last = tokens[1], tokens[#tokens]
+  local options = {}
+  if #tokens == 1 and not starts_sep and not ends_sep then
+    options[1] = words_with(first, want == 'suffix' and 'ends' or 'contains')
+  else
+    if not starts_sep then
+      options[#options + 1] = words_with(first, 'ends')
     end
-  end
-  local grams = grams_of(utf8_chars(f))
-  local gk, gsize
-  for g = 1, math.min(#grams, 24) do
-    local k = base .. ':vg:' .. grams[g]
-    local size = redis.call('SCARD', k)
-    if size == 0 then
-      return {}
-    end
-    if gk == nil or size < gsize then
-      gk, gsize = k, size
+    if not ends_sep then
+      options[#options + 1] = words_starting(last)
     end
   end
-  if gk == nil or gsize > gather then
-    return nil
-  end
-  budget = budget - gsize
-  local words = {}
-  for _, w in ipairs(redis.call('SMEMBERS', gk)) do
-    if string.find(w, f, 1, true) then
-      words[#words + 1] = w
-      if #words > WORD_CAP then
-        return nil
-      end
+  local chosen, chosen_total
+  for _, words in pairs(options) do
+    local total = postings_total(words)
+    if chosen == nil or total < chosen_total then
+      chosen, chosen_total = words, total
     end
   end
-  return words
+  return chosen
 end
 
 -- Runs one group (or a whole non-automatic mode) from pos. Returns done, next position.
@@ -353,9 +392,29 @@ local function run(want)
     if want ~= EXACT and redis.call('EXISTS', rk) == 1 then
       return walk(rk, from('-'), '+', true, want)
     end
-    local done, at = gather_range(lex, lo, hi, want)
+    -- Few terms: rank them here. (A prefix of at most `max_depth` characters without a ranked
+    -- set has at most `heavy` terms.)
+    local done, at = gather_range(lex, lo, hi, want, heavy)
     if done ~= nil then
       return done, at
+    end
+    -- Many terms, no ranked set of their own (the prefix is longer than `max_depth`): walk the
+    -- ranked set of the longest shorter prefix that has one, checking each term.
+    local cuts = {}
+    for i = 2, #Q do
+      local b = string.byte(Q, i)
+      if b < 128 or b >= 192 then
+        cuts[#cuts + 1] = i - 1
+        if #cuts >= max_depth then
+          break
+        end
+      end
+    end
+    for c = #cuts, 1, -1 do
+      local ak = root .. string.sub(Q, 1, cuts[c])
+      if redis.call('EXISTS', ak) == 1 then
+        return walk(ak, from('-'), '+', true, want)
+      end
     end
   else
     local words = word_list(want)

@@ -18,6 +18,7 @@
 //! | `PREFIX{ac:NAME}:lex` | sorted set (scores 0) | every term's lex member | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:data` | hash | id → score, display text (when not the id), payload | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:meta` | hash | `depth`: longest prefix that ever had a ranked set | while the dictionary has terms |
+//! | `PREFIX{ac:NAME}:h` | hash | `P` → 1 for every prefix `P` that has a ranked set | while one does |
 //! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P` (`P` empty: all terms) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
@@ -71,8 +72,12 @@ pub const LIGHT_PREFIX: usize = 128;
 /// read whole and put in order in one call.
 pub const GATHER: usize = 1024;
 const _: () = assert!(HEAVY_PREFIX <= GATHER, "light prefixes are gathered whole");
+/// Only prefixes of at most this many characters get a ranked set: each set costs every term
+/// under it one more sorted set entry. A score-ordered query on a longer prefix with more than
+/// [`GATHER`] terms walks the ranked set of its longest shorter prefix that has one.
+pub const MAX_RANKED_DEPTH: usize = 3;
 /// The most index entries one `Complete` call looks at.
-pub const BUDGET: usize = 2048;
+pub const BUDGET: usize = 1024;
 /// Items a recent list keeps when the request says 0.
 pub const DEFAULT_RECENT_ITEMS: u32 = 100;
 /// Most items a recent list keeps.
@@ -99,6 +104,8 @@ pub struct DictionaryKeys {
     pub meta: String,
     /// The vocabulary: every word of every term.
     pub vocab: String,
+    /// The prefixes that have a ranked set.
+    pub heavy: String,
 }
 
 impl DictionaryKeys {
@@ -110,6 +117,7 @@ impl DictionaryKeys {
             data: format!("{base}:data"),
             meta: format!("{base}:meta"),
             vocab: format!("{base}:v"),
+            heavy: format!("{base}:h"),
             base,
         }
     }
@@ -346,6 +354,7 @@ struct Inner {
     add: Script,
     remove: Script,
     complete: Script,
+    prefix: Script,
     record: Script,
     forget: Script,
     list: Script,
@@ -368,6 +377,10 @@ impl Autocomplete {
                     include_str!("rank.lua"),
                     include_str!("match.lua"),
                     include_str!("complete.lua")
+                )),
+                prefix: Script::new(concat!(
+                    "#!lua flags=no-writes\n",
+                    include_str!("prefix.lua")
                 )),
                 record: Script::new(include_str!("recent_record.lua")),
                 forget: Script::new(include_str!("recent_remove.lua")),
@@ -403,9 +416,11 @@ impl Autocomplete {
             .key(&keys.data)
             .key(&keys.meta)
             .key(&keys.vocab)
+            .key(&keys.heavy)
             .arg(&keys.base)
             .arg(HEAVY_PREFIX)
-            .arg(MAX_ABS_SCORE);
+            .arg(MAX_ABS_SCORE)
+            .arg(MAX_RANKED_DEPTH);
         for term in terms {
             let (op, value) = match term.score {
                 ScoreChange::Keep => ("", 0.0),
@@ -449,6 +464,7 @@ impl Autocomplete {
             .key(&keys.data)
             .key(&keys.meta)
             .key(&keys.vocab)
+            .key(&keys.heavy)
             .arg(&keys.base)
             .arg(LIGHT_PREFIX);
         for text in texts {
@@ -501,6 +517,49 @@ impl Autocomplete {
             None => (AUTO_GROUPS[0], Vec::new()),
         };
         let keys = self.dictionary_keys(dictionary);
+        let reply: Vec<Value> =
+            if request.mode == MatchMode::Prefix && request.order == Order::Lexicographic {
+                let mut invocation = self.inner.prefix.key(&keys.lex);
+                invocation
+                    .key(&keys.data)
+                    .arg(request.limit)
+                    .arg(&request.query)
+                    .arg(position);
+                self.inner.redis.eval(&invocation).await?
+            } else {
+                self.complete_script(&keys, request, group, position)
+                    .await?
+            };
+        let [next_group, next_position, rows @ ..] = reply.as_slice() else {
+            return Err(unexpected("complete reply"));
+        };
+        let mut items = Vec::with_capacity(rows.len() / 3);
+        for row in rows.chunks(3) {
+            let [id, value, kind] = row else {
+                return Err(unexpected("complete row"));
+            };
+            let (score, display, payload) = parse_value(id, value)?;
+            items.push(Suggestion {
+                display,
+                score,
+                payload,
+                kind: MatchKind::from_script(int(kind)?)?,
+            });
+        }
+        Ok(Page {
+            items,
+            next_page_token: next_token(&scope, next_group, next_position)?,
+        })
+    }
+
+    /// Runs complete.lua: every query but prefixes in lexicographic order (prefix.lua).
+    async fn complete_script(
+        &self,
+        keys: &DictionaryKeys,
+        request: &Completion,
+        group: u8,
+        position: Vec<u8>,
+    ) -> Result<Vec<Value>, Error> {
         let (words, starts_sep, ends_sep) = text::query_words(&request.query);
         let flags = match (starts_sep, ends_sep) {
             (false, false) => "",
@@ -522,29 +581,11 @@ impl Autocomplete {
             .arg(text::WORD_SEPARATORS)
             .arg(GATHER)
             .arg(BUDGET)
+            .arg(MAX_RANKED_DEPTH)
             .arg(flags)
+            .arg(HEAVY_PREFIX)
             .arg(words);
-        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
-        let [next_group, next_position, rows @ ..] = reply.as_slice() else {
-            return Err(unexpected("complete reply"));
-        };
-        let mut items = Vec::with_capacity(rows.len() / 3);
-        for row in rows.chunks(3) {
-            let [id, value, kind] = row else {
-                return Err(unexpected("complete row"));
-            };
-            let (score, display, payload) = parse_value(id, value)?;
-            items.push(Suggestion {
-                display,
-                score,
-                payload,
-                kind: MatchKind::from_script(int(kind)?)?,
-            });
-        }
-        Ok(Page {
-            items,
-            next_page_token: next_token(&scope, next_group, next_position)?,
-        })
+        self.inner.redis.eval(&invocation).await
     }
 
     /// Records `text` at the front of a recent list kept to `max_items`, living `ttl` from now.
@@ -880,6 +921,7 @@ mod tests {
                 &keys.meta,
                 &keys.ranked(""),
                 &keys.vocab,
+                &keys.heavy,
                 &keys.ranked("a}"),
                 &keys.word("}{x"),
                 &keys.vocab_gram("}"),

@@ -58,21 +58,6 @@ local function utf8_chars(s)
   return cs
 end
 
--- The byte offset where each character of a UTF-8 string ends.
-local function char_ends(s)
-  local ends = {}
-  for i = 2, #s do
-    local b = string.byte(s, i)
-    if b < 128 or b >= 192 then
-      ends[#ends + 1] = i - 1
-    end
-  end
-  if #s > 0 then
-    ends[#ends + 1] = #s
-  end
-  return ends
-end
-
 -- The grams of a vocabulary word (or of a query fragment): every 2- and 3-character sequence and
 -- every non-ASCII character, each once.
 local function grams_of(cs)

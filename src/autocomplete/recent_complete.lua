@@ -11,9 +11,10 @@
 --
 -- Returns {next group (0 when there is nothing more), next position, then per item: id,
 -- recorded at (as text), item value, match kind}.
-local mode, limit, q = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local mode, limit = ARGV[1], tonumber(ARGV[2])
+Q = ARGV[3]
 local group, pos = tonumber(ARGV[4]), ARGV[5]
-local seps = separator_set(ARGV[6])
+SEPS = ARGV[6]
 local before = pos ~= '' and tonumber(pos) or nil
 
 local rows = redis.call('ZREVRANGE', KEYS[1], 0, -1, 'WITHSCORES')
@@ -42,7 +43,7 @@ for g = start, #groups do
     local stamp = tonumber(rows[2 * i])
     local v = values[i]
     if v and (g ~= start or before == nil or stamp < before) then
-      local kind = accept(want, string.sub(v, 1, string.find(v, '\0', 1, true) - 1), q, seps)
+      local kind = accept(want, v, 1)
       if kind > 0 then
         if found == limit then
           reply[1] = mode == 'auto' and groups[g] or 1

@@ -10,7 +10,7 @@ use unicode_normalization::UnicodeNormalization;
 pub const WORD_SEPARATORS: &str = concat!(
     "\u{00A1}\u{00A7}\u{00AB}\u{00B6}\u{00B7}\u{00BB}\u{00BF}\u{00D7}\u{00F7}",
     "\u{2010}\u{2012}\u{2013}\u{2014}\u{2015}\u{2016}\u{2018}\u{2019}\u{201A}\u{201B}",
-    "\u{201C}\u{201D}\u{201E}\u{201F}\u{2020}\u{2021}\u{2022}\u{2027}\u{2028}\u{2029}",
+    "\u{201C}\u{201D}\u{201E}\u{201F}\u{2020}\u{2021}\u{2022}\u{2027}",
     "\u{2030}\u{2032}\u{2035}\u{2039}\u{203A}\u{2043}\u{2212}\u{2E3A}\u{2E3B}",
     "\u{3001}\u{3002}\u{3003}\u{3008}\u{3009}\u{300A}\u{300B}\u{300C}\u{300D}\u{300E}",
     "\u{300F}\u{3010}\u{3011}\u{3014}\u{3015}\u{3016}\u{3017}\u{3018}\u{3019}\u{301A}",
@@ -208,6 +208,7 @@ mod tests {
         for c in WORD_SEPARATORS.chars() {
             assert!(!c.is_ascii(), "{c:?}");
             assert!(!c.is_alphanumeric(), "{c:?}");
+            assert_eq!(key(&format!("a{c}b")), format!("a{c}b"), "{c:?}");
         }
     }
 }
