@@ -118,6 +118,18 @@ pub fn token(field: &'static str, value: &str) -> Result<uuid::Uuid, Error> {
         .ok_or_else(|| Error::invalid(field, "is not a token issued by Baton"))
 }
 
+/// Time kept free before the caller's deadline so that a "not acquired" answer still reaches it.
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+
+/// Cuts `wait` short so that a waiting call answers before the caller's gRPC deadline (taken
+/// from the `grpc-timeout` header, less [`DEADLINE_MARGIN`] or a fifth of it, whichever is less).
+pub fn fit_deadline(wait: Duration, metadata: &MetadataMap) -> Duration {
+    match deadline(metadata) {
+        Some(d) => wait.min(d.saturating_sub(DEADLINE_MARGIN.min(d / 5))),
+        None => wait,
+    }
+}
+
 /// How long until the caller's gRPC deadline (`grpc-timeout` header), if it sent one.
 pub fn deadline(metadata: &MetadataMap) -> Option<Duration> {
     let raw = metadata.get("grpc-timeout")?.to_str().ok()?;

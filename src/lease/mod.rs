@@ -20,6 +20,24 @@ use crate::{error::Error, proto::v1 as pb};
 /// Events buffered per stream before `renewed` events are dropped for a caller that does not read.
 pub const STREAM_BUFFER: usize = 16;
 
+/// Longest name of a leased resource (a lock, a semaphore), in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// Longest owner, in bytes.
+pub const MAX_OWNER_BYTES: usize = 256;
+/// Shortest lease ttl.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// Shortest lease ttl for `Hold` and `KeepAlive`, which renew about every third of it.
+pub const MIN_KEEPALIVE_TTL: Duration = Duration::from_millis(100);
+/// Longest lease ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+/// Shortest non-zero wait (any positive duration rounds up to it).
+pub const MIN_WAIT: Duration = Duration::from_millis(1);
+/// Longest wait.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// How long the last fencing token is kept after the lease it was issued for ends. Tokens stay
+/// increasing without it (they are floored at the Redis clock); it only serves `Describe`.
+pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
+
 /// Resolves when the caller has gone away or Baton shuts down, with the matching error; handed to
 /// acquisitions so they stop waiting.
 pub type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
@@ -131,32 +149,40 @@ where
     rx
 }
 
-/// Opens a `KeepAlive` stream for a lease just renewed by a call sent at `sent` that left it
-/// `remaining`: the first event reports that renewal, then the lease is kept alive.
-pub fn keep_alive_stream<T, L>(
+/// Opens a `KeepAlive` stream: `first_renewal` renews the lease once (sent now); when it is not
+/// held the call fails with `FAILED_PRECONDITION` and no stream opens. Otherwise the first event
+/// reports that renewal and the lease is then kept alive, renewed with `ttl` (or, when `None`,
+/// with the ttl the first renewal set).
+pub async fn open_keep_alive<T, L>(
     shutdown: &CancellationToken,
     wrap: fn(Event) -> T,
     lease: L,
-    ttl: Duration,
-    sent: Instant,
-    remaining: Duration,
-) -> Events<T>
+    ttl: Option<Duration>,
+    first_renewal: impl Future<Output = Result<Option<Duration>, Error>>,
+) -> Result<Events<T>, Error>
 where
     T: Send + 'static,
     L: Renewable,
 {
+    if shutdown.is_cancelled() {
+        return Err(Error::ShuttingDown);
+    }
+    let sent = Instant::now();
+    let remaining = first_renewal.await?.ok_or_else(|| {
+        Error::FailedPrecondition("the lease is not held: it expired or was released".into())
+    })?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // The channel is new and empty, so the first event always fits.
     let _ = tx.try_send(Ok(wrap(Event::Renewed(remaining))));
     tokio::spawn(keep_alive(
         lease,
-        ttl,
+        ttl.unwrap_or(remaining),
         sent + remaining,
         tx,
         wrap,
         shutdown.clone(),
     ));
-    rx
+    Ok(rx)
 }
 
 /// Largest safety margin kept between the loss report and the earliest possible expiry.

@@ -33,21 +33,10 @@ use crate::{
     wait::{self, Attempt},
 };
 
-/// Longest lock name, in bytes.
-pub const MAX_NAME_BYTES: usize = 1024;
-/// Longest owner, in bytes.
-pub const MAX_OWNER_BYTES: usize = 256;
-/// Shortest lease ttl.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
-/// Shortest lease ttl for `Hold` and `KeepAlive`, which renew about every third of it.
-pub const MIN_KEEPALIVE_TTL: Duration = Duration::from_millis(100);
-/// Longest lease ttl.
-pub const MAX_TTL: Duration = Duration::from_secs(3600);
-/// Longest wait for a held lock.
-pub const MAX_WAIT: Duration = Duration::from_secs(3600);
-/// How long the last fencing token is kept after the lease it was issued for ends. Tokens stay
-/// increasing without it (they are floored at the Redis clock); it only serves `Describe`.
-pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
+pub use crate::lease::{
+    FENCE_RETENTION, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL,
+    MIN_TTL, MIN_WAIT,
+};
 
 /// The Redis keys and channel of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

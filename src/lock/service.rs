@@ -1,17 +1,16 @@
 //! The `baton.v1.LockService` gRPC handler: turns requests into [`Locks`] calls and results back
 //! into responses. Validation errors name the proto field.
 
-use std::{pin::Pin, time::Duration};
+use std::pin::Pin;
 
 use futures::Stream;
-use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
     AcquireRequest, Acquired, Lease, Locks, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
-    MIN_KEEPALIVE_TTL, MIN_TTL,
+    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT,
 };
 use crate::{
     error::Error,
@@ -23,11 +22,6 @@ use crate::{
     },
     wire,
 };
-
-/// Time kept free before the caller's deadline so that a "not acquired" answer reaches it.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
-/// Shortest non-zero wait (any positive duration rounds up to it).
-const MIN_WAIT: Duration = Duration::from_millis(1);
 
 /// The LockService implementation.
 #[derive(Clone)]
@@ -91,16 +85,13 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::LockServiceAcquireRequest>,
     ) -> Result<Response<pb::LockServiceAcquireResponse>, Status> {
-        let caller_deadline = wire::deadline(request.metadata());
+        let metadata = request.metadata().clone();
         let req = request.into_inner();
         let name = name(&req.name)?.to_owned();
         let ttl = wire::bounded("ttl", req.ttl, MIN_TTL, MAX_TTL)?;
-        let mut wait =
-            wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
-                .unwrap_or_default();
-        if let Some(deadline) = caller_deadline {
-            wait = wait.min(deadline.saturating_sub(DEADLINE_MARGIN.min(deadline / 5)));
-        }
+        let wait = wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
+            .unwrap_or_default();
+        let wait = wire::fit_deadline(wait, &metadata);
         let acquire = AcquireRequest {
             name,
             ttl,
@@ -225,28 +216,12 @@ impl LockService for LockApi {
         let name = name(&req.name)?.to_owned();
         let token = token(&req.token)?;
         let ttl = wire::optional_bounded("ttl", req.ttl, MIN_KEEPALIVE_TTL, MAX_TTL)?;
-        if self.shutdown.is_cancelled() {
-            return Err(Error::ShuttingDown.into());
-        }
-        let sent = Instant::now();
-        let renewed = self
+        let first = self
             .locks
-            .refresh_at_least(&name, &token, ttl, MIN_KEEPALIVE_TTL)
-            .await?;
-        let Some(remaining) = renewed else {
-            return Err(Error::FailedPrecondition(
-                "the lease is not held: it expired or was released".into(),
-            )
-            .into());
-        };
-        let events = lease::keep_alive_stream(
-            &self.shutdown,
-            keep_alive_event,
-            self.locks.lease_handle(name, token, ttl),
-            ttl.unwrap_or(remaining),
-            sent,
-            remaining,
-        );
+            .refresh_at_least(&name, &token, ttl, MIN_KEEPALIVE_TTL);
+        let lease = self.locks.lease_handle(name.clone(), token.clone(), ttl);
+        let events =
+            lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 

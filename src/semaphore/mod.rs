@@ -47,26 +47,16 @@ use crate::{
     wait::{self, Attempt},
 };
 
-/// Longest semaphore name, in bytes.
-pub const MAX_NAME_BYTES: usize = 1024;
-/// Longest owner label, in bytes.
-pub const MAX_OWNER_BYTES: usize = 256;
+pub use crate::lease::{
+    FENCE_RETENTION, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL,
+    MIN_TTL, MIN_WAIT,
+};
+
 /// Largest limit. It bounds the holders of one semaphore, and so the work of every script.
 pub const MAX_LIMIT: u32 = 10_000;
-/// Shortest lease ttl.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
-/// Shortest lease ttl for `Hold` and `KeepAlive`, which renew about every third of it.
-pub const MIN_KEEPALIVE_TTL: Duration = Duration::from_millis(100);
-/// Longest lease ttl.
-pub const MAX_TTL: Duration = Duration::from_secs(3600);
-/// Longest wait.
-pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 /// How long a fair waiter's place in the queue lasts unless renewed. Waiters renew it about every
 /// third of this, so the place of a waiter whose Baton died is freed within this time.
 pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
-/// How long the last fencing token is kept after the lease it was issued for ends; tokens stay
-/// increasing without it (they are floored at the Redis clock).
-pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
 /// Most holders `Describe` lists.
 pub const MAX_LISTED_HOLDERS: u32 = 100;
 

@@ -4,14 +4,13 @@
 use std::{pin::Pin, time::Duration};
 
 use futures::Stream;
-use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
     AcquireRequest, Acquired, MAX_LIMIT, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
-    MIN_KEEPALIVE_TTL, MIN_TTL, Permit, Semaphores,
+    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Permit, Semaphores,
 };
 use crate::{
     error::Error,
@@ -23,11 +22,6 @@ use crate::{
     },
     wire,
 };
-
-/// Time kept free before the caller's deadline so that a "not acquired" answer reaches it.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
-/// Shortest non-zero wait (any positive duration rounds up to it).
-const MIN_WAIT: Duration = Duration::from_millis(1);
 
 /// The SemaphoreService implementation.
 #[derive(Clone)]
@@ -128,7 +122,7 @@ impl SemaphoreService for SemaphoreApi {
         &self,
         request: Request<pb::SemaphoreServiceAcquireRequest>,
     ) -> Result<Response<pb::SemaphoreServiceAcquireResponse>, Status> {
-        let caller_deadline = wire::deadline(request.metadata());
+        let metadata = request.metadata().clone();
         let req = request.into_inner();
         let mut acquire = acquire_request(
             &req.name,
@@ -140,10 +134,7 @@ impl SemaphoreService for SemaphoreApi {
             &req.owner,
             req.fair,
         )?;
-        if let Some(deadline) = caller_deadline {
-            let usable = deadline.saturating_sub(DEADLINE_MARGIN.min(deadline / 5));
-            acquire.wait = acquire.wait.min(usable);
-        }
+        acquire.wait = wire::fit_deadline(acquire.wait, &metadata);
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
@@ -272,28 +263,14 @@ impl SemaphoreService for SemaphoreApi {
         let name = name(&req.name)?.to_owned();
         let token = token(&req.token)?;
         let ttl = wire::optional_bounded("ttl", req.ttl, MIN_KEEPALIVE_TTL, MAX_TTL)?;
-        if self.shutdown.is_cancelled() {
-            return Err(Error::ShuttingDown.into());
-        }
-        let sent = Instant::now();
-        let renewed = self
+        let first = self
             .semaphores
-            .refresh(&name, &token, ttl, MIN_KEEPALIVE_TTL)
-            .await?;
-        let Some(remaining) = renewed else {
-            return Err(Error::FailedPrecondition(
-                "the permit lease is not held: it expired or was released".into(),
-            )
-            .into());
-        };
-        let events = lease::keep_alive_stream(
-            &self.shutdown,
-            keep_alive_event,
-            self.semaphores.lease_handle(name, token, ttl),
-            ttl.unwrap_or(remaining),
-            sent,
-            remaining,
-        );
+            .refresh(&name, &token, ttl, MIN_KEEPALIVE_TTL);
+        let lease = self
+            .semaphores
+            .lease_handle(name.clone(), token.clone(), ttl);
+        let events =
+            lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
         Ok(Response::new(Box::pin(ReceiverStream::new(events))))
     }
 
