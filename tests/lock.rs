@@ -4,7 +4,6 @@
 mod support;
 
 use std::{
-    future::Future,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -19,12 +18,12 @@ use baton::proto::v1::{
 };
 use prost::Message;
 use support::{
-    Baton, Proxy, RedisServer, health_status, ms, std_duration, wait_for_health, wait_until, within,
+    Baton, Proxy, RedisServer, assert_code, assert_invalid, health_status, ms, random_token,
+    remaining, unavailable_within_1s, wait_for_health, wait_until, within,
 };
 use tokio::{task::JoinSet, time::Instant};
 use tonic::{Code, Status, Streaming, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
-use tonic_types::StatusExt;
 
 type Client = LockServiceClient<Channel>;
 
@@ -207,66 +206,6 @@ async fn wait_until_free(client: &Client, name: &str, limit: Duration) {
         }
     })
     .await;
-}
-
-/// Asserts `result` is INVALID_ARGUMENT naming `field` (message prefix and BadRequest detail).
-fn assert_invalid<T>(result: Result<T, Status>, field: &str) {
-    let status = match result {
-        Ok(_) => panic!("expected INVALID_ARGUMENT on {field}, got OK"),
-        Err(s) => s,
-    };
-    assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
-    assert!(
-        status.message().starts_with(&format!("{field}:")),
-        "the message should start with {field:?}: {:?}",
-        status.message()
-    );
-    let details = status.get_error_details();
-    let bad = details
-        .bad_request()
-        .unwrap_or_else(|| panic!("{field}: no BadRequest detail in {status:?}"));
-    assert!(
-        bad.field_violations.iter().any(|v| v.field == field),
-        "{field}: BadRequest names {:?}",
-        bad.field_violations
-    );
-}
-
-fn assert_code<T>(result: Result<T, Status>, code: Code, what: &str) -> Status {
-    match result {
-        Ok(_) => panic!("{what}: expected {code:?}, got OK"),
-        Err(s) => {
-            assert_eq!(s.code(), code, "{what}: {s:?}");
-            s
-        }
-    }
-}
-
-/// Runs `call` and asserts it fails with UNAVAILABLE carrying RetryInfo, in under a second.
-async fn unavailable_within_1s<T>(what: &str, call: impl Future<Output = Result<T, Status>>) {
-    let started = Instant::now();
-    let result = within(Duration::from_secs(5), call, what).await;
-    let elapsed = started.elapsed();
-    let status = assert_code(result, Code::Unavailable, what);
-    assert!(
-        status.get_error_details().retry_info().is_some(),
-        "{what}: no RetryInfo in {status:?}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(1),
-        "{what}: UNAVAILABLE took {elapsed:?}"
-    );
-}
-
-fn remaining(d: &Option<prost_types::Duration>, what: &str) -> Duration {
-    std_duration(
-        d.as_ref()
-            .unwrap_or_else(|| panic!("{what}: remaining ttl is not set")),
-    )
-}
-
-fn random_token() -> String {
-    uuid::Uuid::new_v4().hyphenated().to_string()
 }
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {

@@ -7,17 +7,14 @@ persistence) and its own Baton process, and stops both by pid.
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import unicodedata
 import unittest
 import uuid
 
 sys.path.insert(0, os.environ["BATON_PY_GEN"])
+sys.path.insert(0, os.path.dirname(__file__))
 
 import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
@@ -25,6 +22,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # no
     ProtoReflectionDescriptorDatabase,
 )
 
+from harness import Baton, Redis  # noqa: E402
 from baton.v1 import autocomplete_pb2 as pb  # noqa: E402
 from baton.v1 import autocomplete_pb2_grpc as rpc  # noqa: E402
 
@@ -37,61 +35,18 @@ LEX = pb.AUTOCOMPLETE_ORDER_LEXICOGRAPHIC
 SCORE = pb.AUTOCOMPLETE_ORDER_SCORE
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(what, check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception as e:  # noqa: BLE001 - reported below if it never succeeds
-            last = e
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
-
-
 class Servers:
     """A private redis-server and a Baton process serving over it."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="baton-py-ac-")
-        self.redis_port = free_port()
-        self.redis = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir,
-             "--logfile", os.path.join(self.dir, "redis.log")])
-
-        def pong():
-            with socket.create_connection(("127.0.0.1", self.redis_port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        wait_until("redis-server to answer PING", pong)
-        self.port = free_port()
-        self.log = open(os.path.join(self.dir, "baton.log"), "wb")
-        self.baton = subprocess.Popen(
-            [os.environ["BATON_BIN"], "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--redis-url", f"redis://127.0.0.1:{self.redis_port}",
-             "--key-prefix", f"py-{uuid.uuid4().hex[:8]}:"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        health = health_pb2_grpc.HealthStub(self.channel)
-        wait_until("Baton readiness SERVING", lambda: health.Check(
-            health_pb2.HealthCheckRequest(service="readiness"), timeout=1).status
-            == health_pb2.HealthCheckResponse.SERVING)
+        self.redis = Redis(self.dir)
+        self.baton = Baton(self.redis.port, self.dir)
+        self.channel = self.baton.channel
 
     def stop(self):
-        self.channel.close()
-        self.baton.send_signal(signal.SIGTERM)
-        self.baton.wait(timeout=15)
-        self.log.close()
-        os.kill(self.redis.pid, signal.SIGKILL)
-        self.redis.wait()
+        self.baton.stop()
+        self.redis.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -10,9 +10,7 @@ Redis client library is needed.
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -21,40 +19,18 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.environ["BATON_PY_GEN"])
+sys.path.insert(0, os.path.dirname(__file__))
 
 import grpc  # noqa: E402
-from google.protobuf.duration_pb2 import Duration  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # noqa: E402
     ProtoReflectionDescriptorDatabase,
 )
 
+from harness import Baton, Redis, ms, wait_until  # noqa: E402
 from baton.v1 import lease_pb2  # noqa: E402
 from baton.v1 import semaphore_pb2 as pb  # noqa: E402
 from baton.v1 import semaphore_pb2_grpc as rpc  # noqa: E402
-
-
-def ms(n):
-    return Duration(seconds=n // 1000, nanos=(n % 1000) * 1_000_000)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(what, check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception as e:  # noqa: BLE001 - reported below if it never succeeds
-            last = e
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
 
 
 def peak_overlap(intervals):
@@ -97,52 +73,6 @@ class Resp:
     def close(self):
         self.reader.close()
         self.sock.close()
-
-
-class Redis:
-    def __init__(self, workdir):
-        self.dir = workdir
-        self.port = free_port()
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir,
-             "--logfile", os.path.join(self.dir, "redis.log")])
-
-        def pong():
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        wait_until("redis-server to answer PING", pong)
-
-    def kill(self):
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-
-class Baton:
-    def __init__(self, redis_port, workdir):
-        self.port = free_port()
-        self.log = open(os.path.join(workdir, "baton.log"), "wb")
-        self.proc = subprocess.Popen(
-            [os.environ["BATON_BIN"], "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--redis-url", f"redis://127.0.0.1:{redis_port}",
-             "--key-prefix", f"py-{uuid.uuid4().hex[:8]}:"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        health = health_pb2_grpc.HealthStub(self.channel)
-        wait_until("Baton readiness SERVING", lambda: health.Check(
-            health_pb2.HealthCheckRequest(service="readiness"), timeout=1).status
-            == health_pb2.HealthCheckResponse.SERVING)
-
-    def stop(self):
-        self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=15)
-        self.log.close()
 
 
 class SemaphoreContract(unittest.TestCase):

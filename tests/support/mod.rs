@@ -36,6 +36,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
+use tonic_types::StatusExt;
 
 /// How long `redis-server` may take to answer `PING` after it was spawned.
 const REDIS_READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -755,4 +756,82 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.cut.cancel();
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assertions shared by the service suites
+// ---------------------------------------------------------------------------------------------
+
+/// Asserts `result` is INVALID_ARGUMENT naming `field` (message prefix and BadRequest detail).
+pub fn assert_invalid<T>(result: Result<T, tonic::Status>, field: &str) {
+    let status = match result {
+        Ok(_) => panic!("expected INVALID_ARGUMENT on {field}, got OK"),
+        Err(s) => s,
+    };
+    assert_eq!(
+        status.code(),
+        tonic::Code::InvalidArgument,
+        "{field}: {status:?}"
+    );
+    assert!(
+        status.message().starts_with(&format!("{field}:")),
+        "the message should start with {field:?}: {:?}",
+        status.message()
+    );
+    let details = status.get_error_details();
+    let bad = details
+        .bad_request()
+        .unwrap_or_else(|| panic!("{field}: no BadRequest detail in {status:?}"));
+    assert!(
+        bad.field_violations.iter().any(|v| v.field == field),
+        "{field}: BadRequest names {:?}",
+        bad.field_violations
+    );
+}
+
+/// Asserts `result` failed with `code`, returning the status.
+pub fn assert_code<T>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+    what: &str,
+) -> tonic::Status {
+    match result {
+        Ok(_) => panic!("{what}: expected {code:?}, got OK"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{what}: {s:?}");
+            s
+        }
+    }
+}
+
+/// Runs `call` and asserts it fails with UNAVAILABLE carrying RetryInfo, in under a second.
+pub async fn unavailable_within_1s<T>(
+    what: &str,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) {
+    let started = Instant::now();
+    let result = within(Duration::from_secs(5), call, what).await;
+    let elapsed = started.elapsed();
+    let status = assert_code(result, tonic::Code::Unavailable, what);
+    assert!(
+        status.get_error_details().retry_info().is_some(),
+        "{what}: no RetryInfo in {status:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "{what}: UNAVAILABLE took {elapsed:?}"
+    );
+}
+
+/// A duration field that must be set, as a std duration.
+pub fn remaining(d: &Option<prost_types::Duration>, what: &str) -> Duration {
+    std_duration(
+        d.as_ref()
+            .unwrap_or_else(|| panic!("{what}: the duration is not set")),
+    )
+}
+
+/// A well-formed lease token that holds nothing.
+pub fn random_token() -> String {
+    uuid::Uuid::new_v4().hyphenated().to_string()
 }
