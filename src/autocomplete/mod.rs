@@ -904,9 +904,7 @@ mod tests {
     use super::*;
 
     fn tag(k: &str) -> &str {
-        let open = k.find('{').expect("has {");
-        let close = k[open + 1..].find('}').expect("has }") + open + 1;
-        &k[open + 1..close]
+        crate::redis::hash_tag(k).unwrap_or_else(|| panic!("{k} has no hash tag"))
     }
 
     /// Every key of a dictionary or list carries one hash tag, and names cannot collide.

@@ -108,6 +108,15 @@ impl bb8::ErrorSink<RedisError> for ConnectFailures {
     }
 }
 
+/// The hash tag Redis Cluster hashes `key` by: what lies between the first `{` and the first `}`
+/// after it, when that is not empty; `None` when the whole key is hashed. Keys that must share a
+/// slot (everything one script touches) must share a tag.
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 /// Handle to Redis shared by every service: cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
@@ -235,5 +244,21 @@ impl Redis {
                 humantime::format_duration(self.command_timeout)
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash_tag;
+
+    /// The tag follows Redis's rule: first `{`, first `}` after it, not empty.
+    #[test]
+    fn hash_tag_follows_redis() {
+        assert_eq!(hash_tag("a{b}c"), Some("b"));
+        assert_eq!(hash_tag("a{b}{c}"), Some("b"));
+        assert_eq!(hash_tag("a{{b}c"), Some("{b"));
+        assert_eq!(hash_tag("a{}b"), None);
+        assert_eq!(hash_tag("a}b{c"), None);
+        assert_eq!(hash_tag("plain"), None);
     }
 }
