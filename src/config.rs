@@ -7,6 +7,8 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::redis::Topology;
+
 /// Default TCP address for the gRPC server.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 /// Default Redis URL.
@@ -55,9 +57,16 @@ pub struct ServeArgs {
     /// Unix socket path to serve gRPC on as well (created with mode 0660).
     #[arg(long, env = "BATON_SOCKET")]
     pub socket: Option<String>,
-    /// Redis URL (redis://[user:password@]host:port[/db] or unix:///path).
+    /// Redis URL (redis://[user:password@]host:port[/db] or unix:///path); with
+    /// `--redis-mode cluster` a comma-separated list of seed nodes, with `sentinel` of Sentinels.
     #[arg(long, env = "BATON_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
     pub redis_url: String,
+    /// Redis deployment: `standalone`, `cluster` or `sentinel`.
+    #[arg(long, env = "BATON_REDIS_MODE", default_value = "standalone")]
+    pub redis_mode: String,
+    /// The master's name in the Sentinels' configuration (`--redis-mode sentinel` only).
+    #[arg(long, env = "BATON_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
     /// Namespace put in front of every key Baton writes; must not contain `{` or `}`.
     #[arg(long, env = "BATON_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
@@ -161,8 +170,8 @@ pub struct ServeConfig {
 /// Validated Redis connection settings.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// The Redis URL.
-    pub url: String,
+    /// The deployment and its addresses.
+    pub topology: Topology,
     /// Namespace put in front of every key.
     pub key_prefix: String,
     /// Time allowed to open a connection.
@@ -174,10 +183,15 @@ pub struct RedisConfig {
 }
 
 impl RedisConfig {
-    /// Settings for `url` with every other value at its default.
+    /// Settings for a standalone Redis at `url` with every other value at its default.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::with_topology(Topology::Standalone { url: url.into() })
+    }
+
+    /// Settings for `topology` with every other value at its default.
+    pub fn with_topology(topology: Topology) -> Self {
         Self {
-            url: url.into(),
+            topology,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             connect_timeout: DEFAULT_REDIS_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
@@ -228,12 +242,17 @@ impl ServeConfig {
             errors.push("--listen / --socket: nothing to serve on; give at least one".to_owned());
         }
 
-        if let Err(e) = bb8_redis::redis::Client::open(args.redis_url.as_str()) {
-            errors.push(format!(
-                "--redis-url / BATON_REDIS_URL: {:?} is not a Redis URL: {e}",
-                args.redis_url
-            ));
-        }
+        let topology = Topology::parse(
+            &args.redis_mode,
+            &args.redis_url,
+            args.redis_sentinel_master.as_deref(),
+        )
+        .unwrap_or_else(|e| {
+            errors.push(e);
+            Topology::Standalone {
+                url: DEFAULT_REDIS_URL.to_owned(),
+            }
+        });
 
         let prefix = &args.key_prefix;
         if prefix.contains(['{', '}']) {
@@ -344,7 +363,7 @@ impl ServeConfig {
             listen,
             socket,
             redis: RedisConfig {
-                url: args.redis_url.clone(),
+                topology,
                 key_prefix: args.key_prefix.clone(),
                 connect_timeout,
                 command_timeout,

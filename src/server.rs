@@ -113,7 +113,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let redis = Redis::new(&config.redis)?;
     let notifier = Notifier::start(
-        redis.client().clone(),
+        redis.pubsub_source(),
         redis.command_timeout(),
         shutdown.child_token(),
     );

@@ -160,12 +160,12 @@ impl Locks {
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
         Self {
             inner: Arc::new(Inner {
+                acquire: redis.script(include_str!("acquire.lua")),
+                release: redis.script(include_str!("release.lua")),
+                refresh: redis.script(include_str!("refresh.lua")),
+                describe: redis.script(include_str!("describe.lua")),
                 redis,
                 notifier,
-                acquire: Script::new(include_str!("acquire.lua")),
-                release: Script::new(include_str!("release.lua")),
-                refresh: Script::new(include_str!("refresh.lua")),
-                describe: Script::new(include_str!("describe.lua")),
             }),
         }
     }

@@ -15,5 +15,5 @@ if count > 0 then
   return {1, count}
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[2], 'released')
+redis.call(PUBLISH, KEYS[2], 'released')
 return {1, 0}

@@ -1,5 +1,7 @@
-//! The Redis layer: a bb8 pool of multiplexed connections, script calls bounded by the command
-//! timeout, and the shared pub/sub subscriber that wakes local waiters.
+//! The Redis layer: script calls bounded by the command timeout over the configured
+//! [`Topology`] (a bb8 pool of multiplexed connections to a standalone Redis or to the master the
+//! Sentinels name; redis-rs's cluster connection on a Cluster), and the shared pub/sub subscriber
+//! that wakes local waiters.
 //!
 //! Every state change Baton makes is one Lua script (a `.lua` file beside the service that owns
 //! it, wrapped once in a [`Script`], called by SHA with a `NOSCRIPT` fallback). Scripts read the
@@ -7,6 +9,7 @@
 
 mod notifier;
 pub mod reply;
+mod topology;
 
 use std::{
     sync::{
@@ -19,14 +22,18 @@ use std::{
 use bb8_redis::{
     bb8,
     redis::{
-        self, AsyncConnectionConfig, Client, FromRedisValue, RedisError, ScriptInvocation,
+        self, AsyncConnectionConfig, FromRedisValue, ProtocolVersion, RedisError,
+        ScriptInvocation,
         aio::MultiplexedConnection,
+        cluster::{ClusterClient, ClusterClientBuilder},
+        cluster_async::ClusterConnection,
     },
 };
 use tokio::time::{Instant, timeout_at};
 
 pub use ::redis::Script;
-pub use notifier::{Notifier, Subscription};
+pub use notifier::{ADDRESSED, Notifier, Source, Subscription};
+pub use topology::{Endpoint, Topology};
 
 use crate::{config::RedisConfig, error::Error};
 
@@ -54,7 +61,8 @@ impl Conn {
 /// reports one as broken, which would keep a dead connection in the pool after Redis restarts
 /// unless every checkout paid for a `PING`; this manager does neither.
 pub struct Manager {
-    client: Client,
+    endpoint: Endpoint,
+    connect_timeout: Duration,
     config: AsyncConnectionConfig,
 }
 
@@ -63,8 +71,10 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Conn, RedisError> {
-        let conn = self
-            .client
+        // With Sentinel this asks for the current master, so a failover is followed by the next
+        // connection opened after the old one broke.
+        let client = self.endpoint.client(self.connect_timeout).await?;
+        let conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         Ok(Conn {
@@ -117,56 +127,116 @@ pub fn hash_tag(key: &str) -> Option<&str> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
+/// How commands reach Redis.
+#[derive(Clone)]
+enum Backend {
+    /// A pool of multiplexed connections to one node (standalone, or the Sentinels' master).
+    Node {
+        pool: bb8::Pool<Manager>,
+        connect_failures: ConnectFailures,
+    },
+    /// redis-rs's cluster connection: one multiplexed connection per node, routing each command
+    /// by its first key's slot and following `MOVED`/`ASK`.
+    Cluster { conn: ClusterConnection },
+}
+
 /// Handle to Redis shared by every service: cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
-    pool: bb8::Pool<Manager>,
-    connect_failures: ConnectFailures,
-    client: Client,
+    backend: Backend,
+    source: Source,
+    publish: &'static str,
     command_timeout: Duration,
     connect_timeout: Duration,
     key_prefix: Arc<str>,
 }
 
 impl Redis {
-    /// Builds the pool without connecting yet, so Baton starts (and reports not ready) while Redis
-    /// is down.
+    /// Sets up the connections without connecting yet, so Baton starts (and reports not ready)
+    /// while Redis is down.
     pub fn new(config: &RedisConfig) -> Result<Self, Error> {
-        let client = Client::open(config.url.as_str())
-            .map_err(|e| Error::Internal(format!("redis url: {e}")))?;
-        let manager = Manager {
-            client: client.clone(),
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.command_timeout)),
+        let (backend, source) = match &config.topology {
+            Topology::Cluster { seeds } => {
+                let client = |protocol| {
+                    ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                        .connection_timeout(config.connect_timeout)
+                        .response_timeout(config.command_timeout)
+                        .use_protocol(protocol)
+                        .build()
+                        .map_err(|e| Error::Internal(format!("redis cluster: {e}")))
+                };
+                let commands: ClusterClient = client(ProtocolVersion::RESP2)?;
+                let conn = commands
+                    .get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new());
+                // Sharded pub/sub arrives as RESP3 pushes.
+                let source = Source::Cluster(Box::new(client(ProtocolVersion::RESP3)?));
+                (Backend::Cluster { conn }, source)
+            }
+            topology => {
+                let endpoint = Endpoint::new(topology)?.ok_or_else(|| {
+                    Error::Internal("a node topology without an endpoint".into())
+                })?;
+                let manager = Manager {
+                    endpoint: endpoint.clone(),
+                    connect_timeout: config.connect_timeout,
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.command_timeout)),
+                };
+                let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
+                let pool = bb8::Pool::builder()
+                    .max_size(config.pool_size)
+                    .connection_timeout(config.command_timeout)
+                    .test_on_check_out(false)
+                    // A refused connection is reported at once instead of being retried until
+                    // the timeout.
+                    .retry_connection(false)
+                    .error_sink(Box::new(connect_failures.clone()))
+                    .build_unchecked(manager);
+                (
+                    Backend::Node {
+                        pool,
+                        connect_failures,
+                    },
+                    Source::Node(endpoint),
+                )
+            }
         };
-        let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
-        let pool = bb8::Pool::builder()
-            .max_size(config.pool_size)
-            .connection_timeout(config.command_timeout)
-            .test_on_check_out(false)
-            // A refused connection is reported at once instead of being retried until the timeout.
-            .retry_connection(false)
-            .error_sink(Box::new(connect_failures.clone()))
-            .build_unchecked(manager);
+        let publish = match backend {
+            Backend::Cluster { .. } => "SPUBLISH",
+            Backend::Node { .. } => "PUBLISH",
+        };
         Ok(Self {
-            pool,
-            connect_failures,
-            client,
+            backend,
+            source,
+            publish,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             key_prefix: config.key_prefix.as_str().into(),
         })
     }
 
+    /// Wraps a script's source for this topology. Scripts publish wake-ups with
+    /// `redis.call(PUBLISH, channel, message)`: `PUBLISH` is a local defined in front of the source,
+    /// `'SPUBLISH'` on a Cluster (sharded pub/sub, delivered by the node owning the channel's
+    /// slot, which is the slot of the keys the script touches) and `'PUBLISH'` otherwise.
+    pub fn script(&self, source: &str) -> Script {
+        Script::new(&format!("local PUBLISH = '{}'\n{source}", self.publish))
+    }
+
+    /// Where the shared subscriber connects.
+    pub fn pubsub_source(&self) -> Source {
+        self.source.clone()
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.backend, Backend::Cluster { .. })
+    }
+
     /// The namespace put in front of every key.
     pub fn key_prefix(&self) -> &str {
         &self.key_prefix
-    }
-
-    /// The redis client, for connections outside the pool (pub/sub).
-    pub fn client(&self) -> &Client {
-        &self.client
     }
 
     /// The time allowed for one command.
@@ -186,17 +256,33 @@ impl Redis {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
         let deadline = Instant::now() + self.command_timeout;
-        let mut conn = self.checkout(deadline).await?;
-        let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
-        self.settle(&conn, outcome)
+        match &self.backend {
+            Backend::Node { .. } => {
+                let mut conn = self.checkout(deadline).await?;
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
+                self.settle(Some(&conn), outcome)
+            }
+            Backend::Cluster { conn } => {
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.clone())).await;
+                self.settle(None, outcome)
+            }
+        }
     }
 
     /// Sends one plain command within the command timeout.
     pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
         let deadline = Instant::now() + self.command_timeout;
-        let mut conn = self.checkout(deadline).await?;
-        let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
-        self.settle(&conn, outcome)
+        match &self.backend {
+            Backend::Node { .. } => {
+                let mut conn = self.checkout(deadline).await?;
+                let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
+                self.settle(Some(&conn), outcome)
+            }
+            Backend::Cluster { conn } => {
+                let outcome = timeout_at(deadline, cmd.query_async(&mut conn.clone())).await;
+                self.settle(None, outcome)
+            }
+        }
     }
 
     /// Sends `PING` within the command timeout.
@@ -204,23 +290,29 @@ impl Redis {
         self.command::<String>(&redis::cmd("PING")).await.map(drop)
     }
 
-    /// Turns a bounded call's outcome into a result, marking the connection broken when it can no
-    /// longer be trusted (an I/O error, a dropped connection, or no answer in time).
+    /// Turns a bounded call's outcome into a result, marking a pooled connection broken when it
+    /// can no longer be trusted (an I/O error, a dropped connection, a node that is no longer the
+    /// master, or no answer in time). The cluster connection repairs itself.
     fn settle<T>(
         &self,
-        conn: &Conn,
+        conn: Option<&Conn>,
         outcome: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, Error> {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-                    conn.mark_broken();
+                let demoted = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+                if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+                    || demoted
+                {
+                    conn.map(Conn::mark_broken);
                 }
                 Err(e.into())
             }
             Err(_) => {
-                conn.mark_broken();
+                conn.map(Conn::mark_broken);
                 Err(Error::Unavailable(format!(
                     "no answer within {}",
                     humantime::format_duration(self.command_timeout)
@@ -231,9 +323,16 @@ impl Redis {
 
     /// A handle on one of the pooled connections; the pool slot itself is given back at once.
     async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
-        let mut failures = self.connect_failures.0.subscribe();
+        let Backend::Node {
+            pool,
+            connect_failures,
+        } = &self.backend
+        else {
+            return Err(Error::Internal("no pool on a cluster".into()));
+        };
+        let mut failures = connect_failures.0.subscribe();
         let checkout = tokio::select! {
-            r = timeout_at(deadline, self.pool.get()) => r,
+            r = timeout_at(deadline, pool.get()) => r,
             Ok(cause) = failures.recv() => return Err(Error::Unavailable(cause.to_string())),
         };
         match checkout {

@@ -6,9 +6,20 @@
 //! published between the check and the wait is not lost: it bumps a generation counter that the
 //! waiter compares against what it armed.
 //!
+//! A message whose payload is `@` followed by a waiter id wakes only the subscription registered
+//! under that id (a fair queue hands the resource to its head, and only the head needs to wake);
+//! any other payload wakes every local subscription of the channel.
+//!
+//! On a single Redis (standalone, or the master Sentinel names) this is one plain pub/sub
+//! connection (`SUBSCRIBE`); on a Cluster it is redis-rs's cluster connection in RESP3 with sharded
+//! pub/sub (`SSUBSCRIBE`), which reaches the node owning each channel's slot: scripts publish with
+//! `SPUBLISH` there (see [`super::Redis::script`]).
+//!
 //! When the connection drops, every waiter is woken (messages may have been missed while it was
 //! down) and the connection task reconnects with a capped backoff, subscribing again to every
-//! channel that still has waiters.
+//! channel that still has waiters. On a Cluster, a channel whose slot moved to another node is
+//! reported by the server (`sunsubscribe`); its waiters are woken and subscribe again on the new
+//! owner.
 
 use std::{
     collections::HashMap,
@@ -16,17 +27,37 @@ use std::{
     time::Duration,
 };
 
-use bb8_redis::redis::{Client, aio::PubSubSink};
+use bb8_redis::redis::{
+    self, PushInfo, PushKind, RedisResult, Value,
+    aio::{PubSubSink, PubSubStream},
+    cluster::ClusterClient,
+    cluster_async::ClusterConnection,
+};
 use futures::StreamExt;
-use tokio::{sync::watch, time::Instant};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 
+use super::topology::Endpoint;
 use crate::error::Error;
 
 /// Shortest wait before reconnecting the pub/sub connection.
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
 /// Longest wait before reconnecting the pub/sub connection.
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// Marks a message addressed to one waiter: `@` followed by its id.
+pub const ADDRESSED: char = '@';
+
+/// Where the subscriber connects.
+#[derive(Clone)]
+pub enum Source {
+    /// One Redis server (standalone, or the Sentinels' current master): `SUBSCRIBE`.
+    Node(Endpoint),
+    /// A Redis Cluster: `SSUBSCRIBE` through a RESP3 cluster connection.
+    Cluster(Box<ClusterClient>),
+}
 
 /// The shared subscriber. Cheap to clone.
 #[derive(Clone)]
@@ -35,12 +66,12 @@ pub struct Notifier {
 }
 
 struct Inner {
-    client: Client,
+    source: Source,
     timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
     /// The live connection's command half; `None` while disconnected. Held across each
-    /// `SUBSCRIBE`/`UNSUBSCRIBE` so that the decision and the command cannot interleave.
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    /// subscribe and unsubscribe so that the decision and the command cannot interleave.
+    sink: tokio::sync::Mutex<Option<Sink>>,
     /// Whether `sink` holds a live connection, for subscribers waiting out a reconnect.
     connected: watch::Sender<bool>,
     /// Cuts the reconnect backoff short: a subscriber is waiting for the connection.
@@ -48,23 +79,124 @@ struct Inner {
 }
 
 struct Channel {
+    /// Bumped by every message not addressed to one waiter.
     generation: watch::Sender<u64>,
+    /// Per-waiter generations, bumped by messages addressed to that waiter.
+    addressed: HashMap<String, watch::Sender<u64>>,
     refs: usize,
     subscribed: bool,
+}
+
+impl Channel {
+    fn wake_all(&self) {
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
 }
 
 /// A local waiter's interest in one channel. Dropping it gives the interest up.
 pub struct Subscription {
     inner: Arc<Inner>,
     channel: String,
+    waiter: Option<String>,
     rx: watch::Receiver<u64>,
+    addressed: Option<watch::Receiver<u64>>,
+}
+
+/// The command half of the pub/sub connection.
+enum Sink {
+    Node(PubSubSink),
+    Cluster(ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Self::Node(sink) => sink.subscribe(channels).await,
+            // Channels of different slots may live on different nodes: one command each.
+            Self::Cluster(conn) => {
+                for channel in channels {
+                    conn.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Self::Node(sink) => sink.unsubscribe(channel).await,
+            Self::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// What the message half of the connection reports.
+enum Event {
+    /// A message on `channel`.
+    Message { channel: String, payload: Vec<u8> },
+    /// The server dropped the subscription of `channel` (its slot moved to another node).
+    Dropped { channel: String },
+    /// Messages may have been missed (a node connection dropped); redis-rs reconnects.
+    Gap,
+}
+
+/// The message half of the pub/sub connection.
+enum Messages {
+    Node(PubSubStream),
+    Cluster(mpsc::UnboundedReceiver<PushInfo>),
+}
+
+impl Messages {
+    /// The next event; `None` when the connection is gone.
+    async fn next(&mut self) -> Option<Event> {
+        match self {
+            Self::Node(stream) => {
+                let msg = stream.next().await?;
+                Some(Event::Message {
+                    channel: msg.get_channel_name().to_owned(),
+                    payload: msg.get_payload_bytes().to_vec(),
+                })
+            }
+            Self::Cluster(rx) => loop {
+                let push = rx.recv().await?;
+                let text = |v: Option<&Value>| match v {
+                    Some(Value::BulkString(b)) => Some(b.clone()),
+                    Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
+                    _ => None,
+                };
+                match push.kind {
+                    PushKind::SMessage | PushKind::Message => {
+                        let (Some(channel), Some(payload)) =
+                            (text(push.data.first()), text(push.data.get(1)))
+                        else {
+                            continue;
+                        };
+                        return Some(Event::Message {
+                            channel: String::from_utf8_lossy(&channel).into_owned(),
+                            payload,
+                        });
+                    }
+                    PushKind::SUnsubscribe => {
+                        let Some(channel) = text(push.data.first()) else {
+                            continue;
+                        };
+                        return Some(Event::Dropped {
+                            channel: String::from_utf8_lossy(&channel).into_owned(),
+                        });
+                    }
+                    PushKind::Disconnection => return Some(Event::Gap),
+                    _ => continue,
+                }
+            },
+        }
+    }
 }
 
 impl Notifier {
     /// Starts the connection task, which runs until `shutdown` is cancelled.
-    pub fn start(client: Client, timeout: Duration, shutdown: CancellationToken) -> Self {
+    pub fn start(source: Source, timeout: Duration, shutdown: CancellationToken) -> Self {
         let inner = Arc::new(Inner {
-            client,
+            source,
             timeout,
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
@@ -76,24 +208,45 @@ impl Notifier {
     }
 
     /// Registers interest in `channel` and makes sure Redis has confirmed the subscription before
-    /// returning, so that a message published afterwards reaches the returned subscription.
+    /// returning, so that a message published afterwards reaches the returned subscription. It is
+    /// woken by every message on the channel that is not addressed to one waiter.
     pub async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
-        let rx = {
+        self.subscribe_as(channel, None).await
+    }
+
+    /// Like [`subscribe`](Self::subscribe), and also woken by messages addressed to `waiter`
+    /// (payload `@waiter`). Waiter ids must be unique per channel.
+    pub async fn subscribe_as(
+        &self,
+        channel: &str,
+        waiter: Option<&str>,
+    ) -> Result<Subscription, Error> {
+        let (rx, addressed) = {
             let mut channels = self.inner.channels();
             let entry = channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     generation: watch::Sender::new(0),
+                    addressed: HashMap::new(),
                     refs: 0,
                     subscribed: false,
                 });
             entry.refs += 1;
-            entry.generation.subscribe()
+            let addressed = waiter.map(|w| {
+                entry
+                    .addressed
+                    .entry(w.to_owned())
+                    .or_insert_with(|| watch::Sender::new(0))
+                    .subscribe()
+            });
+            (entry.generation.subscribe(), addressed)
         };
         let sub = Subscription {
             inner: self.inner.clone(),
             channel: channel.to_owned(),
+            waiter: waiter.map(str::to_owned),
             rx,
+            addressed,
         };
         sub.ensure().await?;
         Ok(sub)
@@ -114,7 +267,54 @@ impl Inner {
 
     fn wake_all(&self) {
         for ch in self.channels().values() {
-            ch.generation.send_modify(|g| *g = g.wrapping_add(1));
+            ch.wake_all();
+        }
+    }
+
+    /// Delivers one message to the local subscriptions it is meant for.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        let channels = self.channels();
+        let Some(ch) = channels.get(channel) else {
+            return;
+        };
+        match payload.strip_prefix(&[ADDRESSED as u8]) {
+            Some(waiter) => {
+                let waiter = String::from_utf8_lossy(waiter);
+                if let Some(w) = ch.addressed.get(waiter.as_ref()) {
+                    w.send_modify(|g| *g = g.wrapping_add(1));
+                }
+            }
+            None => ch.wake_all(),
+        }
+    }
+
+    /// Opens a connection: the command half, and the message half.
+    async fn connect(&self) -> Result<(Sink, Messages), String> {
+        match &self.source {
+            Source::Node(endpoint) => {
+                let client = endpoint
+                    .client(self.timeout)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let pubsub = tokio::time::timeout(self.timeout, client.get_async_pubsub())
+                    .await
+                    .map_err(|_| "timed out".to_owned())?
+                    .map_err(|e| e.to_string())?;
+                let (sink, stream) = pubsub.split();
+                Ok((Sink::Node(sink), Messages::Node(stream)))
+            }
+            Source::Cluster(client) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let config = redis::cluster::ClusterConfig::new().set_push_sender(tx);
+                let conn = tokio::time::timeout(
+                    self.timeout,
+                    client.get_async_connection_with_config(config),
+                )
+                .await
+                .map_err(|_| "timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+                Ok((Sink::Cluster(conn), Messages::Cluster(rx)))
+            }
         }
     }
 }
@@ -123,14 +323,32 @@ impl Subscription {
     /// Marks every notification so far as seen. Call before checking the state in Redis.
     pub fn arm(&mut self) {
         self.rx.borrow_and_update();
+        if let Some(rx) = self.addressed.as_mut() {
+            rx.borrow_and_update();
+        }
     }
 
     /// Waits for a notification newer than the last [`arm`](Self::arm).
     pub async fn notified(&mut self) {
-        // The sender lives in the channel map for as long as this subscription exists, so
+        // The senders live in the channel map for as long as this subscription exists, so
         // `changed` only fails if the map entry was torn down, which cannot happen before drop.
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        let broadcast = async {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let addressed = async {
+            let delivered = match self.addressed.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !delivered {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = broadcast => {}
+            () = addressed => {}
         }
     }
 
@@ -149,7 +367,7 @@ impl Subscription {
                         return Ok(());
                     }
                     if let Some(sink) = sink.as_mut() {
-                        sink.subscribe(&self.channel).await?;
+                        sink.subscribe(std::slice::from_ref(&self.channel)).await?;
                         if let Some(ch) = self.inner.channels().get_mut(&self.channel) {
                             ch.subscribed = true;
                         }
@@ -186,6 +404,9 @@ impl Drop for Subscription {
             let Some(ch) = channels.get_mut(&self.channel) else {
                 return;
             };
+            if let Some(waiter) = &self.waiter {
+                ch.addressed.remove(waiter);
+            }
             ch.refs -= 1;
             if ch.refs > 0 {
                 return;
@@ -214,7 +435,7 @@ impl Drop for Subscription {
                     .await
                     .is_err()
                 {
-                    tracing::debug!(%channel, "UNSUBSCRIBE was not confirmed in time");
+                    tracing::debug!(%channel, "unsubscribe was not confirmed in time");
                 }
             }
         });
@@ -225,22 +446,14 @@ impl Drop for Subscription {
 async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
     let mut backoff = RECONNECT_MIN;
     loop {
-        let connect = tokio::time::timeout(inner.timeout, inner.client.get_async_pubsub());
-        let pubsub = tokio::select! {
+        let connected = tokio::select! {
             () = shutdown.cancelled() => return,
-            r = connect => r,
+            r = inner.connect() => r,
         };
-        let (mut sink, mut stream) = match pubsub {
-            Ok(Ok(p)) => p.split(),
-            Ok(Err(e)) => {
+        let (mut sink, mut messages) = match connected {
+            Ok(pair) => pair,
+            Err(e) => {
                 tracing::warn!(error = %e, "pub/sub connection failed");
-                if !pause(&inner, &shutdown, &mut backoff).await {
-                    return;
-                }
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!("pub/sub connection timed out");
                 if !pause(&inner, &shutdown, &mut backoff).await {
                     return;
                 }
@@ -280,14 +493,21 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
         inner.wake_all();
 
         loop {
-            let msg = tokio::select! {
+            let event = tokio::select! {
                 () = shutdown.cancelled() => return,
-                msg = stream.next() => msg,
+                event = messages.next() => event,
             };
-            let Some(msg) = msg else { break };
-            let name = msg.get_channel_name();
-            if let Some(ch) = inner.channels().get(name) {
-                ch.generation.send_modify(|g| *g = g.wrapping_add(1));
+            match event {
+                None => break,
+                Some(Event::Message { channel, payload }) => inner.deliver(&channel, &payload),
+                Some(Event::Dropped { channel }) => {
+                    // The slot moved: subscribe again (on its new owner) before waiting again.
+                    if let Some(ch) = inner.channels().get_mut(&channel) {
+                        ch.subscribed = false;
+                        ch.wake_all();
+                    }
+                }
+                Some(Event::Gap) => inner.wake_all(),
             }
         }
 

@@ -229,8 +229,8 @@ struct Inner {
 }
 
 macro_rules! script {
-    ($file:literal) => {
-        Script::new(concat!(include_str!("prelude.lua"), include_str!($file)))
+    ($redis:expr, $file:literal) => {
+        $redis.script(concat!(include_str!("prelude.lua"), include_str!($file)))
     };
 }
 
@@ -239,13 +239,13 @@ impl Semaphores {
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
         Self {
             inner: Arc::new(Inner {
+                acquire: script!(redis, "acquire.lua"),
+                release: script!(redis, "release.lua"),
+                refresh: script!(redis, "refresh.lua"),
+                abandon: script!(redis, "abandon.lua"),
+                describe: script!(redis, "describe.lua"),
                 redis,
                 notifier,
-                acquire: script!("acquire.lua"),
-                release: script!("release.lua"),
-                refresh: script!("refresh.lua"),
-                abandon: script!("abandon.lua"),
-                describe: script!("describe.lua"),
             }),
         }
     }

@@ -10,7 +10,7 @@ if not expiry then
   return 0
 end
 drop_holder(ARGV[1])
-redis.call('PUBLISH', C, 'released')
+redis.call(PUBLISH, C, 'released')
 touch(now)
 if tonumber(expiry) <= now then
   return 0
