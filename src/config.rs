@@ -13,6 +13,8 @@ use crate::redis::Topology;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 /// Default Redis URL.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default time replicas get to acknowledge a grant when `--min-replicas-ack` is set.
+pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default namespace put in front of every Redis key Baton writes.
 pub const DEFAULT_KEY_PREFIX: &str = "baton:";
 /// Default time allowed to open a Redis connection.
@@ -67,6 +69,13 @@ pub struct ServeArgs {
     /// The master's name in the Sentinels' configuration (`--redis-mode sentinel` only).
     #[arg(long, env = "BATON_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
+    /// Replicas that must acknowledge a grant (`WAIT`) before it is confirmed; a grant they do not
+    /// acknowledge in time is rolled back and reported as not acquired. 0 turns this off.
+    #[arg(long, env = "BATON_MIN_REPLICAS_ACK", default_value = "0")]
+    pub min_replicas_ack: String,
+    /// Time the replicas get to acknowledge a grant (e.g. 50ms).
+    #[arg(long, env = "BATON_MIN_REPLICAS_ACK_TIMEOUT", default_value = "50ms")]
+    pub min_replicas_ack_timeout: String,
     /// Namespace put in front of every key Baton writes; must not contain `{` or `}`.
     #[arg(long, env = "BATON_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
@@ -180,6 +189,10 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
     /// Number of pooled multiplexed connections.
     pub pool_size: u32,
+    /// Replicas that must acknowledge each grant (0: none).
+    pub min_replicas_ack: u32,
+    /// Time the replicas get to acknowledge a grant.
+    pub replica_ack_timeout: Duration,
 }
 
 impl RedisConfig {
@@ -196,6 +209,8 @@ impl RedisConfig {
             connect_timeout: DEFAULT_REDIS_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
             pool_size: DEFAULT_REDIS_POOL_SIZE,
+            min_replicas_ack: 0,
+            replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
         }
     }
 }
@@ -299,6 +314,24 @@ impl ServeConfig {
             }
         };
 
+        let min_replicas_ack = match args.min_replicas_ack.parse::<u32>() {
+            Ok(n @ 0..=16) => n,
+            _ => {
+                errors.push(format!(
+                    "--min-replicas-ack / BATON_MIN_REPLICAS_ACK: {:?} is not a whole number from 0 to 16",
+                    args.min_replicas_ack
+                ));
+                0
+            }
+        };
+        let replica_ack_timeout = duration(
+            &mut errors,
+            "--min-replicas-ack-timeout / BATON_MIN_REPLICAS_ACK_TIMEOUT",
+            &args.min_replicas_ack_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(5),
+        );
+
         let log_format = match args.log_format.as_str() {
             "plain" => LogFormat::Plain,
             "json" => LogFormat::Json,
@@ -368,6 +401,8 @@ impl ServeConfig {
                 connect_timeout,
                 command_timeout,
                 pool_size,
+                min_replicas_ack,
+                replica_ack_timeout,
             },
             drain_timeout,
             log_format,

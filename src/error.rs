@@ -9,7 +9,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Why a request failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// A request field is missing, empty, too large or out of range.
     #[error("{field}: {reason}")]

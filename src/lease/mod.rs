@@ -7,6 +7,8 @@
 //! it reports the lease lost *before* it can have expired. When the client goes away it releases
 //! at once; on shutdown it releases and says so.
 
+pub mod batch;
+
 use std::{future::Future, pin::Pin, time::Duration};
 
 use tokio::{
@@ -194,8 +196,10 @@ const FINAL_EVENT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A lease that a keepalive stream can renew and release.
 pub trait Renewable: Send + Sync + 'static {
-    /// Renews the lease. `Ok(Some(remaining))` when still held, `Ok(None)` when it is not.
-    fn renew(&self) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+    /// Renews the lease, sending the renewal no later than `by` (it may wait until then to share
+    /// a call with other leases: see [`batch`]). `Ok(Some(remaining))` when still held,
+    /// `Ok(None)` when it is not.
+    fn renew(&self, by: Instant) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
     /// Releases the lease. `Ok(true)` when it was still held.
     fn release(&self) -> impl Future<Output = Result<bool, Error>> + Send;
 }
@@ -265,7 +269,9 @@ fn retry_delay(ttl: Duration) -> Duration {
 ///
 /// `valid_until` is the earliest moment the lease can expire as of its acquisition or last
 /// renewal; `ttl` is the lease's nominal ttl, which sets the renewal pace and the safety margin.
-/// Each event is mapped to the stream's message type by `wrap`.
+/// A renewal is requested a quarter of the remaining ttl after the last one and must be sent by a
+/// third of it, so renewals of many leases can share a call. Each event is mapped to the stream's
+/// message type by `wrap`.
 pub async fn keep_alive<L, T>(
     lease: L,
     ttl: Duration,
@@ -278,7 +284,9 @@ pub async fn keep_alive<L, T>(
     T: Send + 'static,
 {
     let margin = loss_margin(ttl);
-    let mut next = Instant::now() + ttl / 3;
+    let start = Instant::now();
+    let mut next = start + ttl / 4;
+    let mut by = start + ttl / 3;
     loop {
         let Some(loss_at) = valid_until.checked_sub(margin) else {
             return lost_unconfirmed(&lease, &tx, wrap).await;
@@ -298,12 +306,13 @@ pub async fn keep_alive<L, T>(
             biased;
             () = shutdown.cancelled() => return release_for_shutdown(&lease, &tx, wrap).await,
             () = tx.closed() => return release_for_departure(&lease).await,
-            r = tokio::time::timeout_at(loss_at, lease.renew()) => r,
+            r = tokio::time::timeout_at(loss_at, lease.renew(by.max(sent))) => r,
         };
         match outcome {
             Ok(Ok(Some(remaining))) => {
                 valid_until = sent + remaining;
-                next = sent + remaining / 3;
+                next = sent + remaining / 4;
+                by = sent + remaining / 3;
                 // A client that does not read its stream misses renewal events rather than
                 // holding renewals up; the lease itself is still renewed.
                 if let Err(mpsc::error::TrySendError::Closed(_)) =
@@ -328,6 +337,7 @@ pub async fn keep_alive<L, T>(
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "lease renewal failed; retrying");
                 next = Instant::now() + retry_delay(ttl);
+                by = next;
             }
             Err(_) => return lost_unconfirmed(&lease, &tx, wrap).await,
         }

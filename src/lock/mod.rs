@@ -396,7 +396,7 @@ pub struct LockLease {
 }
 
 impl Renewable for LockLease {
-    async fn renew(&self) -> Result<Option<Duration>, Error> {
+    async fn renew(&self, _by: Instant) -> Result<Option<Duration>, Error> {
         self.locks.refresh(&self.name, &self.token, self.ttl).await
     }
 

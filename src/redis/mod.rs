@@ -22,11 +22,11 @@ use std::{
 use bb8_redis::{
     bb8,
     redis::{
-        self, AsyncConnectionConfig, FromRedisValue, ProtocolVersion, RedisError,
-        ScriptInvocation,
+        self, AsyncConnectionConfig, FromRedisValue, ProtocolVersion, RedisError, ScriptInvocation,
         aio::MultiplexedConnection,
         cluster::{ClusterClient, ClusterClientBuilder},
         cluster_async::ClusterConnection,
+        cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr},
     },
 };
 use tokio::time::{Instant, timeout_at};
@@ -140,10 +140,32 @@ enum Backend {
     Cluster { conn: ClusterConnection },
 }
 
+/// The Redis Cluster hash slot of `key` (CRC16 of its hash tag, or of the whole key, mod 16384).
+pub fn slot(key: &str) -> u16 {
+    let hashed = hash_tag(key).unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+}
+
+/// Whether replicas acknowledged a write (`--min-replicas-ack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// No acknowledgement was asked for (the option is off, or the call wrote nothing).
+    NotAsked,
+    /// Enough replicas acknowledged the write.
+    Acked,
+    /// Only `replicas` acknowledged it in time.
+    Missing {
+        /// Replicas that did acknowledge it.
+        replicas: u32,
+    },
+}
+
 /// Handle to Redis shared by every service: cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
     backend: Backend,
+    min_replicas_ack: u32,
+    replica_ack_timeout: Duration,
     source: Source,
     publish: &'static str,
     command_timeout: Duration,
@@ -173,9 +195,8 @@ impl Redis {
                 (Backend::Cluster { conn }, source)
             }
             topology => {
-                let endpoint = Endpoint::new(topology)?.ok_or_else(|| {
-                    Error::Internal("a node topology without an endpoint".into())
-                })?;
+                let endpoint = Endpoint::new(topology)?
+                    .ok_or_else(|| Error::Internal("a node topology without an endpoint".into()))?;
                 let manager = Manager {
                     endpoint: endpoint.clone(),
                     connect_timeout: config.connect_timeout,
@@ -208,6 +229,8 @@ impl Redis {
         };
         Ok(Self {
             backend,
+            min_replicas_ack: config.min_replicas_ack,
+            replica_ack_timeout: config.replica_ack_timeout,
             source,
             publish,
             command_timeout: config.command_timeout,
@@ -234,6 +257,12 @@ impl Redis {
         matches!(self.backend, Backend::Cluster { .. })
     }
 
+    /// The group a batch of calls must stay within: `key`'s hash slot on a Cluster, where a
+    /// script may only touch one slot; 0 on a single Redis, where one call may touch any keys.
+    pub fn batch_group(&self, key: &str) -> u16 {
+        if self.is_cluster() { slot(key) } else { 0 }
+    }
+
     /// The namespace put in front of every key.
     pub fn key_prefix(&self) -> &str {
         &self.key_prefix
@@ -242,6 +271,11 @@ impl Redis {
     /// The time allowed for one command.
     pub fn command_timeout(&self) -> Duration {
         self.command_timeout
+    }
+
+    /// The time replicas get to acknowledge a grant (`--min-replicas-ack-timeout`).
+    pub fn replica_ack_timeout(&self) -> Duration {
+        self.replica_ack_timeout
     }
 
     /// The time allowed to open a connection.
@@ -263,8 +297,73 @@ impl Redis {
                 self.settle(Some(&conn), outcome)
             }
             Backend::Cluster { conn } => {
-                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.clone())).await;
+                let outcome =
+                    timeout_at(deadline, invocation.invoke_async(&mut conn.clone())).await;
                 self.settle(None, outcome)
+            }
+        }
+    }
+
+    /// Runs a script like [`eval`](Self::eval) and, when `--min-replicas-ack` is set and `wrote`
+    /// says the reply reports a grant, sends `WAIT` on the same connection to the node owning
+    /// `key`, so that it covers the script's writes. The caller rolls the grant back when the
+    /// answer is [`Ack::Missing`].
+    ///
+    /// `WAIT` holds up the other calls multiplexed on that connection for up to the ack timeout.
+    pub async fn eval_acked<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        key: &str,
+        wrote: impl FnOnce(&T) -> bool,
+    ) -> Result<(T, Ack), Error> {
+        if self.min_replicas_ack == 0 {
+            return Ok((self.eval(invocation).await?, Ack::NotAsked));
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.min_replicas_ack)
+            .arg(self.replica_ack_timeout.as_millis() as u64);
+        let deadline = Instant::now() + self.command_timeout;
+        let wait_deadline = deadline + self.replica_ack_timeout;
+        match &self.backend {
+            Backend::Node { .. } => {
+                let mut conn = self.checkout(deadline).await?;
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
+                let value: T = self.settle(Some(&conn), outcome)?;
+                if !wrote(&value) {
+                    return Ok((value, Ack::NotAsked));
+                }
+                let acked =
+                    timeout_at(wait_deadline, wait.query_async::<i64>(&mut conn.conn)).await;
+                Ok((value, self.ack(self.settle(Some(&conn), acked))))
+            }
+            Backend::Cluster { conn } => {
+                let mut conn = conn.clone();
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn)).await;
+                let value: T = self.settle(None, outcome)?;
+                if !wrote(&value) {
+                    return Ok((value, Ack::NotAsked));
+                }
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot(key), SlotAddr::Master),
+                ));
+                let acked = timeout_at(wait_deadline, conn.route_command(wait, route))
+                    .await
+                    .map(|r| r.and_then(|v| Ok(redis::from_redis_value::<i64>(v)?)));
+                Ok((value, self.ack(self.settle(None, acked))))
+            }
+        }
+    }
+
+    /// Reads `WAIT`'s answer; a failed `WAIT` counts as no acknowledgement.
+    fn ack(&self, acked: Result<i64, Error>) -> Ack {
+        match acked {
+            Ok(n) if n >= i64::from(self.min_replicas_ack) => Ack::Acked,
+            Ok(n) => Ack::Missing {
+                replicas: u32::try_from(n).unwrap_or(0),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "WAIT for replica acknowledgement failed");
+                Ack::Missing { replicas: 0 }
             }
         }
     }
@@ -301,7 +400,8 @@ impl Redis {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                let demoted = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+                let demoted =
+                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
                 if e.is_io_error()
                     || e.is_connection_dropped()
                     || e.is_unrecoverable_error()
@@ -349,6 +449,14 @@ impl Redis {
 #[cfg(test)]
 mod tests {
     use super::hash_tag;
+
+    /// Slots match Redis's `CLUSTER KEYSLOT` (values checked against Redis 7).
+    #[test]
+    fn slot_matches_redis() {
+        assert_eq!(super::slot("foo"), 12182);
+        assert_eq!(super::slot("{user1000}.following"), super::slot("user1000"));
+        assert_eq!(super::slot("123456789"), 0x31C3 % 16384);
+    }
 
     /// The tag follows Redis's rule: first `{`, first `}` after it, not empty.
     #[test]

@@ -18,8 +18,9 @@
 //! When the connection drops, every waiter is woken (messages may have been missed while it was
 //! down) and the connection task reconnects with a capped backoff, subscribing again to every
 //! channel that still has waiters. On a Cluster, a channel whose slot moved to another node is
-//! reported by the server (`sunsubscribe`); its waiters are woken and subscribe again on the new
-//! owner.
+//! reported by the server (`sunsubscribe`), and a dropped node connection by redis-rs; neither is
+//! repaired by redis-rs 1.8, so the waiters concerned are woken, check the state again, and
+//! subscribe again (on the slot's current owner).
 
 use std::{
     collections::HashMap,
@@ -136,7 +137,8 @@ enum Event {
     Message { channel: String, payload: Vec<u8> },
     /// The server dropped the subscription of `channel` (its slot moved to another node).
     Dropped { channel: String },
-    /// Messages may have been missed (a node connection dropped); redis-rs reconnects.
+    /// Messages may have been missed and subscriptions lost (a node connection dropped);
+    /// redis-rs reconnects.
     Gap,
 }
 
@@ -507,7 +509,15 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
                         ch.wake_all();
                     }
                 }
-                Some(Event::Gap) => inner.wake_all(),
+                Some(Event::Gap) => {
+                    // A node connection dropped (a failover, a restart). redis-rs reconnects but
+                    // does not reliably subscribe again, so every waiter subscribes afresh (a
+                    // repeated SSUBSCRIBE is harmless) and checks the state again.
+                    for ch in inner.channels().values_mut() {
+                        ch.subscribed = false;
+                    }
+                    inner.wake_all();
+                }
             }
         }
 

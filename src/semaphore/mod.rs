@@ -31,7 +31,11 @@
 
 pub mod service;
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
 use redis::{Script, Value};
 use tokio::time::Instant;
@@ -39,9 +43,12 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::Renewable,
+    lease::{
+        Renewable,
+        batch::{Batcher, RenewMany},
+    },
     redis::{
-        Notifier, Redis,
+        Ack, Notifier, Redis,
         reply::{int, millis, ms, string, unexpected},
     },
     wait::{self, Attempt},
@@ -224,9 +231,15 @@ struct Inner {
     acquire: Script,
     release: Script,
     refresh: Script,
+    refresh_batch: Script,
     abandon: Script,
     describe: Script,
+    /// Batches the renewals of keepalive streams (see [`crate::lease::batch`]).
+    renewals: Batcher<Renewing>,
 }
+
+/// One lease in a batched renewal: semaphore name, token, ttl (`None`: the acquisition ttl).
+type Renewing = (String, String, Option<Duration>);
 
 macro_rules! script {
     ($redis:expr, $file:literal) => {
@@ -237,17 +250,30 @@ macro_rules! script {
 impl Semaphores {
     /// Semaphores stored in `redis`, with waiters woken through `notifier`.
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
-        Self {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let weak = weak.clone();
+            let renew_many: RenewMany<Renewing> = Arc::new(move |leases| {
+                let inner = weak.upgrade();
+                Box::pin(async move {
+                    match inner {
+                        Some(inner) => Semaphores { inner }.refresh_many(&leases).await,
+                        None => Err(Error::ShuttingDown),
+                    }
+                })
+            });
+            Inner {
                 acquire: script!(redis, "acquire.lua"),
                 release: script!(redis, "release.lua"),
                 refresh: script!(redis, "refresh.lua"),
+                refresh_batch: script!(redis, "refresh_batch.lua"),
                 abandon: script!(redis, "abandon.lua"),
                 describe: script!(redis, "describe.lua"),
+                renewals: Batcher::start(renew_many),
                 redis,
                 notifier,
-            }),
-        }
+            }
+        });
+        Self { inner }
     }
 
     /// The keys of semaphore `name`.
@@ -353,8 +379,26 @@ impl Semaphores {
             .arg(millis(QUEUE_LEASE))
             .arg(millis(FENCE_RETENTION));
         let sent_at = Instant::now();
-        let reply: Vec<Value> = match self.inner.redis.eval(&invocation).await {
-            Ok(reply) => reply,
+        let granted = |reply: &Vec<Value>| reply.first().is_some_and(|g| int(g).ok() == Some(1));
+        let acked = self
+            .inner
+            .redis
+            .eval_acked(&invocation, &keys.holders, granted)
+            .await;
+        let reply: Vec<Value> = match acked {
+            Ok((_, Ack::Missing { replicas })) => {
+                // Not confirmed by enough replicas: undo the grant and report it as not made.
+                tracing::warn!(semaphore = %request.name, replicas, "grant not acknowledged by enough replicas; rolled back");
+                if let Err(e) = self.release(&request.name, token).await {
+                    tracing::warn!(error = %e, "rolling back an unacknowledged grant failed; it expires at its ttl");
+                }
+                return Ok(Err(Busy {
+                    available: 0,
+                    earliest_expiry: None,
+                    wake_in: Some(self.inner.redis.replica_ack_timeout()),
+                }));
+            }
+            Ok((reply, _)) => reply,
             Err(e @ Error::Unavailable(_)) => {
                 self.release_in_background(&request.name, token);
                 return Err(e);
@@ -440,6 +484,25 @@ impl Semaphores {
         }
     }
 
+    /// Renews several leases (name, token, ttl; `None` reuses the acquisition ttl) in one script
+    /// call, answering per lease the remaining ttl or `None` when it is no longer held. The
+    /// caller keeps the batch within [`crate::lease::batch::MAX_BATCH`] leases and, on a Cluster,
+    /// within one hash slot.
+    pub async fn refresh_many(&self, leases: &[Renewing]) -> Result<Vec<Option<Duration>>, Error> {
+        let mut invocation = self.inner.refresh_batch.prepare_invoke();
+        for (name, token, ttl) in leases {
+            for key in self.keys(name).all() {
+                invocation.key(key);
+            }
+            invocation.arg(token).arg(ttl.map_or(0, millis));
+        }
+        let replies: Vec<i64> = self.inner.redis.eval(&invocation).await?;
+        if replies.len() != leases.len() {
+            return Err(unexpected("refresh_batch reply"));
+        }
+        Ok(replies.into_iter().map(ms).collect())
+    }
+
     /// Reads the semaphore's state.
     pub async fn describe(&self, name: &str) -> Result<Description, Error> {
         let keys = self.keys(name);
@@ -494,10 +557,13 @@ pub struct PermitLease {
 }
 
 impl Renewable for PermitLease {
-    async fn renew(&self) -> Result<Option<Duration>, Error> {
-        self.semaphores
-            .refresh(&self.name, &self.token, self.ttl, Duration::ZERO)
-            .await
+    async fn renew(&self, by: Instant) -> Result<Option<Duration>, Error> {
+        let inner = &self.semaphores.inner;
+        let group = inner
+            .redis
+            .batch_group(&self.semaphores.keys(&self.name).holders);
+        let lease = (self.name.clone(), self.token.clone(), self.ttl);
+        inner.renewals.renew(lease, group, by).await
     }
 
     async fn release(&self) -> Result<bool, Error> {

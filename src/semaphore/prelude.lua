@@ -98,3 +98,26 @@ local function touch(now)
   end
 end
 
+
+-- Sets the remaining ttl of the lease `token` (ttl 0 reuses its acquisition ttl). Returns the new
+-- remaining ttl in ms, -1 when the token holds no unexpired lease, or -2 when the ttl would be
+-- below `min` (nothing changes then).
+local function refresh_lease(token, ttl, min, now)
+  local expiry = redis.call('ZSCORE', H, token)
+  if not expiry or tonumber(expiry) <= now then
+    return -1
+  end
+  local h = holder(token)
+  if not h then
+    return -1
+  end
+  if ttl == 0 then
+    ttl = h.ttl
+  end
+  if ttl < min then
+    return -2
+  end
+  redis.call('ZADD', H, 'XX', now + ttl, token)
+  touch(now)
+  return ttl
+end

@@ -13,6 +13,8 @@
 // Each test file uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod topology;
+
 use std::{
     fmt::Debug,
     future::Future,
@@ -596,6 +598,11 @@ impl BatonProcess {
     /// The TCP address it serves on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The Unix socket it serves on.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("baton.sock")
     }
 
     /// The process id.

@@ -1,0 +1,18 @@
+-- Refresh many: renew the leases of several semaphores in one call (batched keepalive).
+--
+-- KEYS: the prelude's 7 keys of each lease's semaphore, lease after lease (all in one hash slot
+-- on a Cluster; any keys on a single Redis).
+-- ARGV: per lease, its token and ttl ms (0 reuses the acquisition ttl).
+--
+-- Returns per lease, in order, the new remaining ttl in ms, or -1 when the token holds no
+-- unexpired lease.
+local now = clock()
+local out = {}
+for i = 1, #KEYS / 7 do
+  local k = (i - 1) * 7
+  -- The prelude's functions read these locals: point them at this lease's semaphore.
+  H, D, L, Q, W, F, C = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
+    KEYS[k + 6], KEYS[k + 7]
+  out[i] = refresh_lease(ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0, now)
+end
+return out

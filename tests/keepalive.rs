@@ -1,0 +1,152 @@
+//! Keepalive cost: many leases held through one Baton are renewed in batches, not one Redis call
+//! per lease per renewal.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use baton::proto::v1::{
+    self as pb, semaphore_service_client::SemaphoreServiceClient,
+    semaphore_service_hold_response::Event as SemEvent,
+};
+use support::{Baton, RedisServer, ms, within};
+use tokio::task::JoinSet;
+
+/// Leases held at once.
+const LEASES: usize = 10_000;
+/// HTTP/2 connections they are spread over (each carries at most 100 streams).
+const CHANNELS: usize = 100;
+/// Lease ttl, as in the figure: renewed about every quarter to third of it.
+const TTL_MS: u64 = 10_000;
+/// Measured window: at least one renewal of every lease.
+const WINDOW: Duration = Duration::from_secs(4);
+
+/// Counts of `EVALSHA`/`EVAL` calls since the last `CONFIG RESETSTAT`.
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// 10,000 semaphore leases held by `Hold` streams through one Baton: each is renewed several
+/// times in the window, while Redis sees a small fraction of one script call per renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_cost_few_calls() {
+    let redis = RedisServer::start().await;
+    // CI machines are small and busy: allow Redis 2 s per call so that a slow moment does not
+    // fail acquisitions (this test measures call counts, not latency).
+    let baton =
+        Baton::start_with(&redis, |c| c.redis.command_timeout = Duration::from_secs(2)).await;
+    let mut clients = Vec::new();
+    for _ in 0..CHANNELS {
+        clients.push(SemaphoreServiceClient::new(
+            support::channel(baton.addr()).await,
+        ));
+    }
+
+    let renewed = Arc::new(AtomicU64::new(0));
+    let lost = Arc::new(AtomicU64::new(0));
+    let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut streams = JoinSet::new();
+    let opened = Instant::now();
+    // Leases are opened 200 at a time, as a fleet of clients would over a few seconds, rather
+    // than 10,000 acquisitions in the same millisecond.
+    let opening = Arc::new(tokio::sync::Semaphore::new(200));
+    for i in 0..LEASES {
+        let mut client = clients[i % CHANNELS].clone();
+        let renewed = renewed.clone();
+        let lost = lost.clone();
+        let granted = granted_tx.clone();
+        let permit = opening.clone().acquire_owned().await.unwrap();
+        streams.spawn(async move {
+            let mut permit = Some(permit);
+            let mut stream = client
+                .hold(pb::SemaphoreServiceHoldRequest {
+                    name: format!("keepalive-{i}"),
+                    limit: 1,
+                    permits: 1,
+                    ttl: Some(ms(TTL_MS)),
+                    ..Default::default()
+                })
+                .await
+                .expect("hold")
+                .into_inner();
+            while let Some(message) = stream.message().await.expect("stream") {
+                match message.event {
+                    Some(SemEvent::Acquired(_)) => {
+                        permit.take();
+                        let _ = granted.send(());
+                    }
+                    Some(SemEvent::Renewed(_)) => {
+                        renewed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(SemEvent::Lost(l)) => {
+                        if lost.fetch_add(1, Ordering::Relaxed) == 0 {
+                            eprintln!("first loss: {l:?}");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+    drop(granted_tx);
+    within(
+        Duration::from_secs(60),
+        async {
+            for _ in 0..LEASES {
+                granted_rx.recv().await.expect("a grant");
+            }
+        },
+        "every lease granted",
+    )
+    .await;
+    eprintln!("{LEASES} leases granted in {:?}", opened.elapsed());
+
+    let mut conn = redis.client().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = renewed.load(Ordering::Relaxed);
+    tokio::time::sleep(WINDOW).await;
+    let calls = script_calls(&mut conn).await;
+    let renewals = renewed.load(Ordering::Relaxed) - before;
+    let per_second = calls as f64 / WINDOW.as_secs_f64();
+    eprintln!(
+        "{renewals} renewals in {WINDOW:?} with {calls} script calls ({per_second:.1}/s, {:.0} leases per call)",
+        renewals as f64 / calls.max(1) as f64
+    );
+
+    assert_eq!(lost.load(Ordering::Relaxed), 0, "no lease was lost");
+    // Each lease renews every 2.5–3.3 s, so the window holds at least one renewal per lease.
+    let expected = (LEASES as u64) * (WINDOW.as_millis() as u64) / (TTL_MS / 3);
+    assert!(
+        renewals >= expected * 8 / 10,
+        "only {renewals} renewals in the window (expected about {expected})"
+    );
+    // One call per lease per renewal would be `renewals` calls; batching must cut that by far
+    // more than an order of magnitude.
+    assert!(
+        calls * 50 < renewals,
+        "{calls} script calls for {renewals} renewals: batching is not working"
+    );
+    streams.abort_all();
+}
