@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/baton/v1/semaphore.proto",
     ];
     tonic_prost_build::configure()
+        // Small per-call buffers: a sidecar holds thousands of keepalive streams (src/codec.rs).
+        .codec_path("crate::codec::LeanCodec")
         .file_descriptor_set_path(out_dir.join("baton_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
     println!("cargo:rerun-if-changed=proto");

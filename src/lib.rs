@@ -7,12 +7,13 @@
 //! - [`server`]: [`server::serve`] builds the gRPC router (services, health, reflection) on
 //!   already-bound listeners and drains on a shutdown token with a deadline.
 //! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
-//! - [`redis`]: the connection pool, script calls with timeouts, and the shared pub/sub
-//!   subscriber ([`redis::Notifier`]) that wakes local waiters.
+//! - [`redis`]: the topologies (standalone, Sentinel, Cluster), script calls with timeouts, and
+//!   the shared pub/sub subscriber ([`redis::Notifier`]) that wakes local waiters.
 //! - [`wait`]: waiting without polling: subscribe, attempt, wait for a release message or a
 //!   fallback deadline, attempt again. Shared by locks and semaphores.
 //! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
-//!   loss before expiry, release when the client goes away.
+//!   loss before expiry, release when the client goes away; renewals of many leases batched into
+//!   few script calls ([`lease::batch`]).
 //! - [`lock`]: the `baton.v1.LockService`: its gRPC handler, its Lua scripts and its domain types.
 //! - [`ratelimit`]: the `baton.v1.RateLimitService` (GCRA, fixed and sliding windows) and
 //!   Envoy's `envoy.service.ratelimit.v3.RateLimitService` with rules from a YAML file.
@@ -22,10 +23,12 @@
 //!   recent lists, Unicode-normalized matching, page tokens; handler, Lua scripts, domain types.
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
+//! - [`codec`]: the protobuf codec of the generated services, with small per-call buffers.
 
 #![warn(missing_docs)]
 
 pub mod autocomplete;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod lease;

@@ -4,6 +4,8 @@
 //! attempt, and when the resource is busy waits for a release message, for the fallback the
 //! attempt named (a holder's expiry), for the caller's deadline, or for `stop`, whichever comes
 //! first, then tries again. A release published between the attempt and the wait is not missed.
+//! [`until_as`] does the same for a waiter with an id, which is also woken by messages addressed
+//! to it (a fair queue wakes only its head).
 
 use std::{future::Future, time::Duration};
 
@@ -36,13 +38,30 @@ pub async fn until<T, F, Fut>(
     channel: &str,
     deadline: Instant,
     stop: impl Future<Output = Error>,
+    attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>, Error>>,
+{
+    until_as(notifier, channel, None, deadline, stop, attempt).await
+}
+
+/// Like [`until`], for a waiter that is also woken by messages addressed to `waiter` (payload
+/// `@waiter`, see [`Notifier::subscribe_as`]); with `None` it is exactly [`until`].
+pub async fn until_as<T, F, Fut>(
+    notifier: &Notifier,
+    channel: &str,
+    waiter: Option<&str>,
+    deadline: Instant,
+    stop: impl Future<Output = Error>,
     mut attempt: F,
 ) -> Result<T, Error>
 where
     F: FnMut(Duration) -> Fut,
     Fut: Future<Output = Result<Attempt<T>, Error>>,
 {
-    let mut subscription = notifier.subscribe(channel).await?;
+    let mut subscription = notifier.subscribe_as(channel, waiter).await?;
     tokio::pin!(stop);
     loop {
         subscription.arm();

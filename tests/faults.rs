@@ -47,6 +47,7 @@ async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
             ttl: Some(ms(1_000)),
             wait_timeout: None,
             owner: String::new(),
+            ..Default::default()
         })
         .await
         .expect("Hold")
@@ -91,6 +92,7 @@ async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
             ttl: Some(ms(1_000)),
             wait_timeout: None,
             owner: String::new(),
+            ..Default::default()
         })
         .await
         .expect_err("Redis is frozen");
@@ -114,6 +116,7 @@ async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
                         ttl: Some(ms(1_000)),
                         wait_timeout: None,
                         owner: String::new(),
+                        ..Default::default()
                     })
                     .await
                 {

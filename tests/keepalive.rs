@@ -12,7 +12,9 @@ use std::{
 };
 
 use baton::proto::v1::{
-    self as pb, semaphore_service_client::SemaphoreServiceClient,
+    self as pb, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as LockEvent,
+    semaphore_service_client::SemaphoreServiceClient,
     semaphore_service_hold_response::Event as SemEvent,
 };
 use support::{Baton, RedisServer, ms, within};
@@ -26,6 +28,14 @@ const CHANNELS: usize = 100;
 const TTL_MS: u64 = 10_000;
 /// Measured window: at least one renewal of every lease.
 const WINDOW: Duration = Duration::from_secs(4);
+
+/// What a lease stream reported, whichever service it belongs to.
+enum Kind {
+    Acquired,
+    Renewed,
+    Lost(String),
+    Other,
+}
 
 /// Counts of `EVALSHA`/`EVAL` calls since the last `CONFIG RESETSTAT`.
 async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
@@ -44,8 +54,9 @@ async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
-/// 10,000 semaphore leases held by `Hold` streams through one Baton: each is renewed several
-/// times in the window, while Redis sees a small fraction of one script call per renewal.
+/// 10,000 leases (5,000 semaphore permits, 5,000 locks) held by `Hold` streams through one Baton:
+/// each is renewed in the window, while Redis sees a small fraction of one script call per
+/// renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_leases_cost_few_calls() {
     let redis = RedisServer::start().await;
@@ -53,11 +64,9 @@ async fn ten_thousand_leases_cost_few_calls() {
     // fail acquisitions (this test measures call counts, not latency).
     let baton =
         Baton::start_with(&redis, |c| c.redis.command_timeout = Duration::from_secs(2)).await;
-    let mut clients = Vec::new();
+    let mut channels = Vec::new();
     for _ in 0..CHANNELS {
-        clients.push(SemaphoreServiceClient::new(
-            support::channel(baton.addr()).await,
-        ));
+        channels.push(support::channel(baton.addr()).await);
     }
 
     let renewed = Arc::new(AtomicU64::new(0));
@@ -69,39 +78,66 @@ async fn ten_thousand_leases_cost_few_calls() {
     // than 10,000 acquisitions in the same millisecond.
     let opening = Arc::new(tokio::sync::Semaphore::new(200));
     for i in 0..LEASES {
-        let mut client = clients[i % CHANNELS].clone();
+        let channel = channels[i % CHANNELS].clone();
         let renewed = renewed.clone();
         let lost = lost.clone();
         let granted = granted_tx.clone();
         let permit = opening.clone().acquire_owned().await.unwrap();
         streams.spawn(async move {
             let mut permit = Some(permit);
-            let mut stream = client
-                .hold(pb::SemaphoreServiceHoldRequest {
-                    name: format!("keepalive-{i}"),
-                    limit: 1,
-                    permits: 1,
-                    ttl: Some(ms(TTL_MS)),
-                    ..Default::default()
-                })
-                .await
-                .expect("hold")
-                .into_inner();
-            while let Some(message) = stream.message().await.expect("stream") {
-                match message.event {
-                    Some(SemEvent::Acquired(_)) => {
-                        permit.take();
-                        let _ = granted.send(());
+            let mut on = |kind: Kind| match kind {
+                Kind::Acquired => {
+                    permit.take();
+                    let _ = granted.send(());
+                }
+                Kind::Renewed => {
+                    renewed.fetch_add(1, Ordering::Relaxed);
+                }
+                Kind::Lost(why) => {
+                    if lost.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("first loss: {why}");
                     }
-                    Some(SemEvent::Renewed(_)) => {
-                        renewed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(SemEvent::Lost(l)) => {
-                        if lost.fetch_add(1, Ordering::Relaxed) == 0 {
-                            eprintln!("first loss: {l:?}");
-                        }
-                    }
-                    _ => {}
+                }
+                Kind::Other => {}
+            };
+            // Half the leases are semaphore permits, half are locks: both renew in batches.
+            if i % 2 == 0 {
+                let mut stream = SemaphoreServiceClient::new(channel)
+                    .hold(pb::SemaphoreServiceHoldRequest {
+                        name: format!("keepalive-{i}"),
+                        limit: 1,
+                        permits: 1,
+                        ttl: Some(ms(TTL_MS)),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("semaphore hold")
+                    .into_inner();
+                while let Some(message) = stream.message().await.expect("stream") {
+                    on(match message.event {
+                        Some(SemEvent::Acquired(_)) => Kind::Acquired,
+                        Some(SemEvent::Renewed(_)) => Kind::Renewed,
+                        Some(SemEvent::Lost(l)) => Kind::Lost(format!("{l:?}")),
+                        _ => Kind::Other,
+                    });
+                }
+            } else {
+                let mut stream = LockServiceClient::new(channel)
+                    .hold(pb::LockServiceHoldRequest {
+                        name: format!("keepalive-{i}"),
+                        ttl: Some(ms(TTL_MS)),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("lock hold")
+                    .into_inner();
+                while let Some(message) = stream.message().await.expect("stream") {
+                    on(match message.event {
+                        Some(LockEvent::Acquired(_)) => Kind::Acquired,
+                        Some(LockEvent::Renewed(_)) => Kind::Renewed,
+                        Some(LockEvent::Lost(l)) => Kind::Lost(format!("{l:?}")),
+                        _ => Kind::Other,
+                    });
                 }
             }
         });

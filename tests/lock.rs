@@ -42,6 +42,7 @@ fn acquire_request(
         ttl: Some(ms(ttl_ms)),
         wait_timeout: wait_ms.map(ms),
         owner: owner.to_owned(),
+        ..Default::default()
     }
 }
 
@@ -127,6 +128,7 @@ async fn hold(
             ttl: Some(ms(ttl_ms)),
             wait_timeout: wait_ms.map(ms),
             owner: owner.to_owned(),
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
@@ -208,7 +210,7 @@ async fn wait_until_free(client: &Client, name: &str, limit: Duration) {
     .await;
 }
 
-async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+async fn pttl(conn: &mut support::RedisConn, key: &str) -> i64 {
     redis::cmd("PTTL")
         .arg(key)
         .query_async(conn)
@@ -216,7 +218,7 @@ async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
         .expect("PTTL")
 }
 
-async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+async fn exists(conn: &mut support::RedisConn, key: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(key)
         .query_async::<i64>(conn)
@@ -250,7 +252,7 @@ async fn acquire_grants_a_complete_lease() {
     assert_eq!(lease.hold_count, 1);
     assert_eq!(lease.owner, "alice");
 
-    let mut conn = redis.client().await;
+    let mut conn = redis.conn().await;
     let key = baton.lock_key("orders");
     let ttl = pttl(&mut conn, &key).await;
     assert!((9_000..=10_000).contains(&ttl), "PTTL {key} = {ttl}");
@@ -271,7 +273,7 @@ async fn release_frees_the_lock() {
     let redis = RedisServer::start().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
-    let mut conn = redis.client().await;
+    let mut conn = redis.conn().await;
 
     let lease = acquired(&mut client, "orders", 10_000, None, "alice").await;
     assert!(exists(&mut conn, &baton.lock_key("orders")).await);
@@ -299,7 +301,7 @@ async fn refresh_sets_the_remaining_ttl() {
     let redis = RedisServer::start().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
-    let mut conn = redis.client().await;
+    let mut conn = redis.conn().await;
     let key = baton.lock_key("orders");
 
     let lease = acquired(&mut client, "orders", 2_000, None, "alice").await;
@@ -631,6 +633,7 @@ async fn invalid_arguments_name_the_field() {
                 ttl: Some(ms(50)),
                 wait_timeout: None,
                 owner: String::new(),
+                ..Default::default()
             })
             .await,
         "ttl",
@@ -642,6 +645,7 @@ async fn invalid_arguments_name_the_field() {
                 ttl: Some(ms(1_000)),
                 wait_timeout: None,
                 owner: String::new(),
+                ..Default::default()
             })
             .await,
         "name",
@@ -974,7 +978,7 @@ async fn mutual_exclusion_under_contention() {
     let mut tasks = JoinSet::new();
     for _ in 0..CLIENTS {
         let mut client = baton.client().await;
-        let mut conn = redis.client().await;
+        let mut conn = redis.conn().await;
         let counter = counter.clone();
         let fences = fences.clone();
         let inside = inside.clone();
@@ -1018,7 +1022,7 @@ async fn mutual_exclusion_under_contention() {
     .await;
     let elapsed = started.elapsed();
 
-    let mut conn = redis.client().await;
+    let mut conn = redis.conn().await;
     let total: u64 = redis::cmd("GET")
         .arg(&counter)
         .query_async(&mut conn)
@@ -1159,7 +1163,7 @@ async fn dropping_a_hold_stream_frees_the_lock() {
 /// grants locks again and readiness returns to SERVING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_during_hold_reports_lost_before_expiry() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
     let mut health = baton.health().await;
@@ -1239,7 +1243,7 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
 /// contract reserves UNAVAILABLE for a Redis that does not answer within the command timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_works_as_soon_as_redis_is_back() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
     let mut health = baton.health().await;
@@ -1294,7 +1298,7 @@ async fn waiting_works_as_soon_as_redis_is_back() {
 /// hanging: Acquire (trying once and waiting), Release, Refresh, Describe, Hold and KeepAlive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_fail_fast_when_redis_is_down() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
     let lease = acquired(&mut client, "orders", 10_000, None, "alice").await;
@@ -1355,6 +1359,7 @@ async fn calls_fail_fast_when_redis_is_down() {
                 ttl: Some(ms(1_000)),
                 wait_timeout: None,
                 owner: String::new(),
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -1367,7 +1372,7 @@ async fn calls_fail_fast_when_redis_is_down() {
 /// second instead of waiting out its 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_while_waiting_answers_unavailable() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
 
@@ -1390,7 +1395,7 @@ async fn redis_killed_while_waiting_answers_unavailable() {
 /// larger one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_keep_increasing_after_redis_restart() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut client = baton.client().await;
 
@@ -1429,7 +1434,7 @@ async fn fencing_tokens_keep_increasing_after_redis_restart() {
 /// SERVING while it answers, NOT_SERVING within 3 s of it being killed (liveness stays SERVING).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_redis() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let baton = Baton::start(&redis).await;
     let mut health = baton.health().await;
 
@@ -1832,4 +1837,1143 @@ async fn failure_mode_4_stale_holder_is_fenced() {
     assert!(d.held, "A's release must not free B's lock: {d:?}");
     assert_eq!(d.owner, "bob");
     assert_eq!(d.fencing_token, lease_b.fencing_token);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fairness and shared locks
+// ---------------------------------------------------------------------------------------------
+
+/// How a test asks for a lock: fair or not, exclusive or shared.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    fair: bool,
+    mode: pb::LockMode,
+}
+
+const EXCLUSIVE: Ask = Ask {
+    fair: false,
+    mode: pb::LockMode::Exclusive,
+};
+const SHARED: Ask = Ask {
+    fair: false,
+    mode: pb::LockMode::Shared,
+};
+const FAIR: Ask = Ask {
+    fair: true,
+    mode: pb::LockMode::Exclusive,
+};
+const FAIR_SHARED: Ask = Ask {
+    fair: true,
+    mode: pb::LockMode::Shared,
+};
+
+fn ask_request(
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    ask: Ask,
+) -> pb::LockServiceAcquireRequest {
+    pb::LockServiceAcquireRequest {
+        fair: ask.fair,
+        mode: ask.mode.into(),
+        ..acquire_request(name, ttl_ms, wait_ms, owner)
+    }
+}
+
+async fn ask(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    ask: Ask,
+) -> pb::LockServiceAcquireResponse {
+    client
+        .acquire(ask_request(name, ttl_ms, wait_ms, owner, ask))
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {name:?} ({ask:?}) failed: {s:?}"))
+        .into_inner()
+}
+
+/// Asks and asserts the lock was granted, returning the lease.
+async fn granted(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    how: Ask,
+) -> pb::LockLease {
+    let response = ask(client, name, ttl_ms, wait_ms, owner, how).await;
+    assert!(
+        response.acquired,
+        "expected to acquire {name:?} ({how:?}): {response:?}"
+    );
+    response
+        .lease
+        .expect("an acquired response carries the lease")
+}
+
+fn hold_request(name: &str, ttl_ms: u64, owner: &str, how: Ask) -> pb::LockServiceHoldRequest {
+    pb::LockServiceHoldRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: None,
+        owner: owner.to_owned(),
+        fair: how.fair,
+        mode: how.mode.into(),
+    }
+}
+
+/// Waits (bounded) until Describe reports `n` waiters in the fair queue of `name`.
+async fn wait_for_queued(client: &Client, name: &str, n: u32) {
+    let what = format!("{n} queued waiter(s) on {name:?}");
+    wait_until(Duration::from_secs(5), &what, || {
+        let mut client = client.clone();
+        async move {
+            let d = describe(&mut client, name).await;
+            if d.queued == n { Ok(()) } else { Err(d) }
+        }
+    })
+    .await;
+}
+
+/// Calls of `command` Redis ran successfully since the last `CONFIG RESETSTAT` (`INFO
+/// commandstats`), leaving out failed ones such as an `EVALSHA` answered `NOSCRIPT` before its
+/// script is loaded; summed over every master of a Cluster.
+async fn command_calls(conn: &mut support::RedisConn, command: &str) -> u64 {
+    conn.command_calls(command).await
+}
+
+async fn reset_stats(conn: &mut support::RedisConn) {
+    conn.reset_stats().await;
+}
+
+/// Jain's fairness index of `counts`: 1 when every count is equal, 1/n when one takes all.
+fn jain(counts: &[u64]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
+    sum * sum / (counts.len() as f64 * squares)
+}
+
+/// Six fair waiters, each started once the previous one is queued, get the lock in that order,
+/// and a non-fair request made after them (while the lock is free between two grants, too) gets
+/// it only after all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_are_granted_in_arrival_order() {
+    const WAITERS: u32 = 6;
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+
+    let holder = acquired(&mut client, "orders", 30_000, None, "holder").await;
+    let mut tasks = JoinSet::new();
+    let spawn = |tasks: &mut JoinSet<()>, id: String, how: Ask, client: Client| {
+        let order = order.clone();
+        tasks.spawn(async move {
+            let mut client = client;
+            let lease = granted(&mut client, "orders", 10_000, Some(10_000), &id, how).await;
+            order.lock().expect("order").push(id);
+            // Held a moment, so a later waiter could try to slip in between two grants.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert!(release(&mut client, "orders", &lease.token).await.was_held);
+        });
+    };
+    for i in 0..WAITERS {
+        spawn(&mut tasks, format!("fair-{i}"), FAIR, baton.client().await);
+        wait_for_queued(&client, "orders", i + 1).await;
+    }
+    spawn(&mut tasks, "late".into(), EXCLUSIVE, baton.client().await);
+    wait_for_waiters(&client, "orders", WAITERS + 1).await;
+
+    assert!(release(&mut client, "orders", &holder.token).await.was_held);
+    within(
+        Duration::from_secs(10),
+        async {
+            while let Some(joined) = tasks.join_next().await {
+                joined.expect("a waiter task failed");
+            }
+        },
+        "every waiter to get the lock",
+    )
+    .await;
+    let mut expected: Vec<String> = (0..WAITERS).map(|i| format!("fair-{i}")).collect();
+    expected.push("late".into());
+    assert_eq!(*order.lock().expect("order"), expected);
+    let d = describe(&mut client, "orders").await;
+    assert_eq!((d.waiters, d.queued), (0, 0), "{d:?}");
+}
+
+/// 16 fair clients looping acquire + release on one lock share the grants evenly (Jain's index
+/// of grants per client >= 0.99), and a grant costs a few script calls, not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_contention_is_even_and_wakes_no_herd() {
+    const CLIENTS: usize = 16;
+    const GRANTS: u64 = 640;
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut conn = redis.conn().await;
+    let total = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+
+    reset_stats(&mut conn).await;
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for _ in 0..CLIENTS {
+        let mut client = baton.client().await;
+        let (total, inside) = (total.clone(), inside.clone());
+        tasks.spawn(async move {
+            let mut mine = 0u64;
+            while total.load(Ordering::SeqCst) < GRANTS {
+                let lease = granted(&mut client, "hot", 5_000, Some(30_000), "", FAIR).await;
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                mine += 1;
+                total.fetch_add(1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                assert!(release(&mut client, "hot", &lease.token).await.was_held);
+            }
+            mine
+        });
+    }
+    let mut counts = Vec::new();
+    within(
+        Duration::from_secs(60),
+        async {
+            while let Some(joined) = tasks.join_next().await {
+                counts.push(joined.expect("a client task failed"));
+            }
+        },
+        "the contended loop to finish",
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let grants: u64 = counts.iter().sum();
+    let scripts = command_calls(&mut conn, "evalsha").await;
+    let index = jain(&counts);
+    eprintln!(
+        "{grants} fair grants to {CLIENTS} clients in {elapsed:?}: per client {counts:?}, \
+         Jain's index {index:.4}, {:.2} script calls per grant",
+        scripts as f64 / grants as f64
+    );
+    assert!(index >= 0.99, "Jain's index {index} for {counts:?}");
+    // Per grant: the release, the woken head's attempt, and the releaser's next try and queueing
+    // (plus the odd place renewal). Waking every waiter would cost 16 more.
+    assert!(
+        (scripts as f64) < 6.0 * grants as f64,
+        "{scripts} script calls for {grants} grants"
+    );
+}
+
+/// In fair mode a release wakes only the queue's head: around one handoff with four fair waiters
+/// Redis runs exactly two scripts (the release and the head's acquisition) and one PUBLISH. The
+/// same handoff with non-fair waiters wakes all four. Each run ends well within a second of the
+/// first registration, before any waiter renews its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_release_wakes_only_the_head() {
+    const WAITERS: u32 = 4;
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.conn().await;
+
+    // Returns the script calls and PUBLISH calls Redis ran around one handoff, or None when the
+    // run took too long to rule out place renewals (about every second).
+    async fn handoff(
+        baton: &Baton,
+        client: &mut Client,
+        conn: &mut support::RedisConn,
+        name: &str,
+        how: Ask,
+    ) -> Option<(u64, u64)> {
+        let holder = acquired(client, name, 30_000, None, "holder").await;
+        let first_registered = Instant::now();
+        let mut waiters = JoinSet::new();
+        for i in 0..WAITERS {
+            let mut c = baton.client().await;
+            let lock = name.to_owned();
+            waiters.spawn(async move {
+                ask(&mut c, &lock, 30_000, Some(10_000), &format!("w{i}"), how).await
+            });
+            if how.fair {
+                wait_for_queued(client, name, i + 1).await;
+            }
+        }
+        wait_for_waiters(client, name, WAITERS).await;
+        // A waiter registers on its first try and tries once more once subscribed: wait until
+        // every such attempt has run (no script call for 50 ms) before counting.
+        let mut last = command_calls(conn, "evalsha").await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = command_calls(conn, "evalsha").await;
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+
+        reset_stats(conn).await;
+        assert!(release(client, name, &holder.token).await.was_held);
+        let first = within(
+            Duration::from_secs(2),
+            waiters.join_next(),
+            "the next holder",
+        )
+        .await
+        .expect("a waiter")
+        .expect("waiter task");
+        assert!(first.acquired, "{first:?}");
+        // Anyone else woken would run its acquisition script now.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Scripts publish with SPUBLISH on a Cluster.
+        let publish = conn.publish_command();
+        let counts = (
+            command_calls(conn, "evalsha").await,
+            command_calls(conn, publish).await,
+        );
+        let quick = first_registered.elapsed() < Duration::from_millis(900);
+        waiters.abort_all();
+        let lease = first.lease.expect("lease");
+        release(client, name, &lease.token).await;
+        quick.then_some(counts)
+    }
+
+    let mut fair = None;
+    for attempt in 0..3 {
+        fair = handoff(
+            &baton,
+            &mut client,
+            &mut conn,
+            &format!("fair-{attempt}"),
+            FAIR,
+        )
+        .await;
+        if fair.is_some() {
+            break;
+        }
+    }
+    let (scripts, publishes) = fair.expect("a fair handoff measured within a second");
+    assert_eq!(
+        scripts, 2,
+        "fair: script calls around one handoff (release + head's acquire)"
+    );
+    assert_eq!(publishes, 1, "fair: one message, addressed to the head");
+
+    let mut herd = None;
+    for attempt in 0..3 {
+        herd = handoff(
+            &baton,
+            &mut client,
+            &mut conn,
+            &format!("herd-{attempt}"),
+            EXCLUSIVE,
+        )
+        .await;
+        if herd.is_some() {
+            break;
+        }
+    }
+    let (scripts, _) = herd.expect("a non-fair handoff measured within a second");
+    assert!(
+        scripts > u64::from(WAITERS),
+        "non-fair: the release wakes every waiter, {scripts} script calls"
+    );
+}
+
+/// A fair waiter that gives up passes its turn on at once: an exclusive head that times out lets
+/// the shared waiter it held back join the shared holder immediately; a head whose caller
+/// cancels leaves the queue, so the next waiter gets the lock as soon as it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_that_gives_up_passes_the_turn_on() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    // A shared holder; an exclusive head that waits 300 ms; a shared waiter behind it.
+    let reader = granted(&mut client, "timeout", 30_000, None, "reader", SHARED).await;
+    let mut c = baton.client().await;
+    let mut head = tokio::spawn(async move {
+        let response = ask(&mut c, "timeout", 10_000, Some(300), "writer", FAIR).await;
+        (response, Instant::now())
+    });
+    wait_for_queued(&client, "timeout", 1).await;
+    let mut c = baton.client().await;
+    let mut behind = tokio::spawn(async move {
+        let response = ask(
+            &mut c,
+            "timeout",
+            10_000,
+            Some(10_000),
+            "reader-2",
+            FAIR_SHARED,
+        )
+        .await;
+        (response, Instant::now())
+    });
+    wait_for_waiters_while(&client, "timeout", 2, &mut behind).await;
+    let (gave_up, gave_up_at) = within(Duration::from_secs(2), &mut head, "the head to give up")
+        .await
+        .expect("head task");
+    assert!(!gave_up.acquired, "{gave_up:?}");
+    let (response, got_at) = within(Duration::from_secs(2), &mut behind, "the shared waiter")
+        .await
+        .expect("waiter task");
+    assert!(response.acquired, "{response:?}");
+    let after = got_at.saturating_duration_since(gave_up_at);
+    assert!(
+        after < Duration::from_millis(100),
+        "the shared waiter got in {after:?} after the writer ahead of it gave up"
+    );
+    assert_eq!(describe(&mut client, "timeout").await.shared_holders, 2);
+    release(&mut client, "timeout", &reader.token).await;
+
+    // An exclusive holder; two fair waiters; the first one's caller goes away.
+    let holder = acquired(&mut client, "cancel", 30_000, None, "holder").await;
+    let mut c = baton.client().await;
+    let first =
+        tokio::spawn(
+            async move { ask(&mut c, "cancel", 10_000, Some(10_000), "first", FAIR).await },
+        );
+    wait_for_queued(&client, "cancel", 1).await;
+    let mut c = baton.client().await;
+    let mut second = tokio::spawn(async move {
+        let response = ask(&mut c, "cancel", 10_000, Some(10_000), "second", FAIR).await;
+        (response, Instant::now())
+    });
+    wait_for_queued(&client, "cancel", 2).await;
+    first.abort();
+    wait_for_queued(&client, "cancel", 1).await;
+    assert!(release(&mut client, "cancel", &holder.token).await.was_held);
+    let released_at = Instant::now();
+    let (response, got_at) = within(Duration::from_secs(2), &mut second, "the second waiter")
+        .await
+        .expect("waiter task");
+    assert!(response.acquired, "{response:?}");
+    let latency = got_at.saturating_duration_since(released_at);
+    assert!(
+        latency < Duration::from_millis(50),
+        "the second waiter got the lock {latency:?} after the release"
+    );
+}
+
+/// A fair waiter whose Baton dies (a real `baton` process, SIGKILLed while queued first) holds up
+/// the queue only until its place lease (3 s) runs out: the waiter behind it, on another Baton,
+/// then gets the lock without any message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_fair_waiter_drops_out_when_its_place_expires() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), baton.prefix().to_owned()]);
+    let process =
+        support::BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    let holder = acquired(&mut client, "orders", 30_000, None, "holder").await;
+    let mut doomed = process.client().await;
+    let _dead = tokio::spawn(async move {
+        doomed
+            .acquire(ask_request("orders", 10_000, Some(30_000), "doomed", FAIR))
+            .await
+    });
+    wait_for_queued(&client, "orders", 1).await;
+    let mut c = baton.client().await;
+    let mut behind = tokio::spawn(async move {
+        let response = ask(&mut c, "orders", 10_000, Some(10_000), "behind", FAIR).await;
+        (response, Instant::now())
+    });
+    wait_for_queued(&client, "orders", 2).await;
+
+    drop(process); // SIGKILL: the doomed waiter's place is no longer renewed.
+    let killed_at = Instant::now();
+    assert!(release(&mut client, "orders", &holder.token).await.was_held);
+    let (response, got_at) = within(Duration::from_secs(5), &mut behind, "the waiter behind")
+        .await
+        .expect("waiter task");
+    assert!(response.acquired, "{response:?}");
+    let after = got_at.saturating_duration_since(killed_at);
+    assert!(
+        after > Duration::from_millis(500) && after < Duration::from_millis(3_500),
+        "the waiter behind a dead one got the lock {after:?} after the kill"
+    );
+    let d = describe(&mut client, "orders").await;
+    assert_eq!((d.owner.as_str(), d.queued), ("behind", 0), "{d:?}");
+}
+
+/// Five shared holders hold the lock at once, each with its own lease; an exclusive request is
+/// refused while any of them lives and granted once the last one is released; a shared request
+/// is refused while the exclusive holder holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_holders_exclude_an_exclusive_holder_and_back() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut leases = Vec::new();
+    for i in 0..5u64 {
+        let lease = granted(
+            &mut client,
+            "doc",
+            10_000 + i * 1_000,
+            None,
+            &format!("r{i}"),
+            SHARED,
+        )
+        .await;
+        assert_eq!(lease.mode(), pb::LockMode::Shared);
+        assert_eq!(lease.hold_count, 1);
+        leases.push(lease);
+    }
+    let tokens: std::collections::HashSet<_> = leases.iter().map(|l| l.token.clone()).collect();
+    assert_eq!(tokens.len(), 5, "each shared holder has its own lease");
+
+    let d = describe(&mut client, "doc").await;
+    assert!(d.held);
+    assert_eq!(d.mode(), pb::LockMode::Shared);
+    assert_eq!(d.shared_holders, 5);
+    assert_eq!((d.owner.as_str(), d.hold_count), ("", 0));
+    assert_eq!(
+        d.fencing_token, leases[4].fencing_token,
+        "the latest issued"
+    );
+    let longest = remaining(&d.remaining_ttl, "longest shared lease");
+    assert!(
+        longest > Duration::from_secs(13) && longest <= Duration::from_secs(14),
+        "{longest:?}"
+    );
+    let earliest = d
+        .earliest_shared_holder
+        .expect("the earliest shared holder");
+    assert_eq!(earliest.owner, "r0");
+    assert_eq!(earliest.hold_count, 1);
+    assert_eq!(earliest.fencing_token, leases[0].fencing_token);
+    assert!(remaining(&earliest.remaining_ttl, "earliest") <= Duration::from_secs(10));
+
+    for lease in &leases[..4] {
+        let refused = ask(&mut client, "doc", 10_000, None, "writer", EXCLUSIVE).await;
+        assert!(!refused.acquired, "{refused:?}");
+        let left = remaining(&refused.holder_remaining_ttl, "holder_remaining_ttl");
+        assert!(
+            left > Duration::from_secs(10),
+            "the longest shared lease: {left:?}"
+        );
+        assert!(release(&mut client, "doc", &lease.token).await.was_held);
+    }
+    assert!(
+        !ask(&mut client, "doc", 10_000, None, "writer", EXCLUSIVE)
+            .await
+            .acquired
+    );
+    let last = release(&mut client, "doc", &leases[4].token).await;
+    assert_eq!((last.was_held, last.remaining_holds), (true, 0));
+
+    let writer = granted(&mut client, "doc", 10_000, None, "writer", EXCLUSIVE).await;
+    assert_eq!(writer.mode(), pb::LockMode::Exclusive);
+    let refused = ask(&mut client, "doc", 10_000, None, "reader", SHARED).await;
+    assert!(!refused.acquired, "{refused:?}");
+    assert!(refused.holder_remaining_ttl.is_some());
+    let d = describe(&mut client, "doc").await;
+    assert_eq!((d.mode(), d.shared_holders), (pb::LockMode::Exclusive, 0));
+    assert!(release(&mut client, "doc", &writer.token).await.was_held);
+    granted(&mut client, "doc", 10_000, None, "reader", SHARED).await;
+}
+
+/// A shared lease that is never released ends at its ttl: a waiting writer gets the lock about
+/// 300 ms later, without any release published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_lease_expires_at_its_ttl() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let started = Instant::now();
+    let reader = granted(&mut client, "doc", 300, None, "reader", SHARED).await;
+    let writer = granted(&mut client, "doc", 10_000, Some(5_000), "writer", EXCLUSIVE).await;
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(250) && elapsed < Duration::from_millis(1_500),
+        "got a lock held shared for 300 ms after {elapsed:?}"
+    );
+    assert!(writer.fencing_token > reader.fencing_token);
+    let released = release(&mut client, "doc", &reader.token).await;
+    assert!(
+        !released.was_held,
+        "the expired shared lease is gone: {released:?}"
+    );
+    assert_code(
+        refresh(&mut client, "doc", &reader.token, None).await,
+        Code::FailedPrecondition,
+        "refresh of an expired shared lease",
+    );
+}
+
+/// A writer is not starved by a stream of overlapping readers: once it waits, new shared
+/// requests wait behind it, and it gets the lock as soon as the readers already in let go; the
+/// readers then go on. Checked without and with fairness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_is_not_starved_by_readers() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+
+    for (reading, writing) in [(SHARED, EXCLUSIVE), (FAIR_SHARED, FAIR)] {
+        let name = format!("doc-{}", reading.fair);
+        let stop = Arc::new(AtomicBool::new(false));
+        let grants = Arc::new(Mutex::new(Vec::new()));
+        // A new reader every 30 ms, each holding 120 ms: the lock never falls free by itself.
+        let mut readers = JoinSet::new();
+        let spawner = {
+            let (stop, grants, name) = (stop.clone(), grants.clone(), name.clone());
+            let client = baton.client().await;
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let (grants, name, mut c) = (grants.clone(), name.clone(), client.clone());
+                    readers.spawn(async move {
+                        let asked_at = Instant::now();
+                        let lease = granted(&mut c, &name, 5_000, Some(5_000), "", reading).await;
+                        grants
+                            .lock()
+                            .expect("grants")
+                            .push((asked_at, Instant::now()));
+                        tokio::time::sleep(Duration::from_millis(120)).await;
+                        release(&mut c, &name, &lease.token).await;
+                    });
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                }
+                while let Some(joined) = readers.join_next().await {
+                    joined.expect("a reader task failed");
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let mut w = baton.client().await;
+        let asked_at = Instant::now();
+        let lease = granted(&mut w, &name, 5_000, Some(5_000), "writer", writing).await;
+        let got_at = Instant::now();
+        let waited = got_at - asked_at;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released_at = Instant::now();
+        assert!(release(&mut w, &name, &lease.token).await.was_held);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::SeqCst);
+        within(Duration::from_secs(10), spawner, "the readers to finish")
+            .await
+            .expect("reader spawner");
+
+        assert!(
+            waited < Duration::from_millis(600),
+            "{writing:?}: the writer waited {waited:?} behind readers holding 120 ms each"
+        );
+        let grants = grants.lock().expect("grants");
+        // Readers that asked after the writer began waiting (with a margin for its registration)
+        // were granted only after it released.
+        let late: Vec<_> = grants
+            .iter()
+            .filter(|(asked, _)| *asked > asked_at + Duration::from_millis(20))
+            .collect();
+        assert!(!late.is_empty(), "readers kept coming");
+        for (asked, got) in late {
+            assert!(
+                *got >= released_at || *asked > released_at,
+                "{reading:?}: a reader that asked {:?} after the writer got in {:?} before it released",
+                *asked - asked_at,
+                got.saturating_duration_since(asked_at)
+            );
+        }
+    }
+}
+
+/// Reentrancy per owner in both modes: a shared owner asking again gets one more hold of its own
+/// shared lease; an exclusive owner asking for it shared gets one more hold of its exclusive lease
+/// (reported EXCLUSIVE); releases count down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_per_owner_in_both_modes() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let first = granted(&mut client, "shared", 10_000, None, "reader", SHARED).await;
+    let other = granted(&mut client, "shared", 10_000, None, "other", SHARED).await;
+    let again = granted(&mut client, "shared", 20_000, None, "reader", SHARED).await;
+    assert_eq!(again.token, first.token);
+    assert_eq!(again.fencing_token, first.fencing_token);
+    assert_eq!(again.hold_count, 2);
+    assert_eq!(again.mode(), pb::LockMode::Shared);
+    assert_eq!(
+        remaining(&again.remaining_ttl, "extended"),
+        Duration::from_secs(20)
+    );
+    assert_eq!(describe(&mut client, "shared").await.shared_holders, 2);
+    let r = release(&mut client, "shared", &first.token).await;
+    assert_eq!((r.was_held, r.remaining_holds), (true, 1));
+    let r = release(&mut client, "shared", &first.token).await;
+    assert_eq!((r.was_held, r.remaining_holds), (true, 0));
+    assert_eq!(describe(&mut client, "shared").await.shared_holders, 1);
+    release(&mut client, "shared", &other.token).await;
+
+    let writer = granted(&mut client, "exclusive", 10_000, None, "writer", EXCLUSIVE).await;
+    let read = granted(&mut client, "exclusive", 10_000, None, "writer", SHARED).await;
+    assert_eq!(read.token, writer.token);
+    assert_eq!(read.fencing_token, writer.fencing_token);
+    assert_eq!(read.hold_count, 2);
+    assert_eq!(read.mode(), pb::LockMode::Exclusive);
+    assert!(
+        !ask(&mut client, "exclusive", 10_000, None, "someone", SHARED)
+            .await
+            .acquired
+    );
+    let d = describe(&mut client, "exclusive").await;
+    assert_eq!(
+        (d.mode(), d.hold_count, d.shared_holders),
+        (pb::LockMode::Exclusive, 2, 0)
+    );
+    assert_eq!(
+        release(&mut client, "exclusive", &writer.token)
+            .await
+            .remaining_holds,
+        1
+    );
+    assert_eq!(
+        release(&mut client, "exclusive", &writer.token)
+            .await
+            .remaining_holds,
+        0
+    );
+    assert!(!describe(&mut client, "exclusive").await.held);
+}
+
+/// An owner holding the lock only shared that asks for it exclusively is refused at once with
+/// FAILED_PRECONDITION (even with a wait: an upgrade would deadlock), and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_from_shared_to_exclusive_is_refused() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let lease = granted(&mut client, "doc", 10_000, None, "reader", SHARED).await;
+    for (wait, how) in [
+        (None, EXCLUSIVE),
+        (Some(5_000), EXCLUSIVE),
+        (Some(5_000), FAIR),
+    ] {
+        let started = Instant::now();
+        let status = assert_code(
+            client
+                .acquire(ask_request("doc", 10_000, wait, "reader", how))
+                .await,
+            Code::FailedPrecondition,
+            "an upgrade",
+        );
+        assert!(status.message().contains("shared"), "{status:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "refused at once"
+        );
+    }
+    let d = describe(&mut client, "doc").await;
+    assert_eq!(
+        (d.mode(), d.shared_holders, d.waiters),
+        (pb::LockMode::Shared, 1, 0),
+        "{d:?}"
+    );
+    assert_eq!(d.earliest_shared_holder.expect("holder").hold_count, 1);
+    assert!(release(&mut client, "doc", &lease.token).await.was_held);
+}
+
+/// Fencing tokens strictly increase in grant order across shared and exclusive grants, with
+/// overlapping shared leases each getting their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_modes() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut tokens = Vec::new();
+    let s1 = granted(&mut client, "doc", 10_000, None, "", SHARED).await;
+    let s2 = granted(&mut client, "doc", 10_000, None, "", SHARED).await;
+    tokens.extend([s1.fencing_token, s2.fencing_token]);
+    release(&mut client, "doc", &s1.token).await;
+    let s3 = granted(&mut client, "doc", 10_000, None, "", SHARED).await;
+    tokens.push(s3.fencing_token);
+    release(&mut client, "doc", &s2.token).await;
+    release(&mut client, "doc", &s3.token).await;
+    let x1 = granted(&mut client, "doc", 10_000, None, "", EXCLUSIVE).await;
+    tokens.push(x1.fencing_token);
+    release(&mut client, "doc", &x1.token).await;
+    let s4 = granted(&mut client, "doc", 10_000, None, "", FAIR_SHARED).await;
+    tokens.push(s4.fencing_token);
+    release(&mut client, "doc", &s4.token).await;
+    let x2 = granted(&mut client, "doc", 10_000, None, "", FAIR).await;
+    tokens.push(x2.fencing_token);
+    if let Some(w) = tokens.windows(2).find(|w| w[0] >= w[1]) {
+        panic!("fencing tokens went {} then {}: {tokens:?}", w[0], w[1]);
+    }
+}
+
+/// `Hold` and `KeepAlive` streams of shared leases: two shared Holds (ttl 300 ms) stay held past
+/// their ttl side by side; a KeepAlive keeps a shared lease from `Acquire` alive; closing each
+/// stream releases its lease at once and leaves the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_leases_in_hold_and_keep_alive_streams() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut streams = Vec::new();
+    for owner in ["a", "b"] {
+        let mut stream = client
+            .hold(hold_request("doc", 300, owner, SHARED))
+            .await
+            .expect("Hold")
+            .into_inner();
+        match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+            HoldEvent::Acquired(lease) => {
+                assert_eq!(lease.mode(), pb::LockMode::Shared);
+                assert_eq!(lease.owner, owner);
+            }
+            other => panic!("expected acquired, got {other:?}"),
+        }
+        streams.push(stream);
+    }
+    let lease = granted(&mut client, "doc", 300, None, "c", SHARED).await;
+    let mut kept = client
+        .keep_alive(pb::LockServiceKeepAliveRequest {
+            name: "doc".into(),
+            token: lease.token.clone(),
+            ttl: None,
+        })
+        .await
+        .expect("KeepAlive")
+        .into_inner();
+    assert!(matches!(
+        next_keep_alive_event(&mut kept, Duration::from_millis(200), "first renewal").await,
+        KeepAliveEvent::Renewed(_)
+    ));
+
+    let end = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        for stream in &mut streams {
+            assert!(matches!(
+                next_hold_event(stream, Duration::from_millis(300), "a renewal").await,
+                HoldEvent::Renewed(_)
+            ));
+        }
+        assert!(matches!(
+            next_keep_alive_event(&mut kept, Duration::from_millis(300), "a renewal").await,
+            KeepAliveEvent::Renewed(_)
+        ));
+    }
+    let d = describe(&mut client, "doc").await;
+    assert_eq!(
+        (d.mode(), d.shared_holders),
+        (pb::LockMode::Shared, 3),
+        "held past the ttl: {d:?}"
+    );
+    assert!(
+        !ask(&mut client, "doc", 1_000, None, "writer", EXCLUSIVE)
+            .await
+            .acquired
+    );
+
+    drop(kept);
+    let shared_holders = |n: u32| {
+        let client = client.clone();
+        async move {
+            wait_until(
+                Duration::from_secs(1),
+                &format!("{n} shared holders"),
+                || {
+                    let mut client = client.clone();
+                    async move {
+                        let d = describe(&mut client, "doc").await;
+                        if d.shared_holders == n {
+                            Ok(())
+                        } else {
+                            Err(d)
+                        }
+                    }
+                },
+            )
+            .await;
+        }
+    };
+    shared_holders(2).await;
+    streams.pop();
+    shared_holders(1).await;
+    streams.pop();
+    wait_until_free(&client, "doc", Duration::from_secs(1)).await;
+    granted(&mut client, "doc", 1_000, None, "writer", EXCLUSIVE).await;
+}
+
+/// Redis killed while a shared Hold (ttl 1 s) is open: the stream reports `lost` UNCONFIRMED
+/// before the shared lease could have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_hold_reports_lost_before_expiry_when_redis_dies() {
+    let mut redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let mut stream = client
+        .hold(hold_request("doc", 1_000, "", SHARED))
+        .await
+        .expect("Hold")
+        .into_inner();
+    let (mut confirmed_at, mut valid_for) =
+        match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+            HoldEvent::Acquired(lease) => {
+                (Instant::now(), remaining(&lease.remaining_ttl, "acquired"))
+            }
+            other => panic!("expected acquired, got {other:?}"),
+        };
+    redis.kill();
+    let lost = loop {
+        match next_hold_event(&mut stream, Duration::from_secs(3), "lost").await {
+            HoldEvent::Renewed(r) => {
+                confirmed_at = Instant::now();
+                valid_for = remaining(&r.remaining_ttl, "renewed");
+            }
+            HoldEvent::Lost(lost) => break lost,
+            other => panic!("expected renewed or lost, got {other:?}"),
+        }
+    };
+    assert_eq!(lost.reason(), LeaseLostReason::Unconfirmed, "{lost:?}");
+    assert!(
+        Instant::now() < confirmed_at + valid_for,
+        "lost arrived after the lease could expire"
+    );
+    expect_end(&mut stream, "the Hold stream after lost").await;
+}
+
+/// Every key a lock writes expires, with shared holders, a fair queue, a waiting writer and
+/// waiting readers all present at once; and they are all gone once nothing is held or waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lock_key_expires() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.conn().await;
+
+    let reader = granted(&mut client, "doc", 30_000, None, "reader", SHARED).await;
+    let mut waiting = JoinSet::new();
+    // The writer first: once it waits, the second reader waits too.
+    for (n, (owner, how)) in [("writer", EXCLUSIVE), ("reader-2", SHARED), ("fair", FAIR)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut c = baton.client().await;
+        waiting.spawn(async move { ask(&mut c, "doc", 1_000, Some(2_000), owner, how).await });
+        wait_for_waiters(&client, "doc", u32::try_from(n).expect("small") + 1).await;
+    }
+    let pattern = format!("{}*", baton.prefix());
+    let keys = conn.keys(&pattern).await;
+    for suffix in [
+        ":fence", ":readers", ":shared", ":waiters", ":queue", ":writers",
+    ] {
+        assert!(
+            keys.iter().any(|k| k.ends_with(suffix)),
+            "no {suffix} key among {keys:?}"
+        );
+    }
+    for key in &keys {
+        let ttl = pttl(&mut conn, key).await;
+        assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
+    }
+    within(
+        Duration::from_secs(5),
+        async {
+            while let Some(joined) = waiting.join_next().await {
+                let response = joined.expect("waiter task");
+                assert!(!response.acquired, "{response:?}");
+            }
+        },
+        "the waiters to give up",
+    )
+    .await;
+    assert!(release(&mut client, "doc", &reader.token).await.was_held);
+    let left = conn.keys(&pattern).await;
+    assert!(
+        left.iter().all(|k| k.ends_with(":fence")),
+        "only the fencing counter outlives the lock's use: {left:?}"
+    );
+}
+
+/// The new fields are checked: a mode that is not a LockMode is INVALID_ARGUMENT naming `mode`,
+/// for Acquire and Hold, and touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_mode_is_invalid() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    for bad in [3, -1, 99] {
+        let request = pb::LockServiceAcquireRequest {
+            mode: bad,
+            ..acquire_request("doc", 1_000, None, "")
+        };
+        assert_invalid(client.acquire(request).await, "mode");
+        let request = pb::LockServiceHoldRequest {
+            mode: bad,
+            ..hold_request("doc", 1_000, "", FAIR)
+        };
+        assert_invalid(client.hold(request).await, "mode");
+    }
+    assert_eq!(
+        describe(&mut client, "doc").await,
+        pb::LockServiceDescribeResponse::default()
+    );
+    // Unspecified is exclusive.
+    let lease = acquired(&mut client, "doc", 1_000, None, "").await;
+    assert_eq!(lease.mode(), pb::LockMode::Exclusive);
+}
+
+/// `Locks::refresh_many` renews a mix of leases in one script call: an exclusive lease and two
+/// shared ones (one with its acquisition ttl) get their new ttl; a released lease, an expired
+/// shared one and an unknown token come back as not held; an empty batch sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_many_renews_a_mixed_batch_in_one_call() {
+    use baton::{
+        lock::Locks,
+        redis::{Notifier, Redis},
+    };
+
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    // One batch is one script call, which a Cluster allows over one hash slot only.
+    let names = redis.names_in_one_slot("lock", ["a", "b", "c", "d"]);
+    let [lock_a, lock_b, lock_c, lock_d] = names.each_ref().map(String::as_str);
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.conn().await;
+    let mut config = redis.redis_config();
+    config.key_prefix = baton.prefix().to_owned();
+    let backend = Redis::new(&config).expect("redis config");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let notifier = Notifier::start(
+        backend.pubsub_source(),
+        config.command_timeout,
+        shutdown.clone(),
+    );
+    let locks = Locks::new(backend, notifier);
+
+    let exclusive = acquired(&mut client, lock_a, 1_000, None, "").await;
+    let shared = granted(&mut client, lock_b, 1_000, None, "", SHARED).await;
+    let shared_default = granted(&mut client, lock_b, 2_000, None, "", SHARED).await;
+    let released = acquired(&mut client, lock_c, 1_000, None, "").await;
+    release(&mut client, lock_c, &released.token).await;
+    let expired = granted(&mut client, lock_d, 10, None, "", SHARED).await;
+    let still = granted(&mut client, lock_d, 10_000, None, "", SHARED).await;
+    wait_until(
+        Duration::from_secs(1),
+        "the 10 ms shared lease to expire",
+        || {
+            let mut client = client.clone();
+            async move {
+                let d = describe(&mut client, lock_d).await;
+                if d.shared_holders == 1 {
+                    Ok(())
+                } else {
+                    Err(d)
+                }
+            }
+        },
+    )
+    .await;
+
+    let unknown = random_token();
+    let batch = [
+        (
+            lock_a,
+            exclusive.token.as_str(),
+            Some(Duration::from_secs(20)),
+        ),
+        (lock_b, shared.token.as_str(), Some(Duration::from_secs(30))),
+        (lock_b, shared_default.token.as_str(), None),
+        (
+            lock_c,
+            released.token.as_str(),
+            Some(Duration::from_secs(20)),
+        ),
+        (
+            lock_d,
+            expired.token.as_str(),
+            Some(Duration::from_secs(20)),
+        ),
+        (lock_d, unknown.as_str(), Some(Duration::from_secs(20))),
+    ];
+    reset_stats(&mut conn).await;
+    let renewed = locks.refresh_many(&batch).await.expect("refresh_many");
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        1,
+        "one script call"
+    );
+    assert_eq!(
+        renewed,
+        [
+            Some(Duration::from_secs(20)),
+            Some(Duration::from_secs(30)),
+            Some(Duration::from_secs(2)),
+            None,
+            None,
+            None,
+        ]
+    );
+    let ttl = pttl(&mut conn, &baton.lock_key(lock_a)).await;
+    assert!((19_000..=20_000).contains(&ttl), "PTTL {ttl}");
+    let d = describe(&mut client, lock_b).await;
+    let longest = remaining(&d.remaining_ttl, "longest shared lease");
+    assert!(longest > Duration::from_secs(29), "{longest:?}");
+    let earliest = d.earliest_shared_holder.expect("earliest");
+    assert!(remaining(&earliest.remaining_ttl, "earliest") <= Duration::from_secs(2));
+    assert_eq!(describe(&mut client, lock_d).await.shared_holders, 1);
+    assert!(release(&mut client, lock_d, &still.token).await.was_held);
+
+    reset_stats(&mut conn).await;
+    let none: [(&str, &str, Option<Duration>); 0] = [];
+    assert!(
+        locks
+            .refresh_many(&none)
+            .await
+            .expect("empty batch")
+            .is_empty()
+    );
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        0,
+        "an empty batch sends nothing"
+    );
+    shutdown.cancel();
+}
+
+/// Uncontended, every mode costs one script call per acquisition (waiting allowed or not) and one
+/// per release, and a release with nobody waiting publishes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_calls_cost_one_script_each_in_every_mode() {
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut conn = redis.conn().await;
+    let publish = conn.publish_command();
+
+    // Load every script once, so that no NOSCRIPT retry is counted below.
+    let warm = granted(&mut client, "free", 1_000, None, "", EXCLUSIVE).await;
+    release(&mut client, "free", &warm.token).await;
+
+    for how in [EXCLUSIVE, SHARED, FAIR, FAIR_SHARED] {
+        for wait in [None, Some(1_000)] {
+            reset_stats(&mut conn).await;
+            let lease = granted(&mut client, "free", 1_000, wait, "", how).await;
+            assert!(release(&mut client, "free", &lease.token).await.was_held);
+            assert_eq!(
+                command_calls(&mut conn, "evalsha").await,
+                2,
+                "{how:?} waiting {wait:?}: one script call to acquire, one to release"
+            );
+            assert_eq!(command_calls(&mut conn, publish).await, 1, "{how:?}");
+        }
+    }
 }

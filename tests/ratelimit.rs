@@ -76,7 +76,7 @@ fn micros(d: Option<&prost_types::Duration>) -> u64 {
 }
 
 /// Redis's clock, in microseconds since the Unix epoch.
-async fn redis_time(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+async fn redis_time(conn: &mut support::RedisConn) -> u64 {
     let (secs, us): (u64, u64) = redis::cmd("TIME")
         .query_async(conn)
         .await
@@ -214,7 +214,7 @@ async fn gcra_matches_the_analytic_model() {
     let redis = RedisServer::start().await;
     let baton = baton(&redis).await;
     let mut client = baton.ratelimit_client().await;
-    let mut conn = redis.client().await;
+    let mut conn = redis.conn().await;
 
     // 5 per second (an interval of 200 ms) with a burst of 3. Every request below is at least
     // 60 ms away from a decision boundary, so scheduling jitter cannot change a decision.
@@ -505,7 +505,8 @@ async fn arbitrary_periods_and_retry_after() {
 /// Every key the limiter writes is under the prefix, hash-tagged by the limited key, and expires.
 #[tokio::test]
 async fn keys_are_tagged_and_expire() {
-    let redis = RedisServer::start().await;
+    // Lists every key in Redis: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
     let baton = baton(&redis).await;
     let mut client = baton.ratelimit_client().await;
     for algorithm in [GCRA, FIXED, SLIDING] {
@@ -515,13 +516,8 @@ async fn keys_are_tagged_and_expire() {
         )
         .await;
     }
-    let mut conn = redis.client().await;
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
-    keys.sort();
+    let mut conn = redis.conn().await;
+    let keys = conn.keys("*").await;
     let p = baton.prefix();
     assert_eq!(
         keys,
@@ -668,12 +664,8 @@ async fn invalid_arguments_name_the_field_and_write_nothing() {
     let got = check(&mut client, rounded).await;
     assert!(got.allowed);
     assert_eq!(micros(got.reset_after.as_ref()), 900_100);
-    let mut conn = redis.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", baton.prefix()))
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
+    let mut conn = redis.conn().await;
+    let keys = conn.keys(&format!("{}*", baton.prefix())).await;
     assert_eq!(keys.len(), 1, "only the valid check wrote: {keys:?}");
 }
 
@@ -682,8 +674,7 @@ async fn invalid_arguments_name_the_field_and_write_nothing() {
 // ---------------------------------------------------------------------------------------------
 
 fn signal(redis: &RedisServer, signal: nix::sys::signal::Signal) {
-    let pid = i32::try_from(redis.pid().expect("redis runs")).expect("pid fits");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signalling redis");
+    redis.signal(signal);
 }
 
 /// Fail-open and fail-closed Batons each answer within their rate limit timeout, through both
@@ -691,7 +682,7 @@ fn signal(redis: &RedisServer, signal: nix::sys::signal::Signal) {
 /// again once it is back.
 #[tokio::test]
 async fn redis_down_fail_open_and_fail_closed_answer_within_the_timeout() {
-    let mut redis = RedisServer::start().await;
+    let mut redis = RedisServer::start_private().await;
     let timeout = Duration::from_millis(100);
     let start = |mode| {
         let rules = rules();

@@ -18,6 +18,7 @@ fn request(name: &str, ttl_ms: u64, wait_ms: Option<u64>) -> pb::LockServiceAcqu
         ttl: Some(ms(ttl_ms)),
         wait_timeout: wait_ms.map(ms),
         owner: String::new(),
+        ..Default::default()
     }
 }
 

@@ -29,6 +29,7 @@ async fn hold(
             ttl: Some(ms(ttl_ms)),
             wait_timeout: None,
             owner: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
@@ -204,6 +205,7 @@ async fn cancelling_serve_drains_streams_and_waiters() {
             ttl: Some(ms(30_000)),
             wait_timeout: None,
             owner: String::new(),
+            ..Default::default()
         })
         .await
         .expect("Acquire")
@@ -226,6 +228,7 @@ async fn cancelling_serve_drains_streams_and_waiters() {
                 ttl: Some(ms(1_000)),
                 wait_timeout: Some(ms(30_000)),
                 owner: String::new(),
+                ..Default::default()
             })
             .await
     });

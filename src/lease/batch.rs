@@ -156,11 +156,14 @@ mod tests {
 
     use super::*;
 
+    /// The batches a test's `renew_many` was called with.
+    type Calls = Arc<Mutex<Vec<Vec<(u16, u32)>>>>;
+
     /// Requests that arrive before the earliest deadline share one call; slots are never mixed;
     /// no batch exceeds the bound; every lease gets its own answer.
     #[tokio::test(start_paused = true)]
     async fn batches_by_deadline_and_slot() {
-        let calls: Arc<Mutex<Vec<Vec<(u16, u32)>>>> = Arc::default();
+        let calls: Calls = Arc::default();
         let seen = calls.clone();
         let renew: RenewMany<(u16, u32)> = Arc::new(move |items: Vec<(u16, u32)>| {
             seen.lock().unwrap().push(items.clone());

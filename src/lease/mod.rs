@@ -44,8 +44,32 @@ pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
 /// acquisitions so they stop waiting.
 pub type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
 
+/// One buffered stream item. Boxed so that a stream's channel costs a few hundred bytes while idle:
+/// tokio allocates channel slots 32 at a time, and an unboxed `Result<_, Status>` is ~200 bytes.
+type Item<T> = Box<Result<T, tonic::Status>>;
+/// The sending half of a lease stream.
+type Tx<T> = mpsc::Sender<Item<T>>;
+
 /// The receiving half of a lease stream, returned to tonic as the response stream.
-pub type Events<T> = mpsc::Receiver<Result<T, tonic::Status>>;
+pub struct Events<T> {
+    rx: mpsc::Receiver<Item<T>>,
+}
+
+impl<T> futures::Stream for Events<T> {
+    type Item = Result<T, tonic::Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|item| item.map(|boxed| *boxed))
+    }
+}
+
+fn events<T>() -> (Tx<T>, Events<T>) {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    (tx, Events { rx })
+}
 
 /// The outcome of the acquisition that opens a `Hold` stream.
 pub enum Grant<T, L> {
@@ -122,7 +146,7 @@ where
     A: FnOnce(Stop) -> AF + Send + 'static,
     AF: Future<Output = Result<Grant<T, L>, Error>> + Send,
 {
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let (tx, rx) = events();
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         let closed = tx.clone();
@@ -134,17 +158,17 @@ where
                 ttl,
                 valid_until,
             }) => {
-                if tx.send(Ok(first)).await.is_err() {
+                if tx.send(Box::new(Ok(first))).await.is_err() {
                     return release_for_departure(&lease).await;
                 }
                 keep_alive(lease, ttl, valid_until, tx, wrap, shutdown).await;
             }
             Ok(Grant::Refused(event)) => {
-                let _ = tx.send(Ok(event)).await;
+                let _ = tx.send(Box::new(Ok(event))).await;
             }
             Err(Error::Cancelled) => {}
             Err(e) => {
-                let _ = tx.send(Err(e.into())).await;
+                let _ = tx.send(Box::new(Err(e.into()))).await;
             }
         }
     });
@@ -173,9 +197,9 @@ where
     let remaining = first_renewal.await?.ok_or_else(|| {
         Error::FailedPrecondition("the lease is not held: it expired or was released".into())
     })?;
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let (tx, rx) = events();
     // The channel is new and empty, so the first event always fits.
-    let _ = tx.try_send(Ok(wrap(Event::Renewed(remaining))));
+    let _ = tx.try_send(Box::new(Ok(wrap(Event::Renewed(remaining)))));
     tokio::spawn(keep_alive(
         lease,
         ttl.unwrap_or(remaining),
@@ -276,7 +300,7 @@ pub async fn keep_alive<L, T>(
     lease: L,
     ttl: Duration,
     mut valid_until: Instant,
-    tx: mpsc::Sender<Result<T, tonic::Status>>,
+    tx: Tx<T>,
     wrap: fn(Event) -> T,
     shutdown: CancellationToken,
 ) where
@@ -316,7 +340,7 @@ pub async fn keep_alive<L, T>(
                 // A client that does not read its stream misses renewal events rather than
                 // holding renewals up; the lease itself is still renewed.
                 if let Err(mpsc::error::TrySendError::Closed(_)) =
-                    tx.try_send(Ok(wrap(Event::Renewed(remaining))))
+                    tx.try_send(Box::new(Ok(wrap(Event::Renewed(remaining)))))
                 {
                     return release_for_departure(&lease).await;
                 }
@@ -344,11 +368,7 @@ pub async fn keep_alive<L, T>(
     }
 }
 
-async fn lost_unconfirmed<L: Renewable, T>(
-    lease: &L,
-    tx: &mpsc::Sender<Result<T, tonic::Status>>,
-    wrap: fn(Event) -> T,
-) {
+async fn lost_unconfirmed<L: Renewable, T>(lease: &L, tx: &Tx<T>, wrap: fn(Event) -> T) {
     tracing::warn!("lease renewal not confirmed before the safety margin; reporting it lost");
     send_final(
         tx,
@@ -373,11 +393,7 @@ async fn release_for_departure<L: Renewable>(lease: &L) {
     }
 }
 
-async fn release_for_shutdown<L: Renewable, T>(
-    lease: &L,
-    tx: &mpsc::Sender<Result<T, tonic::Status>>,
-    wrap: fn(Event) -> T,
-) {
+async fn release_for_shutdown<L: Renewable, T>(lease: &L, tx: &Tx<T>, wrap: fn(Event) -> T) {
     let message = match lease.release().await {
         Ok(_) => "baton is shutting down; the lease was released".to_owned(),
         Err(e) => format!(
@@ -387,8 +403,8 @@ async fn release_for_shutdown<L: Renewable, T>(
     send_final(tx, wrap(Event::Lost(LostReason::Shutdown, message))).await;
 }
 
-async fn send_final<T>(tx: &mpsc::Sender<Result<T, tonic::Status>>, event: T) {
-    let _ = tokio::time::timeout(FINAL_EVENT_TIMEOUT, tx.send(Ok(event))).await;
+async fn send_final<T>(tx: &Tx<T>, event: T) {
+    let _ = tokio::time::timeout(FINAL_EVENT_TIMEOUT, tx.send(Box::new(Ok(event)))).await;
 }
 
 #[cfg(test)]

@@ -1,5 +1,28 @@
-//! Distributed exclusive locks with leases, fencing tokens, reentrancy per owner, and waiting
-//! woken by Redis pub/sub.
+//! Distributed locks, exclusive or shared, with leases, fencing tokens, reentrancy per owner,
+//! optional FIFO fairness, and waiting woken by Redis pub/sub.
+//!
+//! # Semantics
+//!
+//! - **Modes.** An exclusive lease excludes every other lease; any number of shared leases may be
+//!   held at once. Each shared holder has its own lease (token, ttl, fencing token, owner).
+//! - **Reentrancy per owner.** The same owner asking again in the same mode counts one more hold
+//!   on the same lease. An owner holding the lock exclusively may also take it shared: that counts
+//!   as one more hold of its exclusive lease. An owner holding it only shared asking for it
+//!   exclusively is refused ([`Error::FailedPrecondition`]): an upgrade would deadlock against the
+//!   other readers (or against itself).
+//! - **Fairness.** Fair waiters take a place in a FIFO queue and are granted in arrival order: an
+//!   exclusive one when it is the head, a shared one when only shared waiters are ahead of it (at
+//!   most `MAX_WAKE - 1 = 63` of them, see the prelude). Nobody else is granted while anyone is
+//!   queued, so a fair waiter is never overtaken; callers without `fair` take a free lock at once
+//!   when nobody is queued, and race among themselves. A release wakes only the queue's head (or
+//!   the run of shared waiters at its head), by a message addressed to it. A place lasts
+//!   [`QUEUE_LEASE`] unless renewed (waiters renew it about every third of that), so the place of
+//!   a waiter whose Baton died is dropped in time and the waiters behind wake at its expiry.
+//! - **Writers are not starved.** A fair exclusive waiter holds back every later request (the
+//!   queue). A non-fair exclusive waiter registers as a *writer* (a registration leased like a
+//!   queue place): while one is registered, new non-fair shared requests wait too, so the shared
+//!   holders drain and the writer gets in. (Fair shared waiters, which never wait behind non-fair
+//!   ones, are not held back by non-fair writers: do not mix fair readers with non-fair writers.)
 //!
 //! # Redis layout
 //!
@@ -8,26 +31,40 @@
 //!
 //! | key | type | holds | lifetime |
 //! |---|---|---|---|
-//! | `PREFIX{lock:NAME}` | hash | owner, token, hold count, fencing token, acquisition ttl | the lease's ttl |
-//! | `PREFIX{lock:NAME}:fence` | string | last fencing token issued | ttl + [`FENCE_RETENTION`] after each grant |
-//! | `PREFIX{lock:NAME}:waiters` | sorted set | waiter id → wait deadline (ms) | the longest current wait |
-//! | `PREFIX{lock:NAME}:released` | pub/sub channel | a message per full release | — |
+//! | `PREFIX{lock:NAME}` | hash | the exclusive holder: owner, token, hold count, fencing token, acquisition ttl | the lease's ttl |
+//! | `PREFIX{lock:NAME}:fence` | string | last fencing token issued | ttl + [`FENCE_RETENTION`] after each grant (the longest so far) |
+//! | `PREFIX{lock:NAME}:readers` | sorted set | shared lease token → lease expiry (ms) | until the last shared lease ends |
+//! | `PREFIX{lock:NAME}:shared` | hash | `t:TOKEN` → shared lease record (holds, ttl, fencing token, owner); `o:OWNER` → its token | same |
+//! | `PREFIX{lock:NAME}:waiters` | sorted set | waiter id → registration expiry (ms): fair and exclusive waiters [`QUEUE_LEASE`], renewed; shared non-fair ones their wait | until the last registration ends |
+//! | `PREFIX{lock:NAME}:queue` | sorted set | `x`/`s` + fair waiter id → arrival number | same |
+//! | `PREFIX{lock:NAME}:writers` | sorted set | non-fair exclusive waiter id → registration expiry (ms) | same |
+//! | `PREFIX{lock:NAME}:released` | pub/sub channel | a broadcast per release that frees the lock, or `@WAITER` for the fair queue's head | — |
+//!
+//! Expired shared leases and registrations are dropped by the next script that changes the lock;
+//! [`Locks::describe`] ignores them without writing.
 //!
 //! The gRPC handler is in [`service`]; this module knows nothing of tonic.
 
 pub mod service;
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::Renewable,
+    lease::{
+        Renewable,
+        batch::{Batcher, RenewMany},
+    },
     redis::{
-        Notifier, Redis,
+        Ack, Notifier, Redis,
         reply::{int, millis, ms, string, unexpected},
     },
     wait::{self, Attempt},
@@ -38,17 +75,57 @@ pub use crate::lease::{
     MIN_TTL, MIN_WAIT,
 };
 
+/// How long a waiter's registration lasts unless renewed: the place of a fair waiter in the queue,
+/// and the registration of a non-fair exclusive waiter that holds new shared requests back.
+/// Waiters renew it about every third of this, so the registration of a waiter whose Baton died
+/// ends within this time.
+pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
+/// Most leases [`Locks::refresh_many`] renews in one call.
+pub const MAX_REFRESH_BATCH: usize = 1000;
+
+/// The full source of each lock script as Baton loads it: the shared prelude followed by the
+/// script. For tools that run the scripts directly (the benchmark); like
+/// [`Redis::script`](crate::redis::Redis::script), they must put `local PUBLISH = 'PUBLISH'`
+/// (`'SPUBLISH'` on a Cluster) in front.
+pub mod source {
+    macro_rules! with_prelude {
+        ($file:literal) => {
+            concat!(include_str!("prelude.lua"), include_str!($file))
+        };
+    }
+    /// `acquire.lua`: KEYS state, fence, waiters (then channel, readers, shared, queue, writers).
+    pub const ACQUIRE: &str = with_prelude!("acquire.lua");
+    /// `release.lua`: KEYS state, channel (then readers, shared, queue, waiters, writers).
+    pub const RELEASE: &str = with_prelude!("release.lua");
+    /// `refresh.lua`: KEYS state (then readers, shared).
+    pub const REFRESH: &str = with_prelude!("refresh.lua");
+    /// `refresh_batch.lua`: KEYS state, readers, shared per lease.
+    pub const REFRESH_BATCH: &str = with_prelude!("refresh_batch.lua");
+    /// `abandon.lua`: KEYS state, waiters, channel, readers, queue, writers.
+    pub const ABANDON: &str = with_prelude!("abandon.lua");
+    /// `describe.lua`: KEYS state, fence, waiters, readers, shared, queue.
+    pub const DESCRIBE: &str = with_prelude!("describe.lua");
+}
+
 /// The Redis keys and channel of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
-    /// Hash with the holder's state; expires with the lease.
+    /// Hash with the exclusive holder's state; expires with the lease.
     pub state: String,
     /// Last fencing token issued.
     pub fence: String,
-    /// Sorted set of waiters by wait deadline.
+    /// Sorted set of waiters by registration expiry.
     pub waiters: String,
-    /// Channel published on every full release.
+    /// Channel published when a release lets waiters in.
     pub channel: String,
+    /// Sorted set of shared lease tokens by expiry.
+    pub readers: String,
+    /// Hash of shared lease records, and each shared owner's token.
+    pub shared: String,
+    /// Sorted set of fair waiters by arrival.
+    pub queue: String,
+    /// Sorted set of non-fair exclusive waiters by registration expiry.
+    pub writers: String,
 }
 
 impl LockKeys {
@@ -59,7 +136,99 @@ impl LockKeys {
             fence: format!("{state}:fence"),
             waiters: format!("{state}:waiters"),
             channel: format!("{state}:released"),
+            readers: format!("{state}:readers"),
+            shared: format!("{state}:shared"),
+            queue: format!("{state}:queue"),
+            writers: format!("{state}:writers"),
             state,
+        }
+    }
+
+    /// Every key and the channel.
+    pub fn all(&self) -> [&str; 8] {
+        [
+            &self.state,
+            &self.fence,
+            &self.waiters,
+            &self.channel,
+            &self.readers,
+            &self.shared,
+            &self.queue,
+            &self.writers,
+        ]
+    }
+
+    /// The KEYS of `acquire.lua`, in its order.
+    pub fn for_acquire(&self) -> [&str; 8] {
+        self.all()
+    }
+
+    /// The KEYS of `release.lua`, in its order.
+    pub fn for_release(&self) -> [&str; 7] {
+        [
+            &self.state,
+            &self.channel,
+            &self.readers,
+            &self.shared,
+            &self.queue,
+            &self.waiters,
+            &self.writers,
+        ]
+    }
+
+    /// The KEYS of `refresh.lua`, in its order (also one lease's KEYS in `refresh_batch.lua`).
+    pub fn for_refresh(&self) -> [&str; 3] {
+        [&self.state, &self.readers, &self.shared]
+    }
+
+    /// The KEYS of `abandon.lua`, in its order.
+    pub fn for_abandon(&self) -> [&str; 6] {
+        [
+            &self.state,
+            &self.waiters,
+            &self.channel,
+            &self.readers,
+            &self.queue,
+            &self.writers,
+        ]
+    }
+
+    /// The KEYS of `describe.lua`, in its order.
+    pub fn for_describe(&self) -> [&str; 6] {
+        [
+            &self.state,
+            &self.fence,
+            &self.waiters,
+            &self.readers,
+            &self.shared,
+            &self.queue,
+        ]
+    }
+}
+
+/// How a lock is held or requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// One holder at a time, and no shared holder meanwhile.
+    #[default]
+    Exclusive,
+    /// Any number of shared holders at once, and no exclusive holder meanwhile.
+    Shared,
+}
+
+impl Mode {
+    fn code(self) -> &'static str {
+        match self {
+            Self::Exclusive => "x",
+            Self::Shared => "s",
+        }
+    }
+
+    fn from_code(code: &str) -> Result<Self, Error> {
+        match code {
+            "x" => Ok(Self::Exclusive),
+            "s" => Ok(Self::Shared),
+            _ => Err(unexpected("lock mode")),
         }
     }
 }
@@ -75,6 +244,10 @@ pub struct AcquireRequest {
     pub wait: Duration,
     /// The owner for reentrancy; `None` makes a new owner.
     pub owner: Option<String>,
+    /// Wait in arrival order.
+    pub fair: bool,
+    /// Exclusive or shared.
+    pub mode: Mode,
 }
 
 /// A granted lease.
@@ -88,10 +261,12 @@ pub struct Lease {
     pub fencing_token: u64,
     /// Time left on the lease when Redis answered.
     pub remaining: Duration,
-    /// Holds the owner has after this acquisition.
+    /// Holds the owner has on this lease after this acquisition.
     pub hold_count: u32,
     /// The owner.
     pub owner: String,
+    /// The lease's mode (exclusive when a shared request re-entered the owner's exclusive lease).
+    pub mode: Mode,
     /// When the successful script call was sent: the lease lasts at least until
     /// `sent_at + remaining` by this process's monotonic clock.
     pub sent_at: Instant,
@@ -102,11 +277,27 @@ pub struct Lease {
 pub enum Acquired {
     /// The caller holds the lock.
     Granted(Lease),
-    /// Someone else held the lock for the whole wait.
+    /// The lock stayed unavailable for the whole wait.
     Held {
-        /// The holder's remaining ttl, when known.
+        /// The remaining ttl of what kept the caller out (the exclusive holder, or the longest
+        /// shared lease for an exclusive request), when known.
         remaining: Option<Duration>,
     },
+}
+
+/// What one attempt found when the lock was not granted.
+struct Busy {
+    remaining: Option<Duration>,
+    /// When the state may change without a message (a lease or a registration ends), if ever.
+    change_in: Option<Duration>,
+}
+
+impl From<Busy> for Acquired {
+    fn from(busy: Busy) -> Self {
+        Self::Held {
+            remaining: busy.remaining,
+        }
+    }
 }
 
 /// The result of a release.
@@ -114,22 +305,26 @@ pub enum Acquired {
 pub struct Released {
     /// Whether the token held the lock when the release ran.
     pub was_held: bool,
-    /// Holds left after the release; zero means the lock is free.
+    /// Holds left on the lease after the release; zero means the lease ended.
     pub remaining_holds: u32,
 }
 
 /// A snapshot of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Description {
-    /// The holder, if any.
+    /// The exclusive holder, if any.
     pub holder: Option<Holder>,
-    /// The current holder's fencing token, or the latest one issued (0 when none is known).
+    /// The shared holders, if any.
+    pub shared: Option<SharedHolders>,
+    /// The exclusive holder's fencing token, or the latest one issued (0 when none is known).
     pub fencing_token: u64,
     /// Callers waiting, across every Baton.
     pub waiters: u32,
+    /// The waiters with a place in the fair queue.
+    pub queued: u32,
 }
 
-/// The current holder of a lock.
+/// The exclusive holder of a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     /// The holder's owner.
@@ -138,6 +333,30 @@ pub struct Holder {
     pub hold_count: u32,
     /// Time left on the lease.
     pub remaining: Option<Duration>,
+}
+
+/// The shared holders of a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedHolders {
+    /// How many shared leases are held.
+    pub count: u32,
+    /// Time left on the shared lease that ends last.
+    pub longest_remaining: Option<Duration>,
+    /// The shared lease that ends first.
+    pub earliest: SharedHolder,
+}
+
+/// One shared lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedHolder {
+    /// The holder's owner.
+    pub owner: String,
+    /// Reentrant holds on this lease.
+    pub hold_count: u32,
+    /// Time left on the lease.
+    pub remaining: Option<Duration>,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
 }
 
 /// The lock primitive. Cheap to clone.
@@ -152,22 +371,59 @@ struct Inner {
     acquire: Script,
     release: Script,
     refresh: Script,
+    refresh_batch: Script,
+    abandon: Script,
     describe: Script,
+    /// Batches the renewals of keepalive streams (see [`crate::lease::batch`]).
+    renewals: Batcher<Renewing>,
+}
+
+/// One lease in a batched renewal: lock name, token, ttl (`None`: the acquisition ttl).
+type Renewing = (String, String, Option<Duration>);
+
+fn invocation<'a>(script: &'a Script, keys: &[&str]) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    invocation
+}
+
+fn fence(v: &Value) -> Result<u64, Error> {
+    u64::try_from(int(v)?).map_err(|_| unexpected("negative fencing token"))
+}
+
+fn count(v: &Value) -> Result<u32, Error> {
+    Ok(u32::try_from(int(v)?.max(0)).unwrap_or(u32::MAX))
 }
 
 impl Locks {
     /// Locks stored in `redis`, with waiters woken through `notifier`.
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                acquire: redis.script(include_str!("acquire.lua")),
-                release: redis.script(include_str!("release.lua")),
-                refresh: redis.script(include_str!("refresh.lua")),
-                describe: redis.script(include_str!("describe.lua")),
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let weak = weak.clone();
+            let renew_many: RenewMany<Renewing> = Arc::new(move |leases| {
+                let inner = weak.upgrade();
+                Box::pin(async move {
+                    match inner {
+                        Some(inner) => Locks { inner }.refresh_many(&leases).await,
+                        None => Err(Error::ShuttingDown),
+                    }
+                })
+            });
+            Inner {
+                acquire: redis.script(source::ACQUIRE),
+                release: redis.script(source::RELEASE),
+                refresh: redis.script(source::REFRESH),
+                refresh_batch: redis.script(source::REFRESH_BATCH),
+                abandon: redis.script(source::ABANDON),
+                describe: redis.script(source::DESCRIBE),
+                renewals: Batcher::start(renew_many),
                 redis,
                 notifier,
-            }),
-        }
+            }
+        });
+        Self { inner }
     }
 
     /// The keys of lock `name`.
@@ -175,11 +431,13 @@ impl Locks {
         LockKeys::new(self.inner.redis.key_prefix(), name)
     }
 
-    /// Acquires the lock, waiting up to `request.wait` for it without polling.
+    /// Acquires the lock, waiting up to `request.wait` for it without polling (waiters with a
+    /// leased registration, fair or exclusive, renew it about every third of [`QUEUE_LEASE`]).
     ///
     /// `stop` ends the wait early with the error it yields (the caller left, or shutdown). It is
     /// only raced against the waiting, never against a script call, so a grant is never lost
-    /// half-way: when this returns `Granted`, the caller owns a lease it must release.
+    /// half-way: when this returns `Granted`, the caller owns a lease it must release. Fails with
+    /// `FailedPrecondition` when the owner holds the lock shared and asks for it exclusively.
     pub async fn acquire(
         &self,
         request: &AcquireRequest,
@@ -190,38 +448,58 @@ impl Locks {
         let owner = request.owner.clone().unwrap_or_else(|| token.clone());
         let deadline = Instant::now() + request.wait;
 
-        // Uncontended acquisitions cost one script call: subscribe only once the lock is held.
-        let first = self
-            .try_acquire(&keys, request, &owner, &token, None)
-            .await?;
-        if request.wait.is_zero() || matches!(first, Acquired::Granted(_)) {
-            return Ok(first);
+        // Uncontended acquisitions cost one script call: subscribe only once the lock is held. A
+        // caller that will wait registers on this first try already, so a fair one takes its
+        // place in the queue in the order its request reached Redis.
+        let waiter = Uuid::new_v4().simple().to_string();
+        let first = (!request.wait.is_zero()).then_some((waiter.as_str(), request.wait));
+        match self
+            .try_acquire(&keys, request, &owner, &token, first)
+            .await?
+        {
+            Ok(lease) => return Ok(Acquired::Granted(lease)),
+            Err(busy) if request.wait.is_zero() => return Ok(busy.into()),
+            Err(_) => {}
         }
 
-        let waiter = Uuid::new_v4().simple().to_string();
-        let waited = wait::until(
+        // Fair waiters hold a place in the queue, exclusive ones a writer registration: both are
+        // leased and renewed by trying again. Only fair waiters are woken by messages addressed to
+        // them.
+        let leased = request.fair || request.mode == Mode::Exclusive;
+        let renew_every = QUEUE_LEASE / 3;
+        let addressed = request.fair.then_some(waiter.as_str());
+        let waited = wait::until_as(
             &self.inner.notifier,
             &keys.channel,
+            addressed,
             deadline,
             stop,
             |left| {
-                let waiting = (!left.is_zero()).then_some((waiter.as_str(), left));
-                let attempt = self.try_acquire(&keys, request, &owner, &token, waiting);
+                let attempt =
+                    self.try_acquire(&keys, request, &owner, &token, Some((&waiter, left)));
                 async move {
                     Ok(match attempt.await? {
-                        // The holder's expiry is the fallback when no release is published (it
-                        // crashed or its lease ran out); one more millisecond lets Redis expire it.
-                        Acquired::Held { remaining } => Attempt::Busy {
-                            answer: Acquired::Held { remaining },
-                            retry_in: remaining.map(|r| r + Duration::from_millis(1)),
-                        },
-                        granted => Attempt::Done(granted),
+                        Ok(lease) => Attempt::Done(Acquired::Granted(lease)),
+                        Err(busy) => {
+                            // Leases and registrations end without a message; one more
+                            // millisecond lets Redis's clock pass the expiry.
+                            let change = busy.change_in.map(|c| c + Duration::from_millis(1));
+                            let retry_in = if leased {
+                                Some(change.map_or(renew_every, |c| c.min(renew_every)))
+                            } else {
+                                change
+                            };
+                            Attempt::Busy {
+                                answer: busy.into(),
+                                retry_in,
+                            }
+                        }
                     })
                 }
             },
         )
         .await;
-        if waited.is_err() {
+        if !matches!(waited, Ok(Acquired::Granted(_))) {
             self.abandon_wait(&keys, &waiter).await;
         }
         waited
@@ -234,21 +512,42 @@ impl Locks {
         owner: &str,
         token: &str,
         waiting: Option<(&str, Duration)>,
-    ) -> Result<Acquired, Error> {
+    ) -> Result<Result<Lease, Busy>, Error> {
         let (waiter, wait_left) = waiting.unwrap_or(("", Duration::ZERO));
-        let mut invocation = self.inner.acquire.key(&keys.state);
+        let mut invocation = invocation(&self.inner.acquire, &keys.for_acquire());
         invocation
-            .key(&keys.fence)
-            .key(&keys.waiters)
             .arg(owner)
             .arg(token)
             .arg(millis(request.ttl))
             .arg(waiter)
             .arg(millis(wait_left))
-            .arg(millis(FENCE_RETENTION));
+            .arg(millis(FENCE_RETENTION))
+            .arg(if request.fair { "1" } else { "0" })
+            .arg(request.mode.code())
+            .arg(millis(QUEUE_LEASE));
         let sent_at = Instant::now();
-        let reply: Vec<Value> = match self.inner.redis.eval(&invocation).await {
-            Ok(reply) => reply,
+        let granted = |reply: &Vec<Value>| reply.first().is_some_and(|g| int(g).ok() == Some(1));
+        let acked = self
+            .inner
+            .redis
+            .eval_acked(&invocation, &keys.state, granted)
+            .await;
+        let reply: Vec<Value> = match acked {
+            Ok((reply, Ack::Missing { replicas })) => {
+                // Not confirmed by enough replicas: undo this hold and report it as not made.
+                tracing::warn!(lock = %request.name, replicas, "grant not acknowledged by enough replicas; rolled back");
+                if let [_, token, ..] = reply.as_slice() {
+                    let token = string(token)?;
+                    if let Err(e) = self.release(&request.name, &token).await {
+                        tracing::warn!(error = %e, "rolling back an unacknowledged grant failed; it expires at its ttl");
+                    }
+                }
+                return Ok(Err(Busy {
+                    remaining: None,
+                    change_in: Some(self.inner.redis.replica_ack_timeout()),
+                }));
+            }
+            Ok((reply, _)) => reply,
             Err(e @ Error::Unavailable(_)) => {
                 self.release_in_background(&request.name, token);
                 return Err(e);
@@ -256,21 +555,28 @@ impl Locks {
             Err(e) => return Err(e),
         };
         match reply.as_slice() {
-            [granted, token, fence, remaining, count] if int(granted)? == 1 => {
-                Ok(Acquired::Granted(Lease {
+            [granted, token, fencing, remaining, holds, mode] if int(granted)? == 1 => {
+                Ok(Ok(Lease {
                     name: request.name.clone(),
                     token: string(token)?,
-                    fencing_token: u64::try_from(int(fence)?)
-                        .map_err(|_| unexpected("negative fencing token"))?,
+                    fencing_token: fence(fencing)?,
                     remaining: ms(int(remaining)?).unwrap_or(request.ttl),
-                    hold_count: u32::try_from(int(count)?).unwrap_or(u32::MAX),
+                    hold_count: count(holds)?,
                     owner: owner.to_owned(),
+                    mode: Mode::from_code(&string(mode)?)?,
                     sent_at,
                 }))
             }
-            [_, remaining] => Ok(Acquired::Held {
+            [_, remaining, change] => Ok(Err(Busy {
                 remaining: ms(int(remaining)?),
-            }),
+                change_in: ms(int(change)?),
+            })),
+            [refused] if int(refused)? == -1 => Err(Error::FailedPrecondition(
+                "the owner holds this lock shared; it cannot also take it exclusively (an \
+                 upgrade would deadlock against the other shared holders): release the shared \
+                 lease first"
+                    .into(),
+            )),
             _ => Err(unexpected("acquire reply")),
         }
     }
@@ -289,20 +595,21 @@ impl Locks {
         });
     }
 
-    /// Drops a waiter's entry when it stops waiting early; its deadline would drop it anyway.
+    /// Removes a waiter that stopped waiting, waking those it held back; its registration would
+    /// end by itself anyway.
     async fn abandon_wait(&self, keys: &LockKeys, waiter: &str) {
-        let mut cmd = redis::cmd("ZREM");
-        cmd.arg(&keys.waiters).arg(waiter);
-        if let Err(e) = self.inner.redis.command::<i64>(&cmd).await {
-            tracing::debug!(error = %e, "could not remove an abandoned waiter");
+        let mut invocation = invocation(&self.inner.abandon, &keys.for_abandon());
+        invocation.arg(waiter);
+        if let Err(e) = self.inner.redis.eval::<i64>(&invocation).await {
+            tracing::debug!(error = %e, "could not remove a waiter; its registration will expire");
         }
     }
 
-    /// Releases one hold of the lease `token` on lock `name`.
+    /// Releases one hold of the lease `token` (exclusive or shared) on lock `name`.
     pub async fn release(&self, name: &str, token: &str) -> Result<Released, Error> {
         let keys = self.keys(name);
-        let mut invocation = self.inner.release.key(&keys.state);
-        invocation.key(&keys.channel).arg(token);
+        let mut invocation = invocation(&self.inner.release, &keys.for_release());
+        invocation.arg(token);
         let reply: Vec<i64> = self.inner.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [held, left] => Ok(Released {
@@ -313,8 +620,8 @@ impl Locks {
         }
     }
 
-    /// Sets the remaining ttl of lease `token` to `ttl` (or its acquisition ttl). Returns the new
-    /// remaining ttl, or `None` when the token does not hold the lock.
+    /// Sets the remaining ttl of lease `token` (exclusive or shared) to `ttl` (or its acquisition
+    /// ttl). Returns the new remaining ttl, or `None` when the token does not hold the lock.
     pub async fn refresh(
         &self,
         name: &str,
@@ -335,7 +642,7 @@ impl Locks {
         min: Duration,
     ) -> Result<Option<Duration>, Error> {
         let keys = self.keys(name);
-        let mut invocation = self.inner.refresh.key(&keys.state);
+        let mut invocation = invocation(&self.inner.refresh, &keys.for_refresh());
         invocation
             .arg(token)
             .arg(ttl.map_or(0, millis))
@@ -352,31 +659,107 @@ impl Locks {
         }
     }
 
+    /// Renews many leases (exclusive or shared) in one script call: each `(name, token, ttl)`
+    /// gets `ttl` (or, when `None`, its acquisition ttl). Returns, in the same order, each lease's
+    /// new remaining ttl, or `None` when its token no longer holds the lock.
+    ///
+    /// The caller keeps each batch to at most [`MAX_REFRESH_BATCH`] leases (more is an `Internal`
+    /// error, and nothing is sent) and, on a Redis Cluster, to names whose keys share one hash
+    /// slot (`{lock:NAME}` is hashed; a batch spanning slots fails with Redis's `CROSSSLOT`).
+    /// Unlike [`refresh_at_least`](Self::refresh_at_least) it does not check a minimum ttl.
+    pub async fn refresh_many<N, T>(
+        &self,
+        leases: &[(N, T, Option<Duration>)],
+    ) -> Result<Vec<Option<Duration>>, Error>
+    where
+        N: AsRef<str>,
+        T: AsRef<str>,
+    {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_REFRESH_BATCH {
+            return Err(Error::Internal(format!(
+                "a refresh batch of {} leases is over the {MAX_REFRESH_BATCH} allowed",
+                leases.len()
+            )));
+        }
+        let mut invocation = self.inner.refresh_batch.prepare_invoke();
+        for (name, token, ttl) in leases {
+            let keys = self.keys(name.as_ref());
+            for key in keys.for_refresh() {
+                invocation.key(key);
+            }
+            invocation.arg(token.as_ref()).arg(ttl.map_or(0, millis));
+        }
+        let reply: Vec<i64> = self.inner.redis.eval(&invocation).await?;
+        if reply.len() != leases.len() {
+            return Err(unexpected("refresh batch reply"));
+        }
+        Ok(reply
+            .into_iter()
+            .map(|left| ms(left).filter(|d| !d.is_zero()))
+            .collect())
+    }
+
     /// Reads the lock's state.
     pub async fn describe(&self, name: &str) -> Result<Description, Error> {
         let keys = self.keys(name);
-        let mut invocation = self.inner.describe.key(&keys.state);
-        invocation.key(&keys.fence).key(&keys.waiters);
+        let invocation = invocation(&self.inner.describe, &keys.for_describe());
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
-        match reply.as_slice() {
-            [held, owner, count, fence, remaining, waiters] => Ok(Description {
-                holder: (int(held)? == 1)
-                    .then(|| -> Result<Holder, Error> {
-                        Ok(Holder {
-                            owner: string(owner)?,
-                            hold_count: u32::try_from(int(count)?).unwrap_or(u32::MAX),
-                            remaining: ms(int(remaining)?),
-                        })
-                    })
-                    .transpose()?,
-                fencing_token: u64::try_from(int(fence)?).unwrap_or(0),
-                waiters: u32::try_from(int(waiters)?).unwrap_or(u32::MAX),
-            }),
-            _ => Err(unexpected("describe reply")),
-        }
+        let [
+            mode,
+            owner,
+            holds,
+            fencing,
+            remaining,
+            waiters,
+            shared_count,
+            queued,
+            earliest,
+        ] = reply.as_slice()
+        else {
+            return Err(unexpected("describe reply"));
+        };
+        let earliest: Vec<Value> =
+            redis::from_redis_value_ref(earliest).map_err(|_| unexpected("describe holder"))?;
+        let (holder, shared) = match string(mode)?.as_str() {
+            "x" => (
+                Some(Holder {
+                    owner: string(owner)?,
+                    hold_count: count(holds)?,
+                    remaining: ms(int(remaining)?),
+                }),
+                None,
+            ),
+            "s" => {
+                let [e_owner, e_holds, e_remaining, e_fence] = earliest.as_slice() else {
+                    return Err(unexpected("describe shared holder"));
+                };
+                let shared = SharedHolders {
+                    count: count(shared_count)?,
+                    longest_remaining: ms(int(remaining)?),
+                    earliest: SharedHolder {
+                        owner: string(e_owner)?,
+                        hold_count: count(e_holds)?,
+                        remaining: ms(int(e_remaining)?),
+                        fencing_token: u64::try_from(int(e_fence)?).unwrap_or(0),
+                    },
+                };
+                (None, Some(shared))
+            }
+            _ => (None, None),
+        };
+        Ok(Description {
+            holder,
+            shared,
+            fencing_token: u64::try_from(int(fencing)?).unwrap_or(0),
+            waiters: count(waiters)?,
+            queued: count(queued)?,
+        })
     }
 
-    /// A handle that renews and releases one lease, for keepalive streams.
+    /// A handle that renews and releases one lease (exclusive or shared), for keepalive streams.
     pub fn lease_handle(&self, name: String, token: String, ttl: Option<Duration>) -> LockLease {
         LockLease {
             locks: self.clone(),
@@ -396,8 +779,11 @@ pub struct LockLease {
 }
 
 impl Renewable for LockLease {
-    async fn renew(&self, _by: Instant) -> Result<Option<Duration>, Error> {
-        self.locks.refresh(&self.name, &self.token, self.ttl).await
+    async fn renew(&self, by: Instant) -> Result<Option<Duration>, Error> {
+        let inner = &self.locks.inner;
+        let group = inner.redis.batch_group(&self.locks.keys(&self.name).state);
+        let lease = (self.name.clone(), self.token.clone(), self.ttl);
+        inner.renewals.renew(lease, group, by).await
     }
 
     async fn release(&self) -> Result<bool, Error> {
@@ -421,9 +807,34 @@ mod tests {
                     .to_owned()
             };
             let t = tag(&keys.state);
-            assert_eq!(tag(&keys.fence), t, "{name}");
-            assert_eq!(tag(&keys.waiters), t, "{name}");
-            assert_eq!(tag(&keys.channel), t, "{name}");
+            for key in keys.all() {
+                assert_eq!(tag(key), t, "{name}: {key}");
+            }
+        }
+    }
+
+    /// The keys a script derives for a caller that leaves some out (the prelude's `SUFFIXES`) are
+    /// the keys Baton passes.
+    #[test]
+    fn prelude_derives_the_same_keys() {
+        let keys = LockKeys::new("baton:", "orders");
+        let prelude = include_str!("prelude.lua");
+        for (name, key) in [
+            ("fence", &keys.fence),
+            ("waiters", &keys.waiters),
+            ("channel", &keys.channel),
+            ("readers", &keys.readers),
+            ("shared", &keys.shared),
+            ("queue", &keys.queue),
+            ("writers", &keys.writers),
+        ] {
+            let suffix = key
+                .strip_prefix(&keys.state)
+                .unwrap_or_else(|| panic!("{key} does not extend the state key"));
+            assert!(
+                prelude.contains(&format!("{name} = '{suffix}'")),
+                "the prelude derives {name} as {suffix}"
+            );
         }
     }
 }

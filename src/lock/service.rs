@@ -4,13 +4,12 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
     AcquireRequest, Acquired, Lease, Locks, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
-    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT,
+    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Mode,
 };
 use crate::{
     error::Error,
@@ -52,6 +51,24 @@ fn token(value: &str) -> Result<String, Error> {
     wire::token("token", value).map(|_| value.to_owned())
 }
 
+fn mode(value: i32) -> Result<Mode, Error> {
+    match pb::LockMode::try_from(value) {
+        Ok(pb::LockMode::Unspecified | pb::LockMode::Exclusive) => Ok(Mode::Exclusive),
+        Ok(pb::LockMode::Shared) => Ok(Mode::Shared),
+        Err(_) => Err(Error::invalid(
+            "mode",
+            format!("{value} is not a LockMode (0 or 1: exclusive, 2: shared)"),
+        )),
+    }
+}
+
+fn mode_message(mode: Mode) -> pb::LockMode {
+    match mode {
+        Mode::Exclusive => pb::LockMode::Exclusive,
+        Mode::Shared => pb::LockMode::Shared,
+    }
+}
+
 fn lease_message(lease: &Lease) -> pb::LockLease {
     pb::LockLease {
         name: lease.name.clone(),
@@ -60,6 +77,7 @@ fn lease_message(lease: &Lease) -> pb::LockLease {
         remaining_ttl: Some(wire::duration(lease.remaining)),
         hold_count: lease.hold_count,
         owner: lease.owner.clone(),
+        mode: mode_message(lease.mode).into(),
     }
 }
 
@@ -97,6 +115,8 @@ impl LockService for LockApi {
             ttl,
             wait,
             owner: owner(&req.owner)?,
+            fair: req.fair,
+            mode: mode(req.mode)?,
         };
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
@@ -177,6 +197,8 @@ impl LockService for LockApi {
             wait: wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
                 .unwrap_or_default(),
             owner: owner(&req.owner)?,
+            fair: req.fair,
+            mode: mode(req.mode)?,
         };
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
@@ -203,7 +225,7 @@ impl LockService for LockApi {
                 }),
             })
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
+        Ok(Response::new(Box::pin(events)))
     }
 
     type KeepAliveStream = EventStream<pb::LockServiceKeepAliveResponse>;
@@ -222,7 +244,7 @@ impl LockService for LockApi {
         let lease = self.locks.lease_handle(name.clone(), token.clone(), ttl);
         let events =
             lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
+        Ok(Response::new(Box::pin(events)))
     }
 
     async fn describe(
@@ -231,23 +253,30 @@ impl LockService for LockApi {
     ) -> Result<Response<pb::LockServiceDescribeResponse>, Status> {
         let req = request.into_inner();
         let d = self.locks.describe(name(&req.name)?).await?;
-        Ok(Response::new(match d.holder {
-            Some(h) => pb::LockServiceDescribeResponse {
-                held: true,
-                remaining_ttl: h.remaining.map(wire::duration),
-                hold_count: h.hold_count,
-                owner: h.owner,
-                fencing_token: d.fencing_token,
-                waiters: d.waiters,
-            },
-            None => pb::LockServiceDescribeResponse {
-                held: false,
-                remaining_ttl: None,
-                hold_count: 0,
-                owner: String::new(),
-                fencing_token: d.fencing_token,
-                waiters: d.waiters,
-            },
-        }))
+        let mut response = pb::LockServiceDescribeResponse {
+            fencing_token: d.fencing_token,
+            waiters: d.waiters,
+            queued: d.queued,
+            ..Default::default()
+        };
+        if let Some(h) = d.holder {
+            response.held = true;
+            response.mode = pb::LockMode::Exclusive.into();
+            response.remaining_ttl = h.remaining.map(wire::duration);
+            response.hold_count = h.hold_count;
+            response.owner = h.owner;
+        } else if let Some(shared) = d.shared {
+            response.held = true;
+            response.mode = pb::LockMode::Shared.into();
+            response.remaining_ttl = shared.longest_remaining.map(wire::duration);
+            response.shared_holders = shared.count;
+            response.earliest_shared_holder = Some(pb::LockSharedHolder {
+                owner: shared.earliest.owner,
+                hold_count: shared.earliest.hold_count,
+                remaining_ttl: shared.earliest.remaining.map(wire::duration),
+                fencing_token: shared.earliest.fencing_token,
+            });
+        }
+        Ok(Response::new(response))
     }
 }

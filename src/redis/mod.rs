@@ -37,6 +37,21 @@ pub use topology::{Endpoint, Topology};
 
 use crate::{config::RedisConfig, error::Error};
 
+/// Shortest pause before redis-rs's cluster connection retries a command the cluster asked it to
+/// retry (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), in milliseconds.
+///
+/// Redis answers `TRYAGAIN` to every multi-key command, so to every Baton script, whose slot is
+/// being migrated unless all its keys exist on one side: each step of a live resharding refuses
+/// them for a few milliseconds. redis-rs's default pause (1.28 s at least) is longer than the
+/// command timeout, so every call that met a resharding step failed `UNAVAILABLE` although the
+/// slot was stable again milliseconds later; with these pauses it is retried within its timeout.
+const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 2;
+/// Longest pause between two such retries, in milliseconds.
+const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 100;
+/// Retry `n` pauses up to `CLUSTER_RETRY_FACTOR_MS * 2^n` milliseconds (10, 20, 40, 80, then the
+/// longest), jittered from [`CLUSTER_RETRY_MIN_WAIT_MS`]. The command timeout bounds the whole.
+const CLUSTER_RETRY_FACTOR_MS: u64 = 5;
+
 /// A pooled multiplexed connection, marked broken after an I/O error or a timeout so that the pool
 /// drops it and opens a fresh one instead of handing the dead one out again.
 ///
@@ -183,6 +198,9 @@ impl Redis {
                     ClusterClientBuilder::new(seeds.iter().map(String::as_str))
                         .connection_timeout(config.connect_timeout)
                         .response_timeout(config.command_timeout)
+                        .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
+                        .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
+                        .retry_wait_formula(CLUSTER_RETRY_FACTOR_MS, 2)
                         .use_protocol(protocol)
                         .build()
                         .map_err(|e| Error::Internal(format!("redis cluster: {e}")))
@@ -455,7 +473,7 @@ mod tests {
     fn slot_matches_redis() {
         assert_eq!(super::slot("foo"), 12182);
         assert_eq!(super::slot("{user1000}.following"), super::slot("user1000"));
-        assert_eq!(super::slot("123456789"), 0x31C3 % 16384);
+        assert_eq!(super::slot("123456789"), 0x31C3);
     }
 
     /// The tag follows Redis's rule: first `{`, first `}` after it, not empty.

@@ -4,7 +4,6 @@
 use std::{pin::Pin, time::Duration};
 
 use futures::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -250,7 +249,7 @@ impl SemaphoreService for SemaphoreApi {
                 }),
             })
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
+        Ok(Response::new(Box::pin(events)))
     }
 
     type KeepAliveStream = EventStream<pb::SemaphoreServiceKeepAliveResponse>;
@@ -271,7 +270,7 @@ impl SemaphoreService for SemaphoreApi {
             .lease_handle(name.clone(), token.clone(), ttl);
         let events =
             lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(events))))
+        Ok(Response::new(Box::pin(events)))
     }
 
     async fn describe(

@@ -195,6 +195,64 @@ class LockContract(unittest.TestCase):
         self.assertEqual(len(fences), 200)
         self.assertEqual(fences, sorted(set(fences)))
 
+    def test_fair_waiters_in_arrival_order(self):
+        """Fair waiters get the lock in the order they queued, each woken by the release before it."""
+        name = self.name()
+        holder = self.acquire(name, ttl=30_000).lease
+        order = []
+        guard = threading.Lock()
+
+        def waiter(i):
+            got = self.locks.Acquire(pb.LockServiceAcquireRequest(
+                name=name, ttl=ms(5000), wait_timeout=ms(10_000), owner=f"w{i}", fair=True))
+            self.assertTrue(got.acquired)
+            with guard:
+                order.append(i)
+            self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=got.lease.token))
+
+        threads = []
+        for i in range(4):
+            t = threading.Thread(target=waiter, args=(i,))
+            t.start()
+            threads.append(t)
+            wait_until(f"waiter {i} to be queued", lambda n=i + 1: self.locks.Describe(
+                pb.LockServiceDescribeRequest(name=name)).queued == n)
+        self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=holder.token))
+        for t in threads:
+            t.join(timeout=10)
+        self.assertEqual(order, [0, 1, 2, 3])
+
+    def test_shared_holders(self):
+        """Shared leases coexist and keep an exclusive request out; an upgrade is refused."""
+        name = self.name()
+        shared = [self.locks.Acquire(pb.LockServiceAcquireRequest(
+            name=name, ttl=ms(5000), owner=f"r{i}", mode=pb.LOCK_MODE_SHARED)) for i in range(3)]
+        self.assertTrue(all(s.acquired for s in shared))
+        self.assertTrue(all(s.lease.mode == pb.LOCK_MODE_SHARED for s in shared))
+        self.assertEqual(len({s.lease.token for s in shared}), 3)
+        fences = [s.lease.fencing_token for s in shared]
+        self.assertEqual(fences, sorted(set(fences)))
+        state = self.locks.Describe(pb.LockServiceDescribeRequest(name=name))
+        self.assertTrue(state.held)
+        self.assertEqual(state.mode, pb.LOCK_MODE_SHARED)
+        self.assertEqual(state.shared_holders, 3)
+        self.assertEqual(state.earliest_shared_holder.owner, "r0")
+        self.assertFalse(self.acquire(name, owner="writer").acquired)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.locks.Acquire(pb.LockServiceAcquireRequest(
+                name=name, ttl=ms(5000), owner="r0", mode=pb.LOCK_MODE_EXCLUSIVE))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        for s in shared:
+            self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=s.lease.token))
+        writer = self.acquire(name, owner="writer")
+        self.assertTrue(writer.acquired)
+        self.assertEqual(writer.lease.mode, pb.LOCK_MODE_EXCLUSIVE)
+        self.assertGreater(writer.lease.fencing_token, fences[-1])
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.locks.Acquire(pb.LockServiceAcquireRequest(name=name, ttl=ms(1000), mode=9))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertTrue(caught.exception.details().startswith("mode:"), caught.exception.details())
+
     def test_reflection_and_health(self):
         """Reflection lists the Lock service; liveness and readiness are SERVING."""
         db = ProtoReflectionDescriptorDatabase(self.baton.channel)

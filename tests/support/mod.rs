@@ -1,14 +1,22 @@
 //! The harness shared by every integration test file (`mod support;`).
 //!
 //! - [`RedisServer`]: a real `redis-server` on a free port, without persistence, its log and
-//!   working directory in a temp dir; killed on drop, restartable on the same port.
+//!   working directory in a temp dir; killed on drop, restartable on the same port. With
+//!   `BATON_TEST_TOPOLOGY=cluster` ([`TestTopology`]) it is a local 3-master Redis Cluster
+//!   instead, and the same tests run against it: [`Baton`] is configured for the topology,
+//!   [`RedisServer::conn`] gives a [`RedisConn`] that routes plain commands by key and runs
+//!   node-wide ones (`KEYS`, `INFO`, `CONFIG RESETSTAT`, ...) on every master, and `kill`,
+//!   `restart` and `signal` act on every node. One cluster is shared by the tests of a binary
+//!   (each Baton has its own key prefix); [`RedisServer::start_private`] gives a test a cluster
+//!   of its own to kill or to read node-wide counters of.
 //! - [`Baton`]: an in-process Baton (`baton::server::serve`) on `127.0.0.1:0` and a Unix socket,
 //!   with a key prefix of its own, and clients for it.
 //! - [`BatonProcess`]: the real `baton` binary, for signals and exit codes.
 //! - [`Proxy`]: a TCP relay whose connections can be cut at once, to play a client that dies.
 //! - Bounded waits ([`within`], [`wait_until`]) that fail with a message saying what was awaited.
 //!
-//! Every test gets its own `redis-server` (they start in milliseconds), so tests run in parallel.
+//! Every test gets its own `redis-server` (they start in milliseconds), so tests run in parallel;
+//! a cluster takes 2-3 s to start, hence the one shared per binary in cluster mode.
 
 // Each test file uses a different part of the harness.
 #![allow(dead_code)]
@@ -29,9 +37,11 @@ use baton::{
     proto::v1::lock_service_client::LockServiceClient,
     proto::v1::rate_limit_service_client::RateLimitServiceClient,
     proto::v1::semaphore_service_client::SemaphoreServiceClient,
+    redis::Topology,
     server::{Listeners, serve},
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient as EnvoyRateLimitServiceClient;
+use redis::{FromRedisValue, cluster_async::ClusterConnection};
 use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -39,6 +49,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 use tonic_types::StatusExt;
+use topology::RedisCluster;
 
 /// How long `redis-server` may take to answer `PING` after it was spawned.
 const REDIS_READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -200,16 +211,93 @@ pub async fn wait_for_health(
 // redis-server
 // ---------------------------------------------------------------------------------------------
 
-/// A `redis-server` child process, killed on drop.
+/// The environment variable choosing the Redis deployment of [`RedisServer::start`]: unset (or
+/// `standalone`) for one `redis-server` per test, `cluster` for a local 3-master Redis Cluster.
+pub const TOPOLOGY_VAR: &str = "BATON_TEST_TOPOLOGY";
+
+/// The Redis deployment the service suites run against, chosen by [`TOPOLOGY_VAR`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestTopology {
+    /// One `redis-server` per test.
+    Standalone,
+    /// A Redis Cluster of 3 masters without replicas: one per test binary, shared by its tests
+    /// (each Baton writes under a key prefix of its own), or one per test for the tests that
+    /// ask for it with [`RedisServer::start_private`].
+    Cluster,
+}
+
+impl TestTopology {
+    /// The topology [`TOPOLOGY_VAR`] names; panics on a value it does not know.
+    pub fn from_env() -> Self {
+        match std::env::var(TOPOLOGY_VAR) {
+            Err(std::env::VarError::NotPresent) => Self::Standalone,
+            Ok(v) if v.is_empty() || v == "standalone" => Self::Standalone,
+            Ok(v) if v == "cluster" => Self::Cluster,
+            other => panic!("{TOPOLOGY_VAR}={other:?}: expected standalone or cluster"),
+        }
+    }
+}
+
+/// Masters of a test cluster: Redis's minimum. No replicas: the suites test Baton on a Cluster,
+/// not failovers (tests/topology.rs does those).
+const CLUSTER_MASTERS: usize = 3;
+
+/// The cluster the tests of one binary share in cluster mode: started by the first test that
+/// asks for it, killed by its watchdog once the binary exits.
+static SHARED_CLUSTER: tokio::sync::OnceCell<RedisCluster> = tokio::sync::OnceCell::const_new();
+
+/// The Redis a test talks to: a `redis-server` of its own, or in cluster mode
+/// (`BATON_TEST_TOPOLOGY=cluster`) a local Redis Cluster. Killed on drop (the shared cluster
+/// once the test binary exits).
 pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
+    deployment: Deployment,
+}
+
+enum Deployment {
+    /// A `redis-server` of this test.
+    Node {
+        child: Option<Child>,
+        port: u16,
+        dir: tempfile::TempDir,
+    },
+    /// The cluster this test binary's tests share.
+    SharedCluster(&'static RedisCluster),
+    /// A cluster of this test.
+    OwnCluster(Box<RedisCluster>),
 }
 
 impl RedisServer {
-    /// Starts `redis-server` on a free port, ready to answer `PING`.
+    /// Starts `redis-server` on a free port, ready to answer `PING`; in cluster mode, gives the
+    /// cluster this test binary shares (started on first use). A test that kills, restarts or
+    /// signals Redis, or reads or resets node-wide counters, uses [`RedisServer::start_private`].
     pub async fn start() -> Self {
+        match TestTopology::from_env() {
+            TestTopology::Standalone => Self::start_node().await,
+            TestTopology::Cluster => Self {
+                deployment: Deployment::SharedCluster(
+                    SHARED_CLUSTER
+                        .get_or_init(|| RedisCluster::start_watched(CLUSTER_MASTERS, 0))
+                        .await,
+                ),
+            },
+        }
+    }
+
+    /// Like [`RedisServer::start`], but in cluster mode starts a cluster for this test alone (a
+    /// few seconds), which it may kill, restart, signal and read node-wide counters of.
+    pub async fn start_private() -> Self {
+        match TestTopology::from_env() {
+            TestTopology::Standalone => Self::start_node().await,
+            TestTopology::Cluster => Self {
+                deployment: Deployment::OwnCluster(Box::new(
+                    RedisCluster::start(CLUSTER_MASTERS, 0).await,
+                )),
+            },
+        }
+    }
+
+    /// Starts one `redis-server` on a free port, ready to answer `PING`.
+    async fn start_node() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("baton-redis-")
             .tempdir()
@@ -220,9 +308,11 @@ impl RedisServer {
             match launch_redis(port, dir.path()).await {
                 Ok(child) => {
                     return Self {
-                        child: Some(child),
-                        port,
-                        dir,
+                        deployment: Deployment::Node {
+                            child: Some(child),
+                            port,
+                            dir,
+                        },
                     };
                 }
                 // Most likely the port was taken between picking and binding: try another one.
@@ -235,49 +325,168 @@ impl RedisServer {
         );
     }
 
-    /// `redis://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        !matches!(self.deployment, Deployment::Node { .. })
     }
 
-    /// The TCP port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The process id, while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Kills the server (SIGKILL, as a crash would) and reaps it.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+    /// The cluster, in cluster mode.
+    pub fn cluster(&self) -> Option<&RedisCluster> {
+        match &self.deployment {
+            Deployment::Node { .. } => None,
+            Deployment::SharedCluster(cluster) => Some(cluster),
+            Deployment::OwnCluster(cluster) => Some(cluster),
         }
     }
 
-    /// Starts the server again on the same port and directory (with no data: nothing is saved).
+    /// The deployment as Baton's configuration names it.
+    pub fn topology(&self) -> Topology {
+        match self.cluster() {
+            None => Topology::Standalone { url: self.url() },
+            Some(cluster) => Topology::Cluster {
+                seeds: cluster.seed_urls(),
+            },
+        }
+    }
+
+    /// Baton's Redis settings for this deployment, every other value at its default.
+    pub fn redis_config(&self) -> RedisConfig {
+        RedisConfig::with_topology(self.topology())
+    }
+
+    /// `names` unchanged on a single Redis; on a Cluster, names whose hash tags
+    /// (`{KIND:NAME}`) all fall in the first name's slot: the others get the first `-N` suffix
+    /// that does. For calls a Cluster restricts to one slot (a batch over several objects).
+    pub fn names_in_one_slot<const N: usize>(&self, kind: &str, names: [&str; N]) -> [String; N] {
+        let slot = |name: &str| baton::redis::slot(&format!("{{{kind}:{name}}}"));
+        let Some(first) = names.first().filter(|_| self.is_cluster()) else {
+            return names.map(str::to_owned);
+        };
+        let wanted = slot(first);
+        names.map(|name| {
+            if slot(name) == wanted {
+                return name.to_owned();
+            }
+            (0u32..)
+                .map(|n| format!("{name}-{n}"))
+                .find(|candidate| slot(candidate) == wanted)
+                .expect("some suffix hashes to any slot")
+        })
+    }
+
+    /// The `baton serve` arguments that select this deployment (`--redis-url URL`, or
+    /// `--redis-mode cluster --redis-url SEED,SEED,...`).
+    pub fn baton_args(&self) -> Vec<String> {
+        match self.cluster() {
+            None => vec!["--redis-url".into(), self.url()],
+            Some(cluster) => vec![
+                "--redis-mode".into(),
+                "cluster".into(),
+                "--redis-url".into(),
+                cluster.seed_urls().join(","),
+            ],
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT` of the `redis-server` (a cluster has no single URL: see
+    /// [`RedisServer::topology`] and [`RedisServer::baton_args`]).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port())
+    }
+
+    /// The TCP port of the `redis-server` (not for a cluster).
+    pub fn port(&self) -> u16 {
+        match &self.deployment {
+            Deployment::Node { port, .. } => *port,
+            _ => panic!("a cluster has no single port: use topology(), baton_args() or cluster()"),
+        }
+    }
+
+    /// The process id of the `redis-server`, while running (not for a cluster: see
+    /// [`RedisServer::pids`]).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.deployment {
+            Deployment::Node { child, .. } => child.as_ref().map(Child::id),
+            _ => panic!("a cluster has no single pid: use pids()"),
+        }
+    }
+
+    /// The process ids of every running server (the nodes of a cluster).
+    pub fn pids(&self) -> Vec<u32> {
+        match &self.deployment {
+            Deployment::Node { child, .. } => child.iter().map(Child::id).collect(),
+            Deployment::SharedCluster(cluster) => cluster.pids(),
+            Deployment::OwnCluster(cluster) => cluster.pids(),
+        }
+    }
+
+    /// Sends `signal` to every running server (each node of a cluster at once, as a stalled
+    /// machine would stop them all); needs [`RedisServer::start_private`] in cluster mode.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        self.own("signalling Redis");
+        for pid in self.pids() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits"));
+            nix::sys::signal::kill(pid, signal).expect("signalling redis-server");
+        }
+    }
+
+    /// Panics unless the test may disturb this Redis: anything but the shared cluster.
+    fn own(&self, what: &str) {
+        assert!(
+            !matches!(self.deployment, Deployment::SharedCluster(_)),
+            "{what} would disturb every test of this binary on the cluster they share: start \
+             this test's Redis with RedisServer::start_private()"
+        );
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and reaps it; on a cluster, every node (as
+    /// the crash of the whole Redis deployment). Needs [`RedisServer::start_private`] in cluster
+    /// mode.
+    pub fn kill(&mut self) {
+        self.own("killing Redis");
+        match &mut self.deployment {
+            Deployment::Node { child, .. } => {
+                if let Some(mut child) = child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            Deployment::OwnCluster(cluster) => cluster.kill_all(),
+            Deployment::SharedCluster(_) => unreachable!("refused above"),
+        }
+    }
+
+    /// Starts the server again on the same port and directory (with no data: nothing is saved);
+    /// on a cluster, kills every node still running, starts each again on its port with its
+    /// `nodes.conf`, and waits until the cluster is healthy. Needs
+    /// [`RedisServer::start_private`] in cluster mode.
     pub async fn restart(&mut self) {
         self.kill();
-        // The port was ours a moment ago; another process could grab it, but only by bad luck.
-        let deadline = Instant::now() + REDIS_READY_TIMEOUT;
-        loop {
-            match launch_redis(self.port, self.dir.path()).await {
-                Ok(child) => {
-                    self.child = Some(child);
-                    return;
+        match &mut self.deployment {
+            Deployment::Node { child, port, dir } => {
+                // The port was ours a moment ago; another process could grab it, but only by
+                // bad luck.
+                let deadline = Instant::now() + REDIS_READY_TIMEOUT;
+                loop {
+                    match launch_redis(*port, dir.path()).await {
+                        Ok(started) => {
+                            *child = Some(started);
+                            return;
+                        }
+                        Err(log) if Instant::now() >= deadline => {
+                            panic!("redis-server did not restart on port {port}:\n{log}")
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
                 }
-                Err(log) if Instant::now() >= deadline => {
-                    panic!("redis-server did not restart on port {}:\n{log}", self.port)
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
+            Deployment::OwnCluster(cluster) => cluster.restart_killed().await,
+            Deployment::SharedCluster(_) => unreachable!("refused by kill"),
         }
     }
 
-    /// A multiplexed connection for looking at or changing Redis directly.
+    /// A multiplexed connection to the `redis-server` (not for a cluster: see
+    /// [`RedisServer::conn`], which works on both).
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
         let client = redis::Client::open(self.url()).expect("redis url");
         within(
@@ -289,15 +498,215 @@ impl RedisServer {
         .expect("connecting to redis-server")
     }
 
-    /// The server's log so far.
+    /// A connection for looking at or changing Redis directly, on either topology.
+    pub async fn conn(&self) -> RedisConn {
+        match &self.deployment {
+            Deployment::Node { port, .. } => {
+                let conn = self.client().await;
+                RedisConn {
+                    route: Route::Node(conn.clone()),
+                    nodes: vec![(*port, conn)],
+                    shared: false,
+                }
+            }
+            Deployment::SharedCluster(cluster) => RedisConn::cluster(cluster, true).await,
+            Deployment::OwnCluster(cluster) => RedisConn::cluster(cluster, false).await,
+        }
+    }
+
+    /// The server's log so far (every node's, on a cluster).
     pub fn log(&self) -> String {
-        read_log(self.dir.path())
+        match &self.deployment {
+            Deployment::Node { dir, .. } => read_log(dir.path()),
+            Deployment::SharedCluster(cluster) => cluster.logs(),
+            Deployment::OwnCluster(cluster) => cluster.logs(),
+        }
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        self.kill();
+        if let Deployment::Node { child, .. } = &mut self.deployment
+            && let Some(mut child) = child.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Where a [`RedisConn`] sends plain commands.
+#[derive(Clone)]
+enum Route {
+    Node(redis::aio::MultiplexedConnection),
+    /// Routed by key slot, following MOVED and ASK.
+    Cluster(ClusterConnection),
+}
+
+/// A connection for tests to look at or change Redis directly, on either topology. Plain
+/// commands (`query_async(&mut conn)`) go to the `redis-server`, or on a cluster to the master
+/// owning the command's key (keyless ones to any node); node-wide commands (`KEYS`, `INFO`,
+/// `CONFIG RESETSTAT`, `DBSIZE`, `FLUSHALL`, ...) go through the methods here, which run them on
+/// every master and aggregate the answers. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisConn {
+    route: Route,
+    /// The `redis-server`, or every master of the cluster, by port.
+    nodes: Vec<(u16, redis::aio::MultiplexedConnection)>,
+    /// Whether this is the cluster the binary's tests share (node-wide counters are not ours).
+    shared: bool,
+}
+
+impl RedisConn {
+    async fn cluster(cluster: &RedisCluster, shared: bool) -> Self {
+        let conn = cluster.client().await;
+        let mut nodes = Vec::new();
+        for master in cluster.masters().await {
+            nodes.push((master.port, cluster.node_client(master.port).await));
+        }
+        Self {
+            route: Route::Cluster(conn),
+            nodes,
+            shared,
+        }
+    }
+
+    /// Whether this is a connection to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.route, Route::Cluster(_))
+    }
+
+    /// The command scripts publish wake-ups with, as `INFO commandstats` names it: `spublish`
+    /// (sharded pub/sub) on a Cluster, `publish` otherwise.
+    pub fn publish_command(&self) -> &'static str {
+        if self.is_cluster() {
+            "spublish"
+        } else {
+            "publish"
+        }
+    }
+
+    /// Runs `cmd` on the `redis-server`, or on every master of the cluster, returning each
+    /// answer (in port order). On a cluster the tests of the binary share, panics: node-wide
+    /// commands read or change every test's data (start the test's Redis with
+    /// [`RedisServer::start_private`]).
+    pub async fn on_every_node<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Vec<T> {
+        assert!(
+            !self.shared,
+            "a node-wide command would read or change every test's data on the cluster this \
+             binary's tests share: start this test's Redis with RedisServer::start_private()"
+        );
+        self.each_node(cmd).await
+    }
+
+    async fn each_node<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Vec<T> {
+        let mut answers = Vec::with_capacity(self.nodes.len());
+        for (port, conn) in &mut self.nodes {
+            let answer = cmd
+                .query_async(conn)
+                .await
+                .unwrap_or_else(|e| panic!("a node-wide command on 127.0.0.1:{port}: {e}"));
+            answers.push(answer);
+        }
+        answers
+    }
+
+    /// Every key matching `pattern` (`KEYS` on every master), sorted. On the shared cluster the
+    /// pattern must stay under a test's key prefix (`test-...`).
+    pub async fn keys(&mut self, pattern: &str) -> Vec<String> {
+        assert!(
+            !self.shared || pattern.starts_with("test-"),
+            "KEYS {pattern:?} would list other tests' keys on the cluster this binary's tests \
+             share: match under the test's key prefix"
+        );
+        let mut keys: Vec<String> = self
+            .each_node::<Vec<String>>(redis::cmd("KEYS").arg(pattern))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The sum over every node of the numeric `field` of `INFO section`.
+    pub async fn info_sum(&mut self, section: &str, field: &str) -> u64 {
+        let infos: Vec<String> = self.on_every_node(redis::cmd("INFO").arg(section)).await;
+        infos
+            .iter()
+            .map(|info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no numeric {field} in INFO {section}:\n{info}"))
+            })
+            .sum()
+    }
+
+    /// Calls of `command` every node ran successfully since the last `CONFIG RESETSTAT` (`INFO
+    /// commandstats`, summed), leaving out failed ones such as an `EVALSHA` answered `NOSCRIPT`
+    /// before its script is loaded. Commands scripts call count too.
+    pub async fn command_calls(&mut self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
+        let stats: Vec<String> = self
+            .on_every_node(redis::cmd("INFO").arg("commandstats"))
+            .await;
+        stats
+            .iter()
+            .filter_map(|s| s.lines().find_map(|l| l.strip_prefix(&prefix)))
+            .map(|line| {
+                let field = |name: &str| -> u64 {
+                    line.split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                        .map_or(0, |n| n.trim().parse().expect("a call count"))
+                };
+                field("calls") - field("failed_calls")
+            })
+            .sum()
+    }
+
+    /// `CONFIG RESETSTAT` on every node.
+    pub async fn reset_stats(&mut self) {
+        let _: Vec<()> = self
+            .on_every_node(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await;
+    }
+
+    /// Keys in the database, summed over every node (`DBSIZE`).
+    pub async fn dbsize(&mut self) -> u64 {
+        let sizes: Vec<u64> = self.on_every_node(&redis::cmd("DBSIZE")).await;
+        sizes.into_iter().sum()
+    }
+}
+
+impl redis::aio::ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match &mut self.route {
+            Route::Node(conn) => conn.req_packed_command(cmd),
+            Route::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match &mut self.route {
+            Route::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Route::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.route {
+            Route::Node(conn) => conn.get_db(),
+            Route::Cluster(conn) => conn.get_db(),
+        }
     }
 }
 
@@ -407,7 +816,7 @@ impl Baton {
             .prefix("baton-sock-")
             .tempdir()
             .expect("creating a temp dir for the socket");
-        let mut redis_config = RedisConfig::new(redis.url());
+        let mut redis_config = redis.redis_config();
         redis_config.key_prefix = unique_prefix();
         let mut config = ServeConfig::new(redis_config);
         config.listen = Some("127.0.0.1:0".parse().expect("address"));
@@ -508,6 +917,60 @@ impl Baton {
 impl Drop for Baton {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+impl Baton {
+    /// Starts a Baton over any Redis deployment, for tests that build the deployment themselves
+    /// (a [`topology::SentinelDeployment`], a private [`topology::RedisCluster`]): `redis` is its
+    /// configuration (e.g. `RedisConfig::with_topology(Topology::Sentinel { .. })`), given a fresh
+    /// key prefix; `tweak` may change anything before Baton binds. Waits until it is ready.
+    pub async fn start_on(redis: RedisConfig, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        init_tracing();
+        let dir = tempfile::Builder::new()
+            .prefix("baton-sock-")
+            .tempdir()
+            .expect("creating a temp dir for the socket");
+        let mut redis = redis;
+        redis.key_prefix = unique_prefix();
+        let mut config = ServeConfig::new(redis);
+        config.listen = Some("127.0.0.1:0".parse().expect("address"));
+        config.socket = Some(dir.path().join("baton.sock"));
+        config.drain_timeout = TEST_DRAIN_TIMEOUT;
+        tweak(&mut config);
+
+        let listeners = Listeners::bind(&config).await.expect("binding listeners");
+        let addr = listeners
+            .tcp
+            .as_ref()
+            .expect("the test Baton listens on TCP")
+            .local_addr()
+            .expect("local address");
+        let socket_path = listeners
+            .unix
+            .as_ref()
+            .map(|(_, p)| p.clone())
+            .expect("the test Baton listens on a Unix socket");
+        let prefix = config.redis.key_prefix.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(config, listeners, shutdown.clone()));
+        let baton = Self {
+            addr,
+            socket_path,
+            prefix,
+            shutdown,
+            task: Some(task),
+            _dir: dir,
+        };
+        let mut health = baton.health().await;
+        wait_for_health(
+            &mut health,
+            "readiness",
+            ServingStatus::Serving,
+            BATON_READY_TIMEOUT,
+        )
+        .await;
+        baton
     }
 }
 

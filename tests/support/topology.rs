@@ -7,7 +7,8 @@
 //!   master and wait for the Sentinels to promote the replica.
 //!
 //! Every process runs on free ports without persistence, with its working directory and log in
-//! a temp dir, and is killed by pid on drop. Readiness is polled from the servers' own views
+//! a temp dir, and is killed by pid on drop (a cluster kept in a `static`, never dropped, by a
+//! [`Watchdog`] once the test process is gone). Readiness is polled from the servers' own views
 //! (`CLUSTER INFO`, `CLUSTER NODES`, `SENTINEL MASTER`) with a short interval and a deadline.
 
 use std::{
@@ -246,6 +247,61 @@ fn free_cluster_port() -> u16 {
         }
     }
     panic!("found no free port whose cluster bus port (+{BUS_PORT_OFFSET}) is free too");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchdog
+// ---------------------------------------------------------------------------------------------
+
+/// Kills processes and removes a directory once the test process is gone, for a deployment kept
+/// in a `static` (shared by the tests of one binary), which is never dropped.
+///
+/// A `sh` child reads pids, one a line, from a pipe whose only writer is the test process. When
+/// that process ends (normally, by a panic or by a signal, SIGKILL included), the kernel closes
+/// the pipe, `read` sees end of file, and the shell SIGKILLs every pid it was given and removes
+/// the directory. Rust opens pipes close-on-exec, so no other child holds the writing end open;
+/// the shell ignores the terminal's SIGINT and SIGHUP so that it outlives a Ctrl-C to clean up.
+pub struct Watchdog {
+    stdin: std::sync::Mutex<std::process::ChildStdin>,
+    /// Never waited for: it outlives the test process on purpose.
+    _child: Child,
+}
+
+impl Watchdog {
+    /// Starts the shell, which will remove `dir` once the test process is gone.
+    pub fn spawn(dir: &Path) -> Self {
+        const SCRIPT: &str = r#"trap '' INT HUP
+pids=""
+while read -r pid; do pids="$pids $pid"; done
+if [ -n "$pids" ]; then kill -9 $pids 2>/dev/null; fi
+rm -rf -- "$0""#;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(SCRIPT)
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning the watchdog shell");
+        let stdin = child.stdin.take().expect("the watchdog's stdin is piped");
+        Self {
+            stdin: std::sync::Mutex::new(stdin),
+            _child: child,
+        }
+    }
+
+    /// Adds `pid` to the processes killed once the test process is gone.
+    pub fn watch(&self, pid: u32) {
+        use std::io::Write as _;
+        let mut stdin = self
+            .stdin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        writeln!(stdin, "{pid}")
+            .and_then(|()| stdin.flush())
+            .expect("telling the watchdog a pid");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,6 +555,8 @@ pub struct RedisCluster {
     // Declared before the temp dir: processes are killed before their directories go.
     nodes: Vec<Process>,
     dir: tempfile::TempDir,
+    /// Set for a cluster that is never dropped (see [`RedisCluster::start_watched`]).
+    watchdog: Option<Watchdog>,
 }
 
 impl RedisCluster {
@@ -506,11 +564,23 @@ impl RedisCluster {
     /// reports `cluster_state:ok`, knows every other node, agrees on the slot map, and every
     /// replica's link to its master is up. `masters` must be at least 3 (Redis's minimum).
     pub async fn start(masters: usize, replicas_per_master: usize) -> Self {
+        Self::launch(masters, replicas_per_master, false).await
+    }
+
+    /// Like [`RedisCluster::start`], for a cluster kept in a `static` and so never dropped: a
+    /// [`Watchdog`] kills every node and removes the cluster's directory once the test process
+    /// is gone, however it ends.
+    pub async fn start_watched(masters: usize, replicas_per_master: usize) -> Self {
+        Self::launch(masters, replicas_per_master, true).await
+    }
+
+    async fn launch(masters: usize, replicas_per_master: usize, watched: bool) -> Self {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let dir = tempfile::Builder::new()
             .prefix("baton-cluster-")
             .tempdir()
             .expect("creating a temp dir for the cluster");
+        let watchdog = watched.then(|| Watchdog::spawn(dir.path()));
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas_per_master) {
             let node = start_process(dir.path(), "node", free_cluster_port, |port, dir| {
@@ -524,9 +594,16 @@ impl RedisCluster {
                 args
             })
             .await;
+            if let (Some(watchdog), Some(pid)) = (&watchdog, node.pid()) {
+                watchdog.watch(pid);
+            }
             nodes.push(node);
         }
-        let cluster = Self { nodes, dir };
+        let cluster = Self {
+            nodes,
+            dir,
+            watchdog,
+        };
         cluster.create(replicas_per_master).await;
         if let Err(last) = cluster.health(CLUSTER_READY_TIMEOUT).await {
             panic!(
@@ -748,6 +825,37 @@ impl RedisCluster {
         let process = self.process_mut(port);
         let args = process.args.clone();
         process.relaunch(args).await;
+        let pid = process.pid();
+        if let (Some(watchdog), Some(pid)) = (&self.watchdog, pid) {
+            watchdog.watch(pid);
+        }
+    }
+
+    /// Kills every node (SIGKILL, as a crash of the whole cluster would).
+    pub fn kill_all(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+
+    /// Starts every killed node again (see [`RedisCluster::restart`]) and waits until the
+    /// cluster is healthy again (see [`RedisCluster::wait_healthy`]); the data is gone.
+    pub async fn restart_killed(&mut self) {
+        let killed: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|n| !n.running())
+            .map(|n| n.port)
+            .collect();
+        for port in killed {
+            self.restart(port).await;
+        }
+        self.wait_healthy(CLUSTER_READY_TIMEOUT).await;
+    }
+
+    /// The process ids of the running nodes.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(Process::pid).collect()
     }
 
     /// A multiplexed connection to the node on `port` alone (no redirections followed).

@@ -1,0 +1,45 @@
+//! The protobuf codec of Baton's own services: prost encoding with small per-call buffers.
+//!
+//! tonic's default codec gives every call an 8 KiB encode buffer for the life of its response
+//! stream. Baton's messages are a few hundred bytes and a sidecar may hold 10,000 keepalive
+//! streams, so that default alone would cost 80 MiB; this codec starts each buffer at
+//! [`BUFFER_SIZE`] bytes (it still grows for a larger message, such as a long completion list).
+
+use std::marker::PhantomData;
+
+use tonic::codec::{BufferSettings, Codec};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// Initial size of each call's encode and decode buffer, in bytes.
+pub const BUFFER_SIZE: usize = 512;
+/// Encoded bytes after which a stream yields to let them be sent (tonic's default).
+pub const YIELD_THRESHOLD: usize = 32 * 1024;
+
+/// `ProstCodec` with [`BUFFER_SIZE`] buffers; named by the generated service code.
+#[derive(Debug)]
+pub struct LeanCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for LeanCodec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> Codec for LeanCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
+    }
+}

@@ -1,0 +1,32 @@
+-- Abandon: a waiter stops waiting (it gave up, timed out, or its caller left). When that lets
+-- others go ahead, wake them at once: the new head of the fair queue when it can be granted (a
+-- waiter leaving the head, or an exclusive one leaving, can unblock those behind it); the waiters
+-- without a place when the queue is now empty; the shared waiters a waiting writer kept out when
+-- it was the last one.
+--
+-- KEYS: state, waiters, channel, readers, queue, writers (see the prelude).
+-- ARGV[1] waiter id
+--
+-- Returns 1 when the waiter was registered, 0 when it was not.
+local K = lock_keys({'state', 'waiters', 'channel', 'readers', 'queue', 'writers'})
+local id = ARGV[1]
+local now = clock()
+
+local head = redis.call('ZRANGE', K.queue, 0, 0)
+local was_head = head[1] == 'x' .. id or head[1] == 's' .. id
+local exclusive = redis.call('ZSCORE', K.queue, 'x' .. id) or redis.call('ZSCORE', K.writers, id)
+local registered = redis.call('ZSCORE', K.waiters, id)
+local queued = drop_waiter(K, id)
+if queued then
+  if was_head or exclusive or redis.call('ZCARD', K.queue) == 0 then
+    wake(K, now, false)
+  end
+elseif exclusive and redis.call('ZCOUNT', K.writers, '(' .. now, '+inf') == 0
+    and redis.call('EXISTS', K.state) == 0 then
+  wake(K, now, false)
+end
+touch_waiters(K, now)
+if registered or queued then
+  return 1
+end
+return 0
