@@ -1772,3 +1772,66 @@ async fn cluster_master_failover_is_followed() {
         assert!(r.lease.expect("lease").fencing_token > old.fencing_token);
     }
 }
+
+/// Locks honour `--min-replicas-ack` as semaphores do: with the replica frozen an exclusive and a
+/// shared acquire are both reported not acquired and leave no lease in Redis; once the replica is
+/// back, grants are acknowledged and confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_grants_wait_for_replica_acks() {
+    let sentinels = SentinelDeployment::start().await;
+    let baton = Baton::start_on(sentinel_config(&sentinels), |c| {
+        c.redis.min_replicas_ack = 1;
+        c.redis.replica_ack_timeout = Duration::from_millis(250);
+    })
+    .await;
+    let mut client = baton.client().await;
+    let prefix = baton.prefix().to_owned();
+    let request = |mode: pb::LockMode| pb::LockServiceAcquireRequest {
+        name: "acked".into(),
+        ttl: Some(ms(10_000)),
+        mode: mode.into(),
+        ..Default::default()
+    };
+    {
+        let _frozen = Stopped::new(sentinels.replica_pid().expect("the replica runs"));
+        for mode in [pb::LockMode::Exclusive, pb::LockMode::Shared] {
+            let reply = client
+                .acquire(request(mode))
+                .await
+                .expect("Acquire answers")
+                .into_inner();
+            assert!(!reply.acquired, "{mode:?} granted without a replica ack");
+        }
+    }
+    let mut master = sentinels.master_client().await;
+    let key = lock_key(&prefix, "acked");
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .arg(format!("{key}:readers"))
+        .query_async(&mut master)
+        .await
+        .expect("EXISTS");
+    assert_eq!(left, 0, "a rolled-back lock lease was left in Redis");
+
+    // Thawed: the replica catches up and grants are confirmed again.
+    wait_until(
+        Duration::from_secs(5),
+        "an acknowledged lock grant once the replica is thawed",
+        || {
+            let mut client = client.clone();
+            async move {
+                match client.acquire(request(pb::LockMode::Exclusive)).await {
+                    Ok(r) if r.get_ref().acquired => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let replicated: u64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut master)
+        .await
+        .expect("EXISTS");
+    assert_eq!(replicated, 1, "the confirmed grant is in Redis");
+}
