@@ -124,7 +124,12 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 /// Cuts `wait` short so that a waiting call answers before the caller's gRPC deadline (taken
 /// from the `grpc-timeout` header, less [`DEADLINE_MARGIN`] or a fifth of it, whichever is less).
 pub fn fit_deadline(wait: Duration, metadata: &MetadataMap) -> Duration {
-    match deadline(metadata) {
+    fit_wait(wait, deadline(metadata))
+}
+
+/// [`fit_deadline`] for a deadline already read with [`deadline`].
+pub fn fit_wait(wait: Duration, deadline: Option<Duration>) -> Duration {
+    match deadline {
         Some(d) => wait.min(d.saturating_sub(DEADLINE_MARGIN.min(d / 5))),
         None => wait,
     }

@@ -103,13 +103,14 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::LockServiceAcquireRequest>,
     ) -> Result<Response<pb::LockServiceAcquireResponse>, Status> {
-        let metadata = request.metadata().clone();
+        // Only the caller's deadline is needed from the headers; no copy of them.
+        let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
         let name = name(&req.name)?.to_owned();
         let ttl = wire::bounded("ttl", req.ttl, MIN_TTL, MAX_TTL)?;
         let wait = wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
             .unwrap_or_default();
-        let wait = wire::fit_deadline(wait, &metadata);
+        let wait = wire::fit_wait(wait, deadline);
         let acquire = AcquireRequest {
             name,
             ttl,

@@ -121,7 +121,8 @@ impl SemaphoreService for SemaphoreApi {
         &self,
         request: Request<pb::SemaphoreServiceAcquireRequest>,
     ) -> Result<Response<pb::SemaphoreServiceAcquireResponse>, Status> {
-        let metadata = request.metadata().clone();
+        // Only the caller's deadline is needed from the headers; no copy of them.
+        let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
         let mut acquire = acquire_request(
             &req.name,
@@ -133,7 +134,7 @@ impl SemaphoreService for SemaphoreApi {
             &req.owner,
             req.fair,
         )?;
-        acquire.wait = wire::fit_deadline(acquire.wait, &metadata);
+        acquire.wait = wire::fit_wait(acquire.wait, deadline);
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
