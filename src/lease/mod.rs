@@ -151,7 +151,10 @@ where
     tokio::spawn(async move {
         let closed = tx.clone();
         let stop = stop(async move { closed.closed().await }, shutdown.clone());
-        match acquire(stop).await {
+        // Boxed so that the acquisition's state (its wait, its subscription) is freed once it
+        // ends instead of staying part of this task for the life of the lease.
+        let acquired = Box::pin(acquire(stop)).await;
+        match acquired {
             Ok(Grant::Granted {
                 first,
                 lease,
