@@ -16,10 +16,7 @@ use std::{
 use nix::{sys::signal, unistd::Pid};
 use redis::{ProtocolVersion, PushInfo, PushKind, Value, cluster_async::ClusterConnection};
 use support::{
-    topology::{
-        CLUSTER_NODE_TIMEOUT, RedisCluster, Role, SLOTS, SentinelDeployment, SentinelTimings,
-        key_slot,
-    },
+    topology::{RedisCluster, Role, SLOTS, SentinelDeployment, key_slot},
     wait_until, within,
 };
 use tokio::{sync::mpsc, time::Instant};
@@ -719,56 +716,4 @@ async fn cluster_replica_takes_over_a_killed_master() {
         .expect("the restarted node");
     assert_eq!(back.role, Role::Replica, "{back:?}");
     assert_eq!(back.master_id.as_deref(), Some(replica.id.as_str()));
-}
-
-/// The median of `samples`.
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-/// By hand, for the figures in the harness docs: the time from SIGKILL of the master to a
-/// failover that a Sentinel client sees, over 5 fresh deployments per timing, and the time for a
-/// cluster replica to take over, over 3 fresh clusters.
-/// `cargo test --test topology failover_timings -- --ignored --nocapture --test-threads 1`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement, run by hand"]
-async fn failover_timings() {
-    for timings in [
-        SentinelTimings {
-            down_after: Duration::from_millis(500),
-            failover_timeout: Duration::from_millis(2000),
-        },
-        SentinelTimings::default(),
-        SentinelTimings {
-            down_after: Duration::from_millis(2000),
-            failover_timeout: Duration::from_millis(5000),
-        },
-    ] {
-        let mut samples = Vec::new();
-        for _ in 0..5 {
-            let mut sentinels = SentinelDeployment::start_with(timings).await;
-            let killed_at = Instant::now();
-            sentinels.kill_master();
-            sentinels.wait_for_failover(Duration::from_secs(30)).await;
-            samples.push(killed_at.elapsed());
-        }
-        println!(
-            "sentinel {timings:?}: failover median {:?} of {samples:?}",
-            median(samples.clone())
-        );
-    }
-    let mut samples = Vec::new();
-    for _ in 0..3 {
-        let mut cluster = RedisCluster::start(3, 1).await;
-        let master = cluster.masters().await.remove(0);
-        let killed_at = Instant::now();
-        cluster.kill(master.port);
-        cluster.wait_healthy(Duration::from_secs(30)).await;
-        samples.push(killed_at.elapsed());
-    }
-    println!(
-        "cluster (node timeout {CLUSTER_NODE_TIMEOUT:?}): failover median {:?} of {samples:?}",
-        median(samples.clone())
-    );
 }
