@@ -6,9 +6,23 @@
 //! clients for several scenarios, and raw `ZRANGE ... BYLEX` sent straight to the same Redis on
 //! the same data in the same run as the baseline. Prints a Markdown report.
 //!
+//! Baton runs on its own multi-threaded runtime (one worker per core, as `baton serve`), on
+//! threads named `baton-*`; the clients run on another runtime, as an application beside the
+//! sidecar would. Each scenario reports the CPU time the load generator, Baton and Redis used per
+//! request (per-thread `schedstat`, Redis's `INFO cpu`), so the load generator's share of the
+//! two cores is measured, not guessed.
+//!
 //! ```sh
 //! cargo bench --bench autocomplete -- --terms 1000000 --clients 16 --seconds 10
 //! ```
+//!
+//! Other flags: `--connections N` (HTTP/2 connections the clients share, default one each),
+//! `--client-threads N` (0: one per core, 1: a single-threaded runtime), `--pool N` (Baton's
+//! Redis connections, default 4 as `baton serve`), `--loaders N`, `--seed N`, `--no-memory`,
+//! `--only 'a|b'` (scenarios whose name contains `a` or `b`). `BATON_BENCH_REDIS_PORT` uses a
+//! running Redis instead (flushed first unless `BATON_BENCH_REUSE` is set, which queries the
+//! dictionary a previous run left); `BATON_BENCH_VERBOSE` prints Redis's command statistics for
+//! the load.
 //!
 //! `tests/autocomplete.rs` runs it on a tiny dictionary for about a second as a smoke test.
 
@@ -52,6 +66,14 @@ pub struct Options {
     pub batch: usize,
     /// Also measure memory per index (walks every key with `MEMORY USAGE`).
     pub memory: bool,
+    /// Worker threads of the load generator's runtime: 0 for one per core (tokio's default, as
+    /// an application would have), 1 for a single-threaded runtime.
+    pub client_threads: usize,
+    /// Baton's Redis connections (`--redis-pool-size`; 4 is Baton's default).
+    pub pool: u32,
+    /// Run only the scenarios whose name contains one of these (all when empty; `--only` takes
+    /// them separated by `|`).
+    pub only: Vec<String>,
 }
 
 impl Default for Options {
@@ -65,6 +87,9 @@ impl Default for Options {
             loaders: 4,
             batch: 1000,
             memory: true,
+            client_threads: 0,
+            pool: 4,
+            only: Vec::new(),
         }
     }
 }
@@ -84,8 +109,11 @@ pub struct Scenario {
     pub rate: f64,
     /// Percentiles in microseconds: p50, p90, p99, p99.9, max.
     pub micros: [u64; 5],
-    /// Redis CPU time per request in microseconds (from `INFO commandstats`).
+    /// Redis time per request in the scripts or commands it ran, in microseconds (from
+    /// `INFO commandstats`).
     pub redis_micros: f64,
+    /// CPU time used while measuring (load generator, Baton, Redis).
+    pub cpu: CpuTime,
 }
 
 /// Everything measured.
@@ -95,8 +123,10 @@ pub struct Report {
     pub terms: u64,
     /// Time to load them through `Add`.
     pub load: Duration,
-    /// Redis CPU time spent loading them.
+    /// Redis time spent in the `Add` scripts.
     pub load_redis: Duration,
+    /// CPU time used while loading.
+    pub load_cpu: CpuTime,
     /// Redis `used_memory` growth while loading, in bytes.
     pub memory: u64,
     /// Bytes per index (key kind), when measured.
@@ -124,14 +154,27 @@ fn main() -> anyhow::Result<()> {
             "--seed" => options.seed = value()?.parse()?,
             "--loaders" => options.loaders = value()?.parse()?,
             "--no-memory" => options.memory = false,
+            "--client-threads" => options.client_threads = value()?.parse()?,
+            "--pool" => options.pool = value()?.parse()?,
+            "--only" => options.only = value()?.split('|').map(str::to_owned).collect(),
             // cargo bench passes --bench to every bench target.
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    // The load generator's own runtime; Baton gets another (BatonThread).
+    let runtime = match options.client_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if n > 0 {
+                builder.worker_threads(n);
+            }
+            builder.enable_all().build()?
+        }
+    };
     let report = runtime.block_on(run(&options))?;
     println!("{}", markdown(&options, &report));
     Ok(())
@@ -150,19 +193,13 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     let prefix = "bench:";
     let mut config = RedisConfig::new(redis.url());
     config.key_prefix = prefix.to_owned();
-    config.pool_size = 4;
+    config.pool_size = options.pool;
     config.command_timeout = Duration::from_secs(5);
     let mut serve_config = ServeConfig::new(config);
     serve_config.listen = Some("127.0.0.1:0".parse()?);
-    let listeners = Listeners::bind(&serve_config).await?;
-    let addr = listeners
-        .tcp
-        .as_ref()
-        .context("a TCP listener")?
-        .local_addr()?;
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(serve(serve_config, listeners, shutdown.clone()));
     let _stop = shutdown.clone().drop_guard();
+    let (addr, server) = BatonThread::start(serve_config, shutdown.clone()).await?;
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
     let connect = || async {
         for _ in 0..200 {
@@ -185,6 +222,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         .arg("RESETSTAT")
         .query_async::<()>(&mut conn)
         .await?;
+    let cpu_before = CpuSnapshot::take(&mut conn).await?;
     let started = Instant::now();
     let mut loaders = JoinSet::new();
     // BATON_BENCH_REUSE (with BATON_BENCH_REDIS_PORT): query the dictionary a previous run left.
@@ -220,6 +258,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         done??;
     }
     let load = started.elapsed();
+    let load_cpu = CpuSnapshot::take(&mut conn).await?.since(&cpu_before);
     let load_redis = Duration::from_secs_f64(redis_usec(&mut conn).await? / 1e6);
     if std::env::var_os("BATON_BENCH_VERBOSE").is_some() {
         let info: String = redis::cmd("INFO")
@@ -301,97 +340,96 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
             .await
         }
     };
-    scenarios.push(
-        complete(
+    let wanted = |name: &str| {
+        options.only.is_empty() || options.only.iter().any(|o| name.contains(o.as_str()))
+    };
+    let completions = [
+        (
             "Complete: prefix of 1-5 characters, lexicographic",
             &prefixes,
             M::Prefix,
             O::Lexicographic,
-        )
-        .await?,
-    );
-    // The floor of any call through Baton on this machine: a gRPC health check, no Redis.
-    {
-        let mut channels = Vec::new();
-        for _ in 0..options.connections.clamp(1, options.clients) {
-            channels.push(connect().await?);
-        }
-        scenarios.push(
-            measure(
-                redis.url(),
-                "gRPC health check through Baton (no Redis): the floor of any call".to_owned(),
-                options.clients,
-                seconds,
-                move |i, _| {
-                    let mut health = HealthClient::new(channels[i % channels.len()].clone());
-                    async move {
-                        health
-                            .check(HealthCheckRequest {
-                                service: "liveness".to_owned(),
-                            })
-                            .await?;
-                        anyhow::Ok(0)
-                    }
-                },
-            )
-            .await?,
-        );
-    }
-    scenarios.push(
-        raw_zrange(
-            &redis,
-            &format!("{prefix}{{ac:{dictionary}}}:lex"),
-            &prefixes,
-            options,
-            seconds,
-        )
-        .await?,
-    );
-    scenarios.push(
-        complete(
+        ),
+        (
             "Complete: prefix of 1-5 characters, by score",
             &prefixes,
             M::Prefix,
             O::Score,
-        )
-        .await?,
-    );
-    scenarios.push(
-        complete(
+        ),
+        (
             "Complete: automatic, 1-5 characters, lexicographic",
             &prefixes,
             M::Automatic,
             O::Lexicographic,
-        )
-        .await?,
-    );
-    scenarios.push(
-        complete(
+        ),
+        (
             "Complete: word prefix of 2-4 characters, lexicographic",
             &words,
             M::WordPrefix,
             O::Lexicographic,
-        )
-        .await?,
-    );
-    scenarios.push(
-        complete(
+        ),
+        (
             "Complete: contains 3-5 characters, lexicographic",
             &substrings,
             M::Contains,
             O::Lexicographic,
-        )
-        .await?,
-    );
-    scenarios.push(
-        complete(
+        ),
+        (
             "Complete: contains 3-5 characters, by score",
             &substrings,
             M::Contains,
             O::Score,
-        )
-        .await?,
-    );
+        ),
+    ];
+    for (i, (name, queries, mode, order)) in completions.into_iter().enumerate() {
+        if wanted(name) {
+            scenarios.push(complete(name, queries, mode, order).await?);
+        }
+        if i > 0 {
+            continue;
+        }
+        // After the first: the floor of any call through Baton on this machine (a gRPC health
+        // check, no Redis), and raw ZRANGE on Redis (the floor of prefix completion).
+        let health = "gRPC health check through Baton (no Redis): the floor of any call";
+        if wanted(health) {
+            let mut channels = Vec::new();
+            for _ in 0..options.connections.clamp(1, options.clients) {
+                channels.push(connect().await?);
+            }
+            scenarios.push(
+                measure(
+                    redis.url(),
+                    health.to_owned(),
+                    options.clients,
+                    seconds,
+                    move |i, _| {
+                        let mut health = HealthClient::new(channels[i % channels.len()].clone());
+                        async move {
+                            health
+                                .check(HealthCheckRequest {
+                                    service: "liveness".to_owned(),
+                                })
+                                .await?;
+                            anyhow::Ok(0)
+                        }
+                    },
+                )
+                .await?,
+            );
+        }
+        if wanted(RAW_ZRANGE) {
+            scenarios.push(
+                raw_zrange(
+                    &redis,
+                    &format!("{prefix}{{ac:{dictionary}}}"),
+                    &prefixes,
+                    options,
+                    seconds,
+                )
+                .await?,
+            );
+        }
+    }
 
     let indexes = if options.memory {
         index_memory(&mut conn, &format!("{prefix}{{ac:{dictionary}}}")).await?
@@ -399,41 +437,54 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         BTreeMap::new()
     };
     shutdown.cancel();
-    server.await??;
+    server.stop().await?;
     Ok(Report {
         terms: count,
         load,
         load_redis,
+        load_cpu,
         memory,
         indexes,
         scenarios,
     })
 }
 
+/// The name of the raw `ZRANGE` scenario.
+const RAW_ZRANGE: &str =
+    "Raw ZRANGE ... BYLEX LIMIT 0 10 on the same Redis, prefix of 1-5 characters";
+
 /// Raw `ZRANGE lex [p (p\xff BYLEX LIMIT 0 10` on the same Redis: the floor Baton builds on.
 async fn raw_zrange(
     redis: &RedisProcess,
-    lex: &str,
+    base: &str,
     prefixes: &[String],
     options: &Options,
     seconds: Duration,
 ) -> anyhow::Result<Scenario> {
-    let forms: Arc<Vec<String>> = Arc::new(prefixes.iter().map(|p| query_form(p)).collect());
+    // Each prefix with the lex set it is in (that of its first byte), as Baton reads it.
+    let forms: Arc<Vec<(String, String)>> = Arc::new(
+        prefixes
+            .iter()
+            .map(|p| {
+                let form = query_form(p);
+                let lex = format!("{base}:l:{:02x}", form.as_bytes()[0]);
+                (form, lex)
+            })
+            .collect(),
+    );
     let client = redis::Client::open(redis.url())?;
     let mut conns = Vec::new();
     for _ in 0..options.connections.clamp(1, options.clients) {
         conns.push(client.get_multiplexed_async_connection().await?);
     }
-    let lex = lex.to_owned();
     measure(
         redis.url(),
-        "Raw ZRANGE ... BYLEX LIMIT 0 10 on the same Redis, prefix of 1-5 characters".to_owned(),
+        RAW_ZRANGE.to_owned(),
         options.clients,
         seconds,
         move |i, n| {
             let mut conn = conns[i % conns.len()].clone();
-            let form = forms[n % forms.len()].clone();
-            let lex = lex.clone();
+            let (form, lex) = forms[n % forms.len()].clone();
             async move {
                 let mut hi = form.clone().into_bytes();
                 hi.push(0xff);
@@ -486,7 +537,8 @@ where
             redis::cmd("CONFIG")
                 .arg("RESETSTAT")
                 .query_async::<()>(&mut stats)
-                .await
+                .await?;
+            CpuSnapshot::take(&mut stats).await
         }
     });
     for i in 0..clients {
@@ -525,11 +577,13 @@ where
         errors += e;
         results += r;
     }
-    reset.await??;
+    let cpu_from = reset.await??;
+    let cpu = CpuSnapshot::take(&mut stats).await?.since(&cpu_from);
     let redis_usec = redis_usec(&mut stats).await?;
     let requests = all.len();
     Ok(Scenario {
         redis_micros: redis_usec / requests.max(1) as f64,
+        cpu,
         name,
         requests,
         errors,
@@ -579,7 +633,7 @@ async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Re
         .context("used_memory in INFO")
 }
 
-/// Bytes and keys per kind of key (`lex`, `data`, `r` ranked sets, `g` gram postings).
+/// Bytes and keys per kind of key (lex sets, data, ranked sets, word and gram postings, ...).
 async fn index_memory(
     conn: &mut redis::aio::MultiplexedConnection,
     base: &str,
@@ -605,11 +659,17 @@ async fn index_memory(
                 .await?;
             let rest = &key[base.len()..];
             let kind = match rest {
-                b":lex" => "lex: every term, in lexicographic order",
                 b":data" => "data: score, display text, payload",
-                b":meta" | b":h" => "meta, h: bookkeeping of ranked prefixes",
+                b":h" => "h: which lex and ranked sets exist",
+                b":top" => "top: the best-ranked terms",
                 b":v" => "v: the vocabulary (every word)",
-                _ if rest.starts_with(b":r:") => "r:*: ranked sets of prefixes with many terms",
+                _ if rest.starts_with(b":l:") => {
+                    "l:*: every term, in lexicographic order, by first byte"
+                }
+                _ if rest.starts_with(b":b:") => "b:*: ranked sets of first bytes",
+                _ if rest.starts_with(b":r:") => {
+                    "r:*: ranked sets of short prefixes with many terms"
+                }
                 _ if rest.starts_with(b":w:") => "w:*: terms of each word",
                 _ if rest.starts_with(b":vg:") => "vg:*: vocabulary words of each gram",
                 _ => "other",
@@ -641,6 +701,13 @@ pub fn markdown(options: &Options, report: &Report) -> String {
         report.memory as f64 / (1 << 20) as f64,
         per_term(report.memory),
     ));
+    let c = &report.load_cpu;
+    out.push_str(&format!(
+        "CPU while loading: Redis {:.1} s, Baton {:.1} s, load generator {:.1} s.\n\n",
+        c.redis as f64 / 1e9,
+        c.baton as f64 / 1e9,
+        c.load_generator as f64 / 1e9,
+    ));
     if !report.indexes.is_empty() {
         out.push_str("| index | keys | MiB | bytes per term |\n|---|---:|---:|---:|\n");
         for (kind, (bytes, keys)) in &report.indexes {
@@ -653,15 +720,21 @@ pub fn markdown(options: &Options, report: &Report) -> String {
         out.push('\n');
     }
     out.push_str(&format!(
-        "{} concurrent clients over {} connections, {:.0} s per scenario, limit 10.\n\n",
+        "{} concurrent clients over {} connections, load generator on {}, Baton on its own runtime with {} Redis connections, {:.0} s per scenario, limit 10. CPU µs/request: CPU time of each side while measuring, per request.\n\n",
         options.clients,
         options.connections.clamp(1, options.clients),
+        match options.client_threads {
+            0 => "one thread per core".to_owned(),
+            n => format!("{n} thread(s)"),
+        },
+        options.pool,
         options.seconds
     ));
-    out.push_str("| scenario | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results/request | errors | Redis µs/request |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| scenario | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results/request | errors | Redis µs/request (commands) | CPU µs/request: load generator | Baton | Redis |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for s in &report.scenarios {
+        let per = |ns: u64| ns as f64 / 1e3 / s.requests.max(1) as f64;
         out.push_str(&format!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} |\n",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             s.name,
             s.rate,
             s.micros[0],
@@ -671,10 +744,146 @@ pub fn markdown(options: &Options, report: &Report) -> String {
             s.micros[4],
             s.results as f64 / s.requests.max(1) as f64,
             s.errors,
-            s.redis_micros
+            s.redis_micros,
+            per(s.cpu.load_generator),
+            per(s.cpu.baton),
+            per(s.cpu.redis),
         ));
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Baton
+// ---------------------------------------------------------------------------------------------
+
+/// Prefix of the names of the threads Baton runs on, which tells its CPU time from the load
+/// generator's.
+const BATON_THREADS: &str = "baton";
+
+/// Baton serving on its own multi-threaded runtime (one worker per core, as `baton serve`), on
+/// threads named `baton-*`, apart from the load generator's.
+struct BatonThread {
+    done: tokio::sync::oneshot::Receiver<anyhow::Result<()>>,
+}
+
+impl BatonThread {
+    /// Binds `config.listen` and serves until `shutdown`; returns the bound address.
+    async fn start(
+        config: ServeConfig,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<(std::net::SocketAddr, Self)> {
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("{BATON_THREADS}-main"))
+            .spawn(move || {
+                let served = (|| {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .enable_all()
+                        .thread_name(format!("{BATON_THREADS}-worker"))
+                        .build()?;
+                    runtime.block_on(async {
+                        let listeners = Listeners::bind(&config).await;
+                        let listeners = match listeners {
+                            Ok(l) => l,
+                            Err(e) => {
+                                let _ = bound_tx.send(Err(anyhow::anyhow!("{e:#}")));
+                                return Ok(());
+                            }
+                        };
+                        let addr = listeners
+                            .tcp
+                            .as_ref()
+                            .context("a TCP listener")?
+                            .local_addr()?;
+                        let _ = bound_tx.send(Ok(addr));
+                        serve(config, listeners, shutdown).await
+                    })
+                })();
+                let _ = done_tx.send(served);
+            })?;
+        let addr = bound_rx.await.context("Baton's thread ended")??;
+        Ok((addr, Self { done }))
+    }
+
+    /// Waits for Baton to finish serving (after its shutdown token is cancelled).
+    async fn stop(self) -> anyhow::Result<()> {
+        self.done.await.context("Baton's thread ended")?
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU time
+// ---------------------------------------------------------------------------------------------
+
+/// CPU time used so far, in nanoseconds, by this process's threads (by thread id, from
+/// `/proc/self/task/*/schedstat`) and by Redis (`INFO cpu`).
+#[derive(Debug, Clone, Default)]
+struct CpuSnapshot {
+    threads: BTreeMap<u32, (bool, u64)>,
+    redis: u64,
+}
+
+/// CPU time between two snapshots, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    /// The load generator: every thread of the process but Baton's.
+    pub load_generator: u64,
+    /// Baton's threads.
+    pub baton: u64,
+    /// Redis (all its threads).
+    pub redis: u64,
+}
+
+impl CpuSnapshot {
+    async fn take(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<Self> {
+        let mut threads = BTreeMap::new();
+        for entry in std::fs::read_dir("/proc/self/task")? {
+            let dir = entry?.path();
+            let Some(tid) = dir.file_name().and_then(|n| n.to_str()?.parse().ok()) else {
+                continue;
+            };
+            // A thread may end while we look: skip it.
+            let (Ok(comm), Ok(stat)) = (
+                std::fs::read_to_string(dir.join("comm")),
+                std::fs::read_to_string(dir.join("schedstat")),
+            ) else {
+                continue;
+            };
+            let ns = stat.split_whitespace().next().and_then(|v| v.parse().ok());
+            if let Some(ns) = ns {
+                threads.insert(tid, (comm.starts_with(BATON_THREADS), ns));
+            }
+        }
+        let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+        let seconds = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let redis = ((seconds("used_cpu_sys:") + seconds("used_cpu_user:")) * 1e9) as u64;
+        Ok(Self { threads, redis })
+    }
+
+    /// The CPU time used since `earlier` (threads that ended in between are not counted).
+    fn since(&self, earlier: &Self) -> CpuTime {
+        let mut cpu = CpuTime {
+            redis: self.redis.saturating_sub(earlier.redis),
+            ..CpuTime::default()
+        };
+        for (tid, (baton, ns)) in &self.threads {
+            let before = earlier.threads.get(tid).map_or(0, |t| t.1);
+            let used = ns.saturating_sub(before);
+            if *baton {
+                cpu.baton += used;
+            } else {
+                cpu.load_generator += used;
+            }
+        }
+        cpu
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -728,7 +937,10 @@ impl RedisProcess {
         let client = redis::Client::open(process.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         if flush {
-            redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+            redis::cmd("FLUSHALL")
+                .arg("ASYNC")
+                .query_async::<()>(&mut conn)
+                .await?;
         }
         Ok(process)
     }

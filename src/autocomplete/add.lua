@@ -1,214 +1,343 @@
 -- Add: insert or update a batch of dictionary terms, atomically. Every entry is checked before
--- anything is written, so a rejected batch changes nothing.
+-- anything is written, so a rejected batch changes nothing. The work of the batch is grouped by
+-- key: one command per key (in chunks of CHUNK arguments), however many entries touch it.
 --
--- KEYS[1] lex    sorted set, every score 0: the lex member "<key>\0<id>" of every term
--- KEYS[2] data   hash: id -> "<score>\0<display, '' when equal to id>\0<payload>"
--- KEYS[3] meta   hash: 'depth' = the longest prefix (in characters) that ever had a ranked set
--- KEYS[4] vocab  sorted set, every score 0: every word of every term
--- KEYS[5] heavy  hash: prefix -> 1 for every prefix that has a ranked set
+-- KEYS[1] data   hash: id -> "<score>\0<display, '' when equal to id>\0<payload>"; its length
+--                is the number of terms
+-- KEYS[2] vocab  sorted set, every score 0: every word of every term
+-- KEYS[3] heavy  hash: set name -> 1 for every lex set (lex_name) and ranked set (set_name)
+--                there is; '' -> 1 while the first-byte ranked sets exist (the dictionary is
+--                ranked)
 -- ARGV[1] base: the dictionary's other keys, which share the hash tag of KEYS, are
---         <base>:r:<prefix>  ranked set of every term with that prefix, kept while the prefix
---                            has more than `heavy` terms (see remove.lua for when it goes)
+--         <base>:l:<hex>     sorted set, every score 0: the lex members "<key>\0<id>" of the
+--                            terms whose matching form starts with that byte
+--         <base>:b:<hex>     ranked set of the terms whose matching form starts with that byte,
+--                            kept while the dictionary is ranked (it has had more than `heavy`
+--                            terms, and has not fallen to half of that since)
+--         <base>:r:<prefix>  ranked set of every term starting with that prefix of 1 to
+--                            `max depth` characters (not a byte: see ranked_prefixes), kept while
+--                            the prefix has more than `heavy` terms (remove.lua says when it goes)
+--         <base>:top         ranked set of the best-ranked terms of a ranked dictionary: every
+--                            term ranked at or before its last member (so walks by score
+--                            of the whole dictionary start with one set); cut back to `top`
+--                            members when it passes twice that
 --         <base>:w:<word>    lex members of the terms having that word
 --         <base>:vg:<gram>   set of the vocabulary words containing that gram
--- ARGV[2] heavy: a prefix gets a ranked set once more than this many terms have it
+-- ARGV[2] heavy: a prefix (or the dictionary) gets ranked sets once it has more terms than this
 -- ARGV[3] largest absolute score allowed
--- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set (queries on
---         longer ones walk the longest shorter prefix's set, or rank the few terms they have)
--- ARGV[5..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
---           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words
+-- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set
+-- ARGV[5] top: the size the top set is cut back to
+-- ARGV[6..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
+--           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
+--           Entries of one term come in the order they were sent.
 --
 -- Returns {0, added, updated, term count, score of each entry (as text)...}, or {1, entry number}
 -- when an entry's resulting score would be out of range.
-local lex, data, meta, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local base, heavy, max_score = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_depth = tonumber(ARGV[4])
+local argv, call = ARGV, redis.call
+local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
+local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
+local max_depth, top_size = tonumber(argv[4]), tonumber(argv[5])
+local top = base .. ':top'
+local CHUNK = 1000
 
--- The entries, parsed once.
-local entries = {}
-local at = 5
-while at <= #ARGV do
-  local e = {
-    id = ARGV[at],
-    key = ARGV[at + 1],
-    display = ARGV[at + 2],
-    op = ARGV[at + 3],
-    value = tonumber(ARGV[at + 4]),
-    payload = ARGV[at + 5],
-    words = {},
-  }
-  local n = tonumber(ARGV[at + 6])
-  for w = 1, n do
-    e.words[w] = ARGV[at + 6 + w]
+-- Runs `cmd key args...` in chunks (args holds `width`-argument groups).
+local function batched(cmd, key, args, width)
+  local step = CHUNK * width
+  for first = 1, #args, step do
+    call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
   end
-  entries[#entries + 1] = e
-  at = at + 7 + n
 end
 
--- Pass 1: the score every entry ends with; reject the whole batch on one out of range.
-local pending = {}
-for i, e in ipairs(entries) do
-  local score = pending[e.id]
-  if score == nil then
-    e.old = redis.call('HGET', data, e.id)
-    score = e.old and parse_value(e.old) or 0
+-- The values of `fields` in hash `key`, as a table field -> value (false when missing).
+local function hash_values(key, fields)
+  local values = {}
+  for first = 1, #fields, CHUNK do
+    local last = math.min(first + CHUNK - 1, #fields)
+    local got = call('HMGET', key, unpack(fields, first, last))
+    for i = first, last do
+      values[fields[i]] = got[i - first + 1]
+    end
   end
-  if e.op == 's' then
-    score = e.value
-  elseif e.op == 'i' then
-    score = score + e.value
+  return values
+end
+
+-- Appends `item` to the list `lists[name]`, noting new names in `order`.
+local function group(lists, order, name, item)
+  local list = lists[name]
+  if list == nil then
+    list = {}
+    lists[name] = list
+    order[#order + 1] = name
+  end
+  list[#list + 1] = item
+end
+
+local function id_of(member)
+  return sub(member, find(member, '\0', 1, true) + 1)
+end
+
+-- The entries (their first argument's index); terms: one state per distinct id, in order of
+-- first entry.
+local entries, terms, state = {}, {}, {}
+local at = 6
+while at <= #argv do
+  entries[#entries + 1] = at
+  local id = argv[at]
+  if state[id] == nil then
+    state[id] = { at = at }
+    terms[#terms + 1] = id
+  end
+  at = at + 7 + tonumber(argv[at + 6])
+end
+
+-- Pass 1: the value every term ends with, and the score after each entry; reject the whole batch
+-- on one out of range. An entry adds a term unless the term was there before it. Scores keep
+-- the text they came in (Baton's, which reads back exactly) unless added to here.
+local old = hash_values(data, terms)
+for _, id in ipairs(terms) do
+  local t = state[id]
+  local v = old[id]
+  if v then
+    local a = find(v, '\0', 1, true)
+    local b = find(v, '\0', a + 1, true)
+    t.old, t.there = v, true
+    t.text = sub(v, 1, a - 1)
+    t.old_score = tonumber(t.text)
+    t.score, t.payload = t.old_score, sub(v, b + 1)
+  else
+    t.score, t.text, t.payload = 0, '0', ''
+  end
+end
+local scores, added, updated = {}, 0, 0
+for i, at in ipairs(entries) do
+  local t = state[argv[at]]
+  if t.there then
+    updated = updated + 1
+  else
+    added = added + 1
+    t.there = true
+  end
+  local op, score, text = argv[at + 3], t.score, t.text
+  if op == 's' then
+    score, text = tonumber(argv[at + 4]), argv[at + 4]
+  elseif op == 'i' then
+    score, text = score + tonumber(argv[at + 4]), nil
   end
   if not (score >= -max_score and score <= max_score) then
     return { 1, i }
   end
-  pending[e.id] = score
-end
-
--- Copies every term with prefix p into its new ranked set rk.
-local function materialize(rk, p, whole)
-  local members
-  if whole then
-    members = redis.call('ZRANGE', lex, 0, -1)
-  else
-    members = redis.call('ZRANGE', lex, '[' .. p, '(' .. p .. '\255', 'BYLEX')
-  end
-  local ids = {}
-  for i = 1, #members do
-    local m = members[i]
-    ids[i] = string.sub(m, string.find(m, '\0', 1, true) + 1)
-  end
-  local values = redis.call('HMGET', data, unpack(ids))
-  local args = {}
-  for i = 1, #members do
-    args[#args + 1] = 0
-    args[#args + 1] = rank_bytes((parse_value(values[i]))) .. members[i]
-  end
-  redis.call('ZADD', rk, unpack(args))
-  redis.call('HSET', heavy_set, p, 1)
-end
-
--- The prefixes of key (the empty one first) up to `upto` characters, and which of them have a
--- ranked set.
-local function prefixes(key, upto)
-  local list = { '' }
-  local n = 0
-  for i = 2, #key + 1 do
-    local b = string.byte(key, i)
-    if b == nil or b < 128 or b >= 192 then
-      n = n + 1
-      if n > upto then
-        break
-      end
-      list[#list + 1] = string.sub(key, 1, i - 1)
-    end
-  end
-  return list, redis.call('HMGET', heavy_set, unpack(list))
-end
-
-local depth = tonumber(redis.call('HGET', meta, 'depth') or '-1')
-local added, updated, scores = 0, 0, {}
-for _, e in ipairs(entries) do
-  local id, key, payload = e.id, e.key, e.payload
-  local member = key .. '\0' .. id
-  -- The value before this entry: read in pass 1, unless an earlier entry of the batch wrote it.
-  local old = e.old
-  if pending[id] == nil then
-    old = redis.call('HGET', data, id)
-  end
-  pending[id] = nil
-  local score, old_score = 0, nil
-  if old then
-    local parsed, _, old_payload = parse_value(old)
-    old_score, score = parsed, parsed
-    if payload == '' then
-      payload = old_payload
-    else
-      payload = string.sub(payload, 2)
-    end
-  elseif payload ~= '' then
-    payload = string.sub(payload, 2)
-  end
-  if e.op == 's' then
-    score = e.value
-  elseif e.op == 'i' then
-    score = score + e.value
-  end
   if score == 0 then
-    score = 0
+    score, text = 0, '0' -- not -0
   end
-  redis.call('HSET', data, id, score_text(score) .. '\0' .. e.display .. '\0' .. payload)
+  t.score, t.text = score, text or score_text(score)
+  t.display = argv[at + 2]
+  if argv[at + 5] ~= '' then
+    t.payload = sub(argv[at + 5], 2)
+  end
+  scores[i] = t.text
+end
 
-  if old then
-    updated = updated + 1
-    if score ~= old_score then
-      -- Move the term within every ranked set it is in (a ranked set holds every term with
-      -- its prefix, so the old member is there exactly when the set exists).
-      local old_ranked, new_ranked = rank_bytes(old_score) .. member, rank_bytes(score) .. member
-      local list, has = prefixes(key, depth)
-      for l = 1, #list do
-        if has[l] then
-          local rk = base .. ':r:' .. list[l]
-          redis.call('ZREM', rk, old_ranked)
-          redis.call('ZADD', rk, 0, new_ranked)
-        end
+-- What to write, grouped by key: the data of every term; lex members and words of the new ones;
+-- the ranked members of the terms that enter ranked sets (new) or move in them (score changed),
+-- by prefix, prefixes by depth (parents first).
+local values, lex_order, lex_members = {}, {}, {}
+local word_order, word_members = {}, {}
+local levels, groups, moves = {}, {}, {}
+for _, id in ipairs(terms) do
+  local t = state[id]
+  values[#values + 1] = id
+  values[#values + 1] = t.text .. '\0' .. t.display .. '\0' .. t.payload
+  local key = argv[t.at + 1]
+  local member = key .. '\0' .. id
+  if not t.old then
+    local lex = lex_name(key)
+    group(lex_members, lex_order, lex, '0')
+    group(lex_members, lex_order, lex, member)
+    local first = t.at + 7
+    for w = first, first + tonumber(argv[t.at + 6]) - 1 do
+      group(word_members, word_order, argv[w], '0')
+      group(word_members, word_order, argv[w], member)
+    end
+  end
+  if not t.old or t.score ~= t.old_score then
+    local new_ranked = rank_bytes(t.score) .. member
+    local old_ranked = t.old and (rank_bytes(t.old_score) .. member)
+    moves[#moves + 1] = { new_ranked, old_ranked }
+    local list = ranked_prefixes(key, max_depth)
+    for l = 1, #list do
+      local p = list[l]
+      local g = groups[p]
+      if g == nil then
+        g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {} }
+        groups[p] = g
+        levels[l] = levels[l] or {}
+        levels[l][#levels[l] + 1] = g
+      end
+      g.adds[#g.adds + 1] = '0'
+      g.adds[#g.adds + 1] = new_ranked
+      if old_ranked then
+        g.removes[#g.removes + 1] = old_ranked
       end
     end
-  else
-    added = added + 1
-    redis.call('ZADD', lex, 0, member)
-    for _, word in ipairs(e.words) do
-      local wk = base .. ':w:' .. word
-      redis.call('ZADD', wk, 0, member)
-      if redis.call('ZCARD', wk) == 1 then
-        -- A new word: into the vocabulary and its gram sets.
-        redis.call('ZADD', vocab, 0, word)
+  end
+end
+
+-- Which of these sets exist.
+local fields = { '' }
+for _, name in ipairs(lex_order) do
+  fields[#fields + 1] = name
+end
+for _, level in ipairs(levels) do
+  for _, g in ipairs(level) do
+    fields[#fields + 1] = g.name
+  end
+end
+local has = hash_values(heavy_set, fields)
+local marks = {}
+local function mark(name)
+  if not has[name] then
+    has[name] = '1'
+    marks[#marks + 1] = name
+    marks[#marks + 1] = '1'
+  end
+end
+
+batched('HSET', data, values, 2)
+for _, name in ipairs(lex_order) do
+  batched('ZADD', base .. ':' .. name, lex_members[name], 2)
+  mark(name)
+end
+
+-- Words: each posting once; new words into the vocabulary and the sets of their grams.
+if #word_order > 0 then
+  local new_words, gram_order, gram_words = {}, {}, {}
+  for first = 1, #word_order, CHUNK do
+    local last = math.min(first + CHUNK - 1, #word_order)
+    local known = call('ZMSCORE', vocab, unpack(word_order, first, last))
+    for i = first, last do
+      if not known[i - first + 1] then
+        local word = word_order[i]
+        new_words[#new_words + 1] = '0'
+        new_words[#new_words + 1] = word
         local grams = grams_of(utf8_chars(word))
         for g = 1, #grams do
-          redis.call('SADD', base .. ':vg:' .. grams[g], word)
+          group(gram_words, gram_order, grams[g], word)
         end
       end
-    end
-    -- Ranked sets: join those of the term's prefixes; create one for a prefix that just passed
-    -- `heavy` terms. Once a prefix has at most `heavy` terms, longer ones do too and need no
-    -- count, but a ranked set may still exist for them up to `depth`.
-    local ranked = rank_bytes(score) .. member
-    local list, has = prefixes(key, math.min(depth + 1, max_depth))
-    local counting = true
-    local l = 1
-    while l <= #list do
-      local p = list[l]
-      local rk = base .. ':r:' .. p
-      if has[l] then
-        redis.call('ZADD', rk, 0, ranked)
-      elseif counting then
-        local count
-        if l == 1 then
-          count = redis.call('ZCARD', lex)
-        else
-          count = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255')
-        end
-        if count > heavy then
-          materialize(rk, p, l == 1)
-          if l - 1 > depth then
-            -- A new deepest ranked prefix: the next one may need counting too.
-            depth = l - 1
-            redis.call('HSET', meta, 'depth', depth)
-            local longer = prefixes(key, math.min(depth + 1, max_depth))
-            if #longer > #list then
-              list[#list + 1] = longer[#longer]
-            end
-          end
-        else
-          counting = false
-        end
-      end
-      l = l + 1
     end
   end
-  scores[#scores + 1] = score_text(score)
+  for _, word in ipairs(word_order) do
+    batched('ZADD', base .. ':w:' .. word, word_members[word], 2)
+  end
+  if #new_words > 0 then
+    batched('ZADD', vocab, new_words, 2)
+    for _, gram in ipairs(gram_order) do
+      batched('SADD', base .. ':vg:' .. gram, gram_words[gram], 1)
+    end
+  end
 end
 
-local reply = { 0, added, updated, redis.call('ZCARD', lex) }
+-- Ranked sets.
+local count = call('HLEN', data)
+if levels[1] then
+  local created = {}
+
+  -- Copies the lex members `members` into the ranked sets of their prefixes (prefix_of),
+  -- creating them, with the scores just written; and into the top set when `and_top`.
+  local function materialize(members, prefix_of, and_top)
+    local ids = {}
+    for i = 1, #members do
+      ids[i] = id_of(members[i])
+    end
+    local value = hash_values(data, ids)
+    local order, by_prefix = {}, {}
+    for i = 1, #members do
+      local ranked = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
+      group(by_prefix, order, prefix_of(members[i]), '0')
+      group(by_prefix, order, prefix_of(members[i]), ranked)
+    end
+    for _, p in ipairs(order) do
+      batched('ZADD', base .. ':' .. set_name(p), by_prefix[p], 2)
+      created[p] = true
+      mark(set_name(p))
+      if and_top then
+        batched('ZADD', top, by_prefix[p], 2)
+      end
+    end
+  end
+
+  local ranked_before = has['']
+  if not has[''] and count > heavy then
+    -- The dictionary just passed `heavy` terms (it has at most `heavy` + a batch): every term
+    -- into the ranked set of its first byte, lex set by lex set, and into the top set.
+    local names = all_lex_names()
+    local exists = call('HMGET', heavy_set, unpack(names))
+    for i, name in ipairs(names) do
+      if exists[i] or has[name] then
+        materialize(call('ZRANGE', base .. ':' .. name, 0, -1), function(m)
+          return sub(m, 1, 1)
+        end, true)
+      end
+    end
+    mark('')
+  end
+  if ranked_before then
+    -- The top set holds every term ranked at or before its last member: a term joins it when
+    -- ranked before that, leaves it when it goes or moves past it.
+    local last = call('ZRANGE', top, -1, -1)[1]
+    if last then
+      local joins, leaves = {}, {}
+      for _, move in ipairs(moves) do
+        if move[2] and not lt(last, move[2]) then
+          leaves[#leaves + 1] = move[2]
+        end
+        if lt(move[1], last) then
+          joins[#joins + 1] = '0'
+          joins[#joins + 1] = move[1]
+        end
+      end
+      if #leaves > 0 then
+        batched('ZREM', top, leaves, 1)
+      end
+      if #joins > 0 then
+        batched('ZADD', top, joins, 2)
+        if call('ZCARD', top) > 2 * top_size then
+          local cut = call('ZRANGE', top, top_size - 1, top_size - 1)[1]
+          call('ZREMRANGEBYLEX', top, '(' .. cut, '+')
+        end
+      end
+    end
+  end
+  for l, level in ipairs(levels) do
+    for _, g in ipairs(level) do
+      local p = g.prefix
+      if created[p] then
+        -- Copied whole.
+      elseif has[g.name] or (l == 1 and has['']) then
+        -- (A first byte without a set while the dictionary is ranked: only new terms have it.)
+        if #g.removes > 0 then
+          batched('ZREM', base .. ':' .. g.name, g.removes, 1)
+        end
+        batched('ZADD', base .. ':' .. g.name, g.adds, 2)
+        mark(g.name)
+      elseif l > 1 and (has[groups[g.parent].name] or created[g.parent]) then
+        -- Without a set, the prefix had at most `heavy` terms (its parent has a set, else the
+        -- parent had at most `heavy` terms and so had the prefix): it may have just passed it.
+        local lex = base .. ':' .. lex_name(p)
+        if call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') > heavy then
+          materialize(call('ZRANGE', lex, '[' .. p, '(' .. p .. '\255', 'BYLEX'), function()
+            return p
+          end)
+        end
+      end
+    end
+  end
+end
+if #marks > 0 then
+  batched('HSET', heavy_set, marks, 2)
+end
+
+local reply = { 0, added, updated, count }
 for i = 1, #scores do
   reply[#reply + 1] = scores[i]
 end

@@ -1,7 +1,9 @@
 -- Complete: one page of a dictionary's terms matching a query. Reads only (flags=no-writes).
 --
--- KEYS[1] lex   KEYS[2] data   KEYS[3] vocab   (as in add.lua)
--- ARGV[1] base (as in add.lua: <base>:r:<prefix>, <base>:w:<word>, <base>:vg:<gram>)
+-- KEYS[1] the lex set of the query's first byte   KEYS[2] data   KEYS[3] vocab   KEYS[4] heavy
+--         (as in add.lua)
+-- ARGV[1] base (as in add.lua: <base>:l:<hex>, <base>:b:<hex>, <base>:r:<prefix>,
+--         <base>:w:<word>, <base>:vg:<gram>)
 -- ARGV[2] mode: 'prefix' | 'word' | 'suffix' | 'contains' | 'auto'
 -- ARGV[3] order: 'lex' | 'score'
 -- ARGV[4] limit
@@ -14,7 +16,8 @@
 -- ARGV[10] budget: the most index entries this call may look at
 -- ARGV[11] max depth: the longest prefix (in characters) that can have a ranked set
 -- ARGV[12] 's' when the query starts with a separator, 'e' when it ends with one (or both)
--- ARGV[13] heavy: prefixes of at most `max depth` characters with more terms have a ranked set
+-- ARGV[13] heavy: prefixes of at most `max depth` characters with more terms have a ranked set,
+--          and so have the first bytes of a dictionary with more terms
 -- ARGV[14..] the query's words (runs of non-separators), in order
 --
 -- Returns {next group, next position, then per result: id, data value, match kind}; the next
@@ -22,17 +25,18 @@
 --
 -- Where results come from, all read in the result order from the position on, so that a page
 -- never depends on an offset:
--- - prefix, lexicographic: the lex set's range of the prefix;
+-- - prefix, lexicographic: the range of the prefix in the lex set of its first byte;
 -- - prefix, by score: the prefix's ranked set, or, for a prefix with at most `heavy` terms
---   (add.lua), that range of the lex set ranked here;
+--   (add.lua), that range of the lex set ranked here, or the ranked set of its longest prefix
+--   that has one, checking each term;
 -- - word prefix, suffix, contains: the terms having one vocabulary word (the query's rarest
 --   whole word, the words starting with it, or the words containing its longest fragment), one
 --   posting walked in order or several merged here when they hold at most `gather` terms;
---   otherwise the query is common and the lex set (or the whole dictionary's ranked set) is walked
---   checking each term.
+--   otherwise the query is common and the whole dictionary is walked checking each term: the
+--   lex sets one after the other, or, by score, the first-byte ranked sets merged.
 -- No call looks at more than about `budget` entries; a page cut short by the budget carries a
 -- position to go on from.
-local lex, data, vocab = KEYS[1], KEYS[2], KEYS[3]
+local lex, data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, mode, order = ARGV[1], ARGV[2], ARGV[3]
 local need = tonumber(ARGV[4])
 Q = ARGV[5]
@@ -47,7 +51,6 @@ local tokens = {}
 for i = 14, #ARGV do
   tokens[#tokens + 1] = ARGV[i]
 end
-local root = base .. ':r:'
 -- The most vocabulary words whose postings one call gathers, and merges in lex order.
 local WORD_CAP, MERGE_CAP = 256, 32
 
@@ -186,22 +189,27 @@ local function words_with(f, how)
   if gk == nil or gsize > gather then
     return nil
   end
-  budget = budget - gsize
-  local words = {}
-  for _, w in ipairs(redis.call('SMEMBERS', gk)) do
-    local ok
-    if how == 'ends' then
-      ok = #w >= #f and string.sub(w, #w - #f + 1) == f
-    else
-      ok = string.find(w, f, 1, true) ~= nil
-    end
-    if ok then
-      words[#words + 1] = w
-      if #words > WORD_CAP then
-        return nil
+  -- Redis picks the words out of the gram's set by pattern (its C code, not this script's;
+  -- counted as an eighth of an entry each). A word holds no glob character (they separate
+  -- words), but escape them anyway.
+  local pattern = string.gsub(f, '[%*%?%[%]\\]', '\\%0')
+  pattern = how == 'ends' and '*' .. pattern or '*' .. pattern .. '*'
+  budget = budget - math.ceil(gsize / 8)
+  local words, seen, cursor = {}, {}, '0'
+  repeat
+    local scan = redis.call('SSCAN', gk, cursor, 'MATCH', pattern, 'COUNT', gather)
+    cursor = scan[1]
+    for _, w in ipairs(scan[2]) do
+      if not seen[w] then
+        seen[w] = true
+        words[#words + 1] = w
+        if #words > WORD_CAP then
+          return nil
+        end
       end
     end
-  end
+  until cursor == '0'
+  budget = budget - #words
   return words
 end
 
@@ -214,66 +222,86 @@ local function postings_total(words)
   return total
 end
 
--- Walks the union of the postings of `words` in lex order from the position: each round reads
--- the next entries of every posting up to a common frontier (the smallest last entry of the
--- postings not yet exhausted), so every term up to it is seen, once.
-local function merge_words(words, want)
-  local keys = {}
-  for i, w in ipairs(words) do
-    keys[i] = base .. ':w:' .. w
+-- Walks the union of the sorted sets `keys` (postings, or ranked sets when `ranked`) in order
+-- from the position, a k-way merge: each set is read in chunks into a buffer; each round takes
+-- the buffered entries up to the frontier (the smallest last buffered entry of the sets not yet
+-- exhausted), in order, so every term up to it is seen, once; then it refills the buffers it
+-- emptied, each set with four times its previous chunk (a set that runs dry first usually holds
+-- the next entries too). Nothing is read twice.
+local function merge(keys, want, ranked)
+  local s = ranked and 9 or 1
+  local first = math.max(2, math.min(need - #out + 1, math.floor(budget / (8 * #keys))))
+  local sets = {}
+  for i, k in ipairs(keys) do
+    sets[i] = { key = k, buf = {}, at = 1, chunk = first, last = pos, done = false }
   end
   local lower = pos
-  local chunk = need - #out + 1
-  while budget > 0 do
-    chunk = math.max(math.min(chunk, math.floor(budget / #keys)), 2)
-    local frontier, got = nil, {}
-    for _, k in ipairs(keys) do
-      local batch =
-        redis.call('ZRANGE', k, lower ~= '' and '(' .. lower or '-', '+', 'BYLEX', 'LIMIT', 0, chunk)
-      budget = budget - #batch
-      if #batch == chunk and (frontier == nil or lt(batch[#batch], frontier)) then
-        frontier = batch[#batch]
-      end
-      for _, m in ipairs(batch) do
-        got[#got + 1] = m
-      end
-    end
-    local seen, cands = {}, {}
-    for _, m in ipairs(got) do
-      if not seen[m] and (frontier == nil or not lt(frontier, m)) then
-        seen[m] = true
-        local kind = accept(want, m, 1)
-        if kind > 0 then
-          cands[#cands + 1] = { m, kind }
+  while true do
+    local frontier
+    for _, st in ipairs(sets) do
+      if st.at > #st.buf and not st.done then
+        if budget <= 0 then
+          return false, lower
         end
+        local chunk = math.max(2, math.min(st.chunk, budget))
+        st.buf = redis.call('ZRANGE', st.key, st.last ~= '' and '(' .. st.last or '-', '+',
+          'BYLEX', 'LIMIT', 0, chunk)
+        st.at = 1
+        budget = budget - #st.buf
+        st.done = #st.buf < chunk
+        if #st.buf > 0 then
+          st.last = st.buf[#st.buf]
+        end
+        st.chunk = math.min(st.chunk * 4, 1024)
+      end
+      if not st.done and (frontier == nil or lt(st.last, frontier)) then
+        frontier = st.last
       end
     end
-    table.sort(cands, function(a, b)
-      return lt(a[1], b[1])
-    end)
-    for i, c in ipairs(cands) do
-      out[#out + 1] = c[1]
-      kinds[#kinds + 1] = c[2]
+    -- The matches up to the frontier, in order (a term in several postings, once).
+    local cands, kind_of = {}, {}
+    for _, st in ipairs(sets) do
+      local buf, at = st.buf, st.at
+      while at <= #buf and (frontier == nil or not lt(frontier, buf[at])) do
+        local m = buf[at]
+        local kind = accept(want, m, s)
+        if kind > 0 and kind_of[m] == nil then
+          kind_of[m] = kind
+          cands[#cands + 1] = m
+        end
+        at = at + 1
+      end
+      st.at = at
+    end
+    if BYTEWISE then
+      table.sort(cands)
+    else
+      table.sort(cands, lt)
+    end
+    for i, m in ipairs(cands) do
+      out[#out + 1] = ranked and string.sub(m, 9) or m
+      kinds[#kinds + 1] = kind_of[m]
       if #out >= need then
         if i == #cands and frontier == nil then
           return true
         end
-        return false, c[1]
+        return false, m
       end
     end
     if frontier == nil then
       return true
     end
     lower = frontier
-    chunk = math.min(chunk * 2, 1024)
   end
-  return false, lower
 end
 
--- Reads the entries of the lex-ordered src from lo to hi whole, keeps those `want` accepts and
--- takes a page of them. Returns nil when there are more than `gather` entries.
-local function gather_range(src, lo, hi, want, cap)
-  local count = redis.call('ZLEXCOUNT', src, lo, hi)
+-- Reads the entries of the lex-ordered sets srcs from lo to hi whole, keeps those `want` accepts
+-- and takes a page of them. Returns nil when there are more than `gather` (or cap) entries.
+local function gather_range(srcs, lo, hi, want, cap)
+  local count = 0
+  for _, src in ipairs(srcs) do
+    count = count + redis.call('ZLEXCOUNT', src, lo, hi)
+  end
   if count > (cap or gather) then
     return nil
   end
@@ -282,7 +310,7 @@ local function gather_range(src, lo, hi, want, cap)
   end
   budget = budget - count
   local cands = {}
-  if count > 0 then
+  for _, src in ipairs(count > 0 and srcs or {}) do
     for _, m in ipairs(redis.call('ZRANGE', src, lo, hi, 'BYLEX')) do
       local kind = accept(want, m, 1)
       if kind > 0 then
@@ -376,6 +404,41 @@ local function word_list(want)
   return chosen
 end
 
+-- The keys of the dictionary's lex sets, in byte order, with their first bytes.
+local function lex_sets()
+  local names, bytes = all_lex_names()
+  local exists = redis.call('HMGET', heavy_set, unpack(names))
+  local keys, firsts = {}, {}
+  for i = 1, #names do
+    if exists[i] then
+      keys[#keys + 1] = base .. ':' .. names[i]
+      firsts[#firsts + 1] = bytes[i]
+    end
+  end
+  return keys, firsts
+end
+
+-- Walks the whole dictionary in lexicographic order from the position, checking each term: the
+-- lex sets one after the other. Returns done, next position.
+local function walk_all(want)
+  local keys, firsts = lex_sets()
+  local at = pos ~= '' and string.byte(pos, 1) or 0
+  for i = 1, #keys do
+    if firsts[i] >= at then
+      local lo = (pos ~= '' and firsts[i] == at) and '(' .. pos or '-'
+      local done, next_pos = walk(keys[i], lo, '+', false, want)
+      if not done then
+        return false, next_pos
+      end
+      if (#out >= need or budget <= 0) and i < #keys then
+        -- Stopped at the end of a set: go on after it.
+        return false, string.char(firsts[i]) .. '\255'
+      end
+    end
+  end
+  return true
+end
+
 -- Runs one group (or a whole non-automatic mode) from pos. Returns done, next position.
 local function run(want)
   local lo, hi
@@ -388,32 +451,29 @@ local function run(want)
     if order == 'lex' then
       return walk(lex, from(lo), hi, false, want)
     end
-    local rk = root .. Q
-    if want ~= EXACT and redis.call('EXISTS', rk) == 1 then
-      return walk(rk, from('-'), '+', true, want)
+    local list, has = {}, {}
+    if want ~= EXACT then
+      list = ranked_prefixes(Q, max_depth)
+      for l = 1, #list do
+        list[l] = { list[l], set_name(list[l]) }
+        has[l] = list[l][2]
+      end
+      has = redis.call('HMGET', heavy_set, unpack(has))
+      if list[#list][1] == Q and has[#list] then
+        return walk(base .. ':' .. list[#list][2], from('-'), '+', true, want)
+      end
     end
     -- Few terms: rank them here. (A prefix of at most `max_depth` characters without a ranked
     -- set has at most `heavy` terms.)
-    local done, at = gather_range(lex, lo, hi, want, heavy)
+    local done, at = gather_range({ lex }, lo, hi, want, heavy)
     if done ~= nil then
       return done, at
     end
     -- Many terms, no ranked set of their own (the prefix is longer than `max_depth`): walk the
     -- ranked set of the longest shorter prefix that has one, checking each term.
-    local cuts = {}
-    for i = 2, #Q do
-      local b = string.byte(Q, i)
-      if b < 128 or b >= 192 then
-        cuts[#cuts + 1] = i - 1
-        if #cuts >= max_depth then
-          break
-        end
-      end
-    end
-    for c = #cuts, 1, -1 do
-      local ak = root .. string.sub(Q, 1, cuts[c])
-      if redis.call('EXISTS', ak) == 1 then
-        return walk(ak, from('-'), '+', true, want)
+    for l = #list, 1, -1 do
+      if has[l] and #list[l][1] < #Q then
+        return walk(base .. ':' .. list[l][2], from('-'), '+', true, want)
       end
     end
   else
@@ -427,10 +487,14 @@ local function run(want)
         return walk(base .. ':w:' .. words[1], from('-'), '+', false, want)
       elseif order == 'lex' then
         if #words <= MERGE_CAP then
-          return merge_words(words, want)
+          local keys = {}
+          for i, w in ipairs(words) do
+            keys[i] = base .. ':w:' .. w
+          end
+          return merge(keys, want, false)
         end
       elseif #words == 1 then
-        done, at = gather_range(base .. ':w:' .. words[1], '-', '+', want)
+        done, at = gather_range({ base .. ':w:' .. words[1] }, '-', '+', want)
       else
         done, at = gather_words(words, want)
       end
@@ -439,17 +503,44 @@ local function run(want)
       end
     end
     if order == 'lex' then
-      return walk(lex, from('-'), '+', false, want)
+      return walk_all(want)
     end
   end
-  -- Score order over many candidates: walk the whole dictionary best first, checking each.
-  if redis.call('EXISTS', root) == 1 then
-    return walk(root, from('-'), '+', true, want)
+  -- Score order over many candidates: walk the whole dictionary best first, checking each: the
+  -- top set (add.lua) while the position is in it, then the union of the ranked sets of its
+  -- first bytes (at most 178, however large the dictionary is), merged.
+  if redis.call('HGET', heavy_set, '') then
+    local top = base .. ':top'
+    local last = redis.call('ZRANGE', top, -1, -1)[1]
+    if last and (pos == '' or lt(pos, last)) then
+      local done, at = walk(top, from('-'), '+', true, want)
+      if not done then
+        return false, at
+      end
+      if #out >= need or budget <= 0 then
+        return false, last
+      end
+      pos = last
+    end
+    local names = {}
+    for b = 1, 244 do
+      if b < 128 or b >= 194 then
+        names[#names + 1] = set_name(string.char(b))
+      end
+    end
+    local has = redis.call('HMGET', heavy_set, unpack(names))
+    local keys = {}
+    for i = 1, #names do
+      if has[i] then
+        keys[#keys + 1] = base .. ':' .. names[i]
+      end
+    end
+    return merge(keys, want, true)
   end
-  -- No ranked set of the whole dictionary: it has at most `heavy` terms.
-  local done, at = gather_range(lex, '-', '+', want)
+  -- Not ranked: the dictionary has at most `heavy` terms.
+  local done, at = gather_range(lex_sets(), '-', '+', want)
   if done == nil then
-    return walk(lex, from('-'), '+', false, want)
+    return walk_all(want)
   end
   return done, at
 end

@@ -13,25 +13,6 @@ local EXACT, PREFIX, WORD, SUFFIX, CONTAINS = 1, 2, 3, 4, 5
 -- The query and the non-ASCII word separators (concatenated UTF-8), set by the script.
 local Q, SEPS = '', ''
 
--- Lua compares strings with the server's locale (strcoll). In the C locale, as Redis usually
--- runs, that is byte order, the order Redis keeps sorted sets in; otherwise compare byte by byte.
-local BYTEWISE = ('Z' < 'a') and ('Z' < '_') and ('_' < 'a') and not ('a' < 'B')
-  and ('a' < 'a\0') and ('a\0b' < 'a\0c') and ('\127' < '\128') and ('\194\191' < '\195\128')
-
--- Whether a sorts before b in byte order.
-local function lt(a, b)
-  if BYTEWISE then
-    return a < b
-  end
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then
-      return x < y
-    end
-  end
-  return #a < #b
-end
-
 -- Whether the character just before byte i of m separates words: any ASCII character other
 -- than a letter or digit, or one of SEPS.
 local function separated(m, i)
@@ -54,9 +35,12 @@ end
 -- How the key at byte s of m matches Q: EXACT, PREFIX, WORD (a later word starts with Q),
 -- CONTAINS, or 0.
 local function kind_at(m, s)
-  local e = string.find(m, '\0', s, true) or (#m + 1)
   local i = string.find(m, Q, s, true)
-  if not i or i + #Q > e then
+  if not i then
+    return 0 -- most entries a walk looks at: one search
+  end
+  local e = string.find(m, '\0', s, true) or (#m + 1)
+  if i + #Q > e then
     return 0
   end
   if i == s then

@@ -11,15 +11,16 @@
 //! `NAME` the tag `{acr:NAME}` (with `%`, `{` and `}` in names percent-encoded), so each script
 //! touches one Redis Cluster slot. A term's *lex member* is `KEY \0 ID` (its matching form, then
 //! its display text in NFC); its *ranked member* is 8 bytes that sort by descending score,
-//! followed by the lex member.
+//! followed by the lex member. Sets by first byte are named by the byte in hex (`XX`).
 //!
 //! | key | type | holds | lifetime |
 //! |---|---|---|---|
-//! | `PREFIX{ac:NAME}:lex` | sorted set (scores 0) | every term's lex member | while the dictionary has terms |
+//! | `PREFIX{ac:NAME}:l:XX` | sorted set (scores 0) | the lex member of every term whose matching form starts with byte `XX` | while one does |
 //! | `PREFIX{ac:NAME}:data` | hash | id → score, display text (when not the id), payload | while the dictionary has terms |
-//! | `PREFIX{ac:NAME}:meta` | hash | `depth`: longest prefix that ever had a ranked set | while the dictionary has terms |
-//! | `PREFIX{ac:NAME}:h` | hash | `P` → 1 for every prefix `P` that has a ranked set | while one does |
-//! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P` (`P` empty: all terms) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:h` | hash | `l:XX`, `b:XX` or `r:P` → 1 for every lex and ranked set there is; `""` → 1 while the first-byte ranked sets exist | while one does |
+//! | `PREFIX{ac:NAME}:b:XX` | sorted set (scores 0) | ranked members of every term whose matching form starts with byte `XX` (hex) | while the dictionary has more than [`LIGHT_PREFIX`] terms; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; [`TOP_RANKED`] to twice that | as the first-byte ranked sets |
+//! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P` (2 to [`MAX_RANKED_DEPTH`] characters, or one character of several bytes) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
@@ -74,8 +75,12 @@ pub const GATHER: usize = 1024;
 const _: () = assert!(HEAVY_PREFIX <= GATHER, "light prefixes are gathered whole");
 /// Only prefixes of at most this many characters get a ranked set: each set costs every term
 /// under it one more sorted set entry. A score-ordered query on a longer prefix with more than
-/// [`GATHER`] terms walks the ranked set of its longest shorter prefix that has one.
-pub const MAX_RANKED_DEPTH: usize = 3;
+/// [`HEAVY_PREFIX`] terms walks the ranked set of its longest shorter prefix that has one.
+pub const MAX_RANKED_DEPTH: usize = 2;
+/// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back to this many
+/// when it passes twice that: score-ordered walks of the whole dictionary start there, in one
+/// set, before they merge the sets of every first byte.
+pub const TOP_RANKED: usize = 2048;
 /// The most index entries one `Complete` call looks at.
 pub const BUDGET: usize = 1024;
 /// Items a recent list keeps when the request says 0.
@@ -96,12 +101,8 @@ pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 pub struct DictionaryKeys {
     /// `PREFIX{ac:NAME}`: the start of every key of the dictionary.
     pub base: String,
-    /// Every term's lex member.
-    pub lex: String,
-    /// Scores, display texts and payloads.
+    /// Scores, display texts and payloads (one field per term).
     pub data: String,
-    /// Bookkeeping (the deepest ranked prefix).
-    pub meta: String,
     /// The vocabulary: every word of every term.
     pub vocab: String,
     /// The prefixes that have a ranked set.
@@ -113,18 +114,35 @@ impl DictionaryKeys {
     pub fn new(prefix: &str, name: &str) -> Self {
         let base = format!("{prefix}{{ac:{}}}", escape(name));
         Self {
-            lex: format!("{base}:lex"),
             data: format!("{base}:data"),
-            meta: format!("{base}:meta"),
             vocab: format!("{base}:v"),
             heavy: format!("{base}:h"),
             base,
         }
     }
 
-    /// The ranked set of the terms whose matching form starts with `prefix` ("" for all).
+    /// The lex members of the terms whose matching form starts with byte `b`.
+    pub fn lex(&self, b: u8) -> String {
+        format!("{}:l:{b:02x}", self.base)
+    }
+
+    /// The lex set a query or term with matching form `form` (not empty) falls in.
+    pub fn lex_of(&self, form: &str) -> String {
+        self.lex(form.as_bytes().first().copied().unwrap_or(0))
+    }
+
+    /// The ranked set of the terms whose matching form starts with `prefix`, of 1 to
+    /// [`MAX_RANKED_DEPTH`] characters (a 1-byte character's is its [`Self::first_byte`] set).
     pub fn ranked(&self, prefix: &str) -> String {
-        format!("{}:r:{prefix}", self.base)
+        match prefix.as_bytes() {
+            [b] => self.first_byte(*b),
+            _ => format!("{}:r:{prefix}", self.base),
+        }
+    }
+
+    /// The ranked set of the terms whose matching form starts with byte `b`.
+    pub fn first_byte(&self, b: u8) -> String {
+        format!("{}:b:{b:02x}", self.base)
     }
 
     /// The terms having word `word`.
@@ -355,6 +373,7 @@ struct Inner {
     remove: Script,
     complete: Script,
     prefix: Script,
+    ranked: Script,
     record: Script,
     forget: Script,
     list: Script,
@@ -381,6 +400,11 @@ impl Autocomplete {
                 prefix: Script::new(concat!(
                     "#!lua flags=no-writes\n",
                     include_str!("prefix.lua")
+                )),
+                ranked: Script::new(concat!(
+                    "#!lua flags=no-writes\n",
+                    include_str!("rank.lua"),
+                    include_str!("ranked.lua")
                 )),
                 record: Script::new(include_str!("recent_record.lua")),
                 forget: Script::new(include_str!("recent_remove.lua")),
@@ -411,16 +435,15 @@ impl Autocomplete {
     /// score would be out of range (`InvalidArgument` on `terms[i].score`).
     pub async fn add(&self, dictionary: &str, terms: &[NewTerm]) -> Result<Added, Error> {
         let keys = self.dictionary_keys(dictionary);
-        let mut invocation = self.inner.add.key(&keys.lex);
+        let mut invocation = self.inner.add.key(&keys.data);
         invocation
-            .key(&keys.data)
-            .key(&keys.meta)
             .key(&keys.vocab)
             .key(&keys.heavy)
             .arg(&keys.base)
             .arg(HEAVY_PREFIX)
             .arg(MAX_ABS_SCORE)
-            .arg(MAX_RANKED_DEPTH);
+            .arg(MAX_RANKED_DEPTH)
+            .arg(TOP_RANKED);
         for term in terms {
             let (op, value) = match term.score {
                 ScoreChange::Keep => ("", 0.0),
@@ -459,14 +482,13 @@ impl Autocomplete {
     /// Removes the terms with these texts' ids; returns how many were there and the terms left.
     pub async fn remove(&self, dictionary: &str, texts: &[Text]) -> Result<(u32, u64), Error> {
         let keys = self.dictionary_keys(dictionary);
-        let mut invocation = self.inner.remove.key(&keys.lex);
+        let mut invocation = self.inner.remove.key(&keys.data);
         invocation
-            .key(&keys.data)
-            .key(&keys.meta)
             .key(&keys.vocab)
             .key(&keys.heavy)
             .arg(&keys.base)
-            .arg(LIGHT_PREFIX);
+            .arg(LIGHT_PREFIX)
+            .arg(MAX_RANKED_DEPTH);
         for text in texts {
             let words = text::words(&text.key);
             invocation
@@ -488,7 +510,7 @@ impl Autocomplete {
         let count: i64 = self
             .inner
             .redis
-            .command(redis::cmd("ZCARD").arg(&keys.lex))
+            .command(redis::cmd("HLEN").arg(&keys.data))
             .await?;
         u64::try_from(count).map_err(|_| unexpected("count"))
     }
@@ -517,19 +539,37 @@ impl Autocomplete {
             None => (AUTO_GROUPS[0], Vec::new()),
         };
         let keys = self.dictionary_keys(dictionary);
-        let reply: Vec<Value> =
-            if request.mode == MatchMode::Prefix && request.order == Order::Lexicographic {
-                let mut invocation = self.inner.prefix.key(&keys.lex);
+        // Prefix queries, the most common, have scripts of their own (prefix.lua, ranked.lua):
+        // the same results as complete.lua's, with less for Redis to run per call.
+        let reply: Vec<Value> = match (request.mode, request.order) {
+            (MatchMode::Prefix, Order::Lexicographic) => {
+                let mut invocation = self.inner.prefix.key(keys.lex_of(&request.query));
                 invocation
                     .key(&keys.data)
                     .arg(request.limit)
                     .arg(&request.query)
                     .arg(position);
                 self.inner.redis.eval(&invocation).await?
-            } else {
+            }
+            (MatchMode::Prefix, Order::Score) => {
+                let mut invocation = self.inner.ranked.key(keys.lex_of(&request.query));
+                invocation
+                    .key(&keys.data)
+                    .key(&keys.heavy)
+                    .arg(&keys.base)
+                    .arg(request.limit)
+                    .arg(&request.query)
+                    .arg(position)
+                    .arg(MAX_RANKED_DEPTH)
+                    .arg(HEAVY_PREFIX)
+                    .arg(BUDGET);
+                self.inner.redis.eval(&invocation).await?
+            }
+            _ => {
                 self.complete_script(&keys, request, group, position)
                     .await?
-            };
+            }
+        };
         let [next_group, next_position, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("complete reply"));
         };
@@ -552,7 +592,7 @@ impl Autocomplete {
         })
     }
 
-    /// Runs complete.lua: every query but prefixes in lexicographic order (prefix.lua).
+    /// Runs complete.lua: every query but prefixes outside automatic mode.
     async fn complete_script(
         &self,
         keys: &DictionaryKeys,
@@ -567,10 +607,11 @@ impl Autocomplete {
             (false, true) => "e",
             (true, true) => "se",
         };
-        let mut invocation = self.inner.complete.key(&keys.lex);
+        let mut invocation = self.inner.complete.key(keys.lex_of(&request.query));
         invocation
             .key(&keys.data)
             .key(&keys.vocab)
+            .key(&keys.heavy)
             .arg(&keys.base)
             .arg(request.mode.name())
             .arg(request.order.name())
@@ -849,10 +890,21 @@ fn micros_time(stamp: &[u8]) -> Result<SystemTime, Error> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_micros(micros))
 }
 
-/// A score as text that reads back to the same double in Lua.
+/// A score as text that reads back to the same double in Lua (add.lua stores it as it is).
 fn score_arg(v: f64) -> String {
-    // Rust's shortest round-trip form; Lua's tonumber reads it back exactly.
-    format!("{v:e}")
+    if v == 0.0 {
+        // Not "-0e0": -0 is stored as 0.
+        return "0".to_owned();
+    }
+    // Rust's shortest round-trip digits, in plain or exponent notation, whichever is shorter
+    // (it is stored as given); Lua's tonumber reads either back exactly.
+    let plain = format!("{v}");
+    let exponent = format!("{v:e}");
+    if plain.len() <= exponent.len() {
+        plain
+    } else {
+        exponent
+    }
 }
 
 fn payload_arg(payload: Option<&[u8]>) -> Vec<u8> {
@@ -914,18 +966,26 @@ mod tests {
             let keys = DictionaryKeys::new("baton:", name);
             let t = tag(&keys.base);
             for k in [
-                &keys.lex,
+                &keys.lex(b'a'),
+                &keys.lex_of("\u{436}"),
                 &keys.data,
-                &keys.meta,
-                &keys.ranked(""),
                 &keys.vocab,
                 &keys.heavy,
-                &keys.ranked("a}"),
                 &keys.word("}{x"),
                 &keys.vocab_gram("}"),
             ] {
                 assert_eq!(tag(k), t, "{name}: {k}");
             }
+            for k in [
+                &keys.ranked("a"),
+                &keys.ranked("a}"),
+                &keys.ranked("\u{436}"),
+                &keys.first_byte(0xd0),
+            ] {
+                assert_eq!(tag(k), t, "{name}: {k}");
+            }
+            assert_eq!(keys.ranked("a"), keys.first_byte(b'a'));
+            assert!(keys.first_byte(0xd0).ends_with(":b:d0"));
             let recent = RecentKeys::new("baton:", name);
             assert_eq!(tag(&recent.items), tag(&recent.order));
             assert_ne!(tag(&recent.order), t);
@@ -951,5 +1011,9 @@ mod tests {
         for v in [0.0, -0.0, 1.0, 0.1, -2.5e-300, 1e15, 123_456_789.123_456_78] {
             assert_eq!(score_arg(v).parse::<f64>().unwrap(), v);
         }
+        assert_eq!(score_arg(-0.0), "0");
+        assert_eq!(score_arg(512.0), "512");
+        assert_eq!(score_arg(1e15), "1e15");
+        assert_eq!(score_arg(-2.5e-300), "-2.5e-300");
     }
 }

@@ -2,7 +2,7 @@
 -- the fast path of complete.lua (same arguments in short, same reply). Reads only
 -- (flags=no-writes).
 --
--- KEYS[1] lex   KEYS[2] data   (as in add.lua)
+-- KEYS[1] the lex set of the query's first byte   KEYS[2] data   (as in add.lua)
 -- ARGV[1] limit   ARGV[2] the normalized query
 -- ARGV[3] where the previous page stopped: '' or a lex member, exclusive
 --

@@ -66,9 +66,15 @@ impl Text {
         if key.is_empty() {
             return None;
         }
+        // ASCII is its own NFC.
+        let id = if display.is_ascii() {
+            display.to_owned()
+        } else {
+            display.nfc().collect()
+        };
         Some(Self {
             display: display.to_owned(),
-            id: display.nfc().collect(),
+            id,
             key,
         })
     }
@@ -94,6 +100,15 @@ pub fn query_form(query: &str) -> String {
 /// for compactness: NFKC(toCasefold(NFKD(toCasefold(NFD(s))))). Whitespace runs become one
 /// space; leading whitespace goes, and trailing whitespace too unless `keep_trailing`.
 fn matching_form(s: &str, keep_trailing: bool) -> String {
+    if s.is_ascii() {
+        // ASCII is its own NFKC, and folds by lowercasing: the common case, without the
+        // iterator chain.
+        return collapse(
+            s.chars().map(|c| c.to_ascii_lowercase()),
+            s.len(),
+            keep_trailing,
+        );
+    }
     let folded = s
         .chars()
         .nfd()
@@ -101,9 +116,15 @@ fn matching_form(s: &str, keep_trailing: bool) -> String {
         .nfkd()
         .default_case_fold()
         .nfkc();
-    let mut out = String::with_capacity(s.len());
+    collapse(folded, s.len(), keep_trailing)
+}
+
+/// Collects `chars` with whitespace runs as one space and no leading whitespace, nor trailing
+/// whitespace unless `keep_trailing` (then one space).
+fn collapse(chars: impl Iterator<Item = char>, len: usize, keep_trailing: bool) -> String {
+    let mut out = String::with_capacity(len);
     let mut space = false;
-    for c in folded {
+    for c in chars {
         if c.is_whitespace() {
             space = !out.is_empty();
         } else {
@@ -169,6 +190,31 @@ mod tests {
         assert_eq!(query_form(" anna  "), "anna ");
         assert_eq!(query_form("anna"), "anna");
         assert!(Text::new(" \t\u{3000}").is_none());
+    }
+
+    /// The ASCII shortcut gives what the full folding gives.
+    #[test]
+    fn ascii_shortcut_matches_full_folding() {
+        let full = |s: &str| {
+            let folded: String = s
+                .chars()
+                .nfd()
+                .default_case_fold()
+                .nfkd()
+                .default_case_fold()
+                .nfkc()
+                .collect();
+            collapse(folded.chars(), s.len(), true)
+        };
+        let all: String = (0u8..128).map(char::from).collect();
+        for s in [
+            all.as_str(),
+            "  Anna  K. O'BRIEN-Smith\t\x1c\x7f ",
+            "ABC xyz 123 !@#",
+        ] {
+            assert_eq!(query_form(s), full(s), "{s:?}");
+            assert_eq!(Text::new(s).unwrap().id, s.nfc().collect::<String>());
+        }
     }
 
     /// Folding a matching form again changes nothing.
