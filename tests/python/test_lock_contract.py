@@ -225,8 +225,10 @@ class LockContract(unittest.TestCase):
     def test_shared_holders(self):
         """Shared leases coexist and keep an exclusive request out; an upgrade is refused."""
         name = self.name()
+        # Distinct ttls: r0's lease is the first to expire even if the grants share a millisecond.
         shared = [self.locks.Acquire(pb.LockServiceAcquireRequest(
-            name=name, ttl=ms(5000), owner=f"r{i}", mode=pb.LOCK_MODE_SHARED)) for i in range(3)]
+            name=name, ttl=ms(5000 + 1000 * i), owner=f"r{i}", mode=pb.LOCK_MODE_SHARED))
+            for i in range(3)]
         self.assertTrue(all(s.acquired for s in shared))
         self.assertTrue(all(s.lease.mode == pb.LOCK_MODE_SHARED for s in shared))
         self.assertEqual(len({s.lease.token for s in shared}), 3)
