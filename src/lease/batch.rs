@@ -12,7 +12,12 @@
 //! fails reports the error to each of its leases only; each stream then handles it as it would a
 //! failed single renewal.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
 use crate::error::Error;
 use futures::future::join_all;
@@ -62,6 +67,27 @@ impl<I: Send + 'static> Batcher<I> {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, renew_many));
         Self { tx }
+    }
+
+    /// Starts a batcher that renews through `renew` while `owner` lives (the service that owns
+    /// the batcher, which holds it: a weak reference avoids a cycle); once `owner` is dropped,
+    /// renewals fail with `ShuttingDown`.
+    pub fn for_owner<T, F, Fut>(owner: &Weak<T>, renew: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        F: Fn(Arc<T>, Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Option<Duration>>, Error>> + Send + 'static,
+    {
+        let owner = owner.clone();
+        Self::start(Arc::new(move |items| {
+            let renewal = owner.upgrade().map(|owner| renew(owner, items));
+            Box::pin(async move {
+                match renewal {
+                    Some(renewal) => renewal.await,
+                    None => Err(Error::ShuttingDown),
+                }
+            })
+        }))
     }
 
     /// Renews `item` (whose keys hash to `slot`) in a batch sent no later than `by`.

@@ -59,10 +59,7 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::{
-        Renewable,
-        batch::{Batcher, RenewMany},
-    },
+    lease::{Renewable, batch::Batcher},
     redis::{
         Ack, Notifier, Redis,
         reply::{int, millis, ms, string, unexpected},
@@ -401,15 +398,8 @@ impl Locks {
     /// Locks stored in `redis`, with waiters woken through `notifier`.
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let weak = weak.clone();
-            let renew_many: RenewMany<Renewing> = Arc::new(move |leases| {
-                let inner = weak.upgrade();
-                Box::pin(async move {
-                    match inner {
-                        Some(inner) => Locks { inner }.refresh_many(&leases).await,
-                        None => Err(Error::ShuttingDown),
-                    }
-                })
+            let renewals = Batcher::for_owner(weak, |inner, leases: Vec<Renewing>| async move {
+                Locks { inner }.refresh_many(&leases).await
             });
             Inner {
                 acquire: redis.script(source::ACQUIRE),
@@ -418,7 +408,7 @@ impl Locks {
                 refresh_batch: redis.script(source::REFRESH_BATCH),
                 abandon: redis.script(source::ABANDON),
                 describe: redis.script(source::DESCRIBE),
-                renewals: Batcher::start(renew_many),
+                renewals,
                 redis,
                 notifier,
             }

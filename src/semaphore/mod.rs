@@ -43,10 +43,7 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::{
-        Renewable,
-        batch::{Batcher, RenewMany},
-    },
+    lease::{Renewable, batch::Batcher},
     redis::{
         Ack, Notifier, Redis,
         reply::{int, millis, ms, string, unexpected},
@@ -251,15 +248,8 @@ impl Semaphores {
     /// Semaphores stored in `redis`, with waiters woken through `notifier`.
     pub fn new(redis: Redis, notifier: Notifier) -> Self {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let weak = weak.clone();
-            let renew_many: RenewMany<Renewing> = Arc::new(move |leases| {
-                let inner = weak.upgrade();
-                Box::pin(async move {
-                    match inner {
-                        Some(inner) => Semaphores { inner }.refresh_many(&leases).await,
-                        None => Err(Error::ShuttingDown),
-                    }
-                })
+            let renewals = Batcher::for_owner(weak, |inner, leases: Vec<Renewing>| async move {
+                Semaphores { inner }.refresh_many(&leases).await
             });
             Inner {
                 acquire: script!(redis, "acquire.lua"),
@@ -268,7 +258,7 @@ impl Semaphores {
                 refresh_batch: script!(redis, "refresh_batch.lua"),
                 abandon: script!(redis, "abandon.lua"),
                 describe: script!(redis, "describe.lua"),
-                renewals: Batcher::start(renew_many),
+                renewals,
                 redis,
                 notifier,
             }
