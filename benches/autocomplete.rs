@@ -667,6 +667,9 @@ async fn index_memory(
                     "l:*: every term, in lexicographic order, by first byte"
                 }
                 _ if rest.starts_with(b":b:") => "b:*: ranked sets of first bytes",
+                _ if rest.starts_with(b":t:") => {
+                    "t:*: deep sets (best terms of 3-character prefixes)"
+                }
                 _ if rest.starts_with(b":r:") => {
                     "r:*: ranked sets of short prefixes with many terms"
                 }
@@ -898,7 +901,20 @@ struct RedisProcess {
 }
 
 impl RedisProcess {
+    /// Starts `redis-server` on a free port; a port taken between picking and binding (another
+    /// process's server answers there) is retried on another one.
     fn start() -> anyhow::Result<Self> {
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            match Self::start_on_free_port() {
+                Ok(process) => return Ok(process),
+                Err(e) => failures.push(format!("{e:#}")),
+            }
+        }
+        bail!("redis-server did not start: {}", failures.join("; "))
+    }
+
+    fn start_on_free_port() -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("baton-bench-").tempdir()?;
         let port = StdTcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new("redis-server")
@@ -913,19 +929,39 @@ impl RedisProcess {
             .stderr(Stdio::null())
             .spawn()
             .context("spawning redis-server")?;
-        let process = Self {
+        let mut process = Self {
             child: Some(child),
             port,
             _dir: Some(dir),
         };
+        let client = redis::Client::open(process.url())?;
         let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            if let Some(child) = process.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("redis-server on port {port} exited with {status}");
+            }
+            // The server answering must be this child, not one that took the port first.
+            let info = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut conn| redis::cmd("INFO").arg("server").query::<String>(&mut conn));
+            if let Ok(info) = info {
+                let pid = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|p| p.trim().parse::<u32>().ok());
+                let own = process.child.as_ref().map(Child::id);
+                if pid == own {
+                    return Ok(process);
+                }
+                bail!("port {port} is served by another redis-server (pid {pid:?})");
+            }
             if Instant::now() > deadline {
                 bail!("redis-server did not start on port {port}");
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(process)
     }
 
     async fn existing(port: u16, flush: bool) -> anyhow::Result<Self> {

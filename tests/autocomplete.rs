@@ -734,6 +734,15 @@ async fn ranked_prefix_sets_follow_changes() {
         exists, 1,
         "a prefix with more than 256 terms has a ranked set"
     );
+    let deep: usize = redis::cmd("ZCARD")
+        .arg(format!("{}{{ac:{d}}}:t:ab0", baton.prefix()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        (256..=512).contains(&deep),
+        "a 3-character prefix with 700 terms keeps its 256 to 512 best: {deep}"
+    );
 
     // Score changes move terms within the ranked sets.
     let updates: Vec<_> = (0..n)
@@ -961,17 +970,18 @@ async fn ranked_sets_by_first_byte_follow_changes() {
     check(expected).await;
 }
 
-/// A long prefix with few, low-scored terms under a short prefix with many: by score, Baton walks
-/// the short prefix's ranked set best first, a bounded number of entries per call, and the pages
-/// (some empty, with a token to go on) end up with every term once, in order.
+/// A long prefix with few, low-scored terms under a shorter prefix with many: by score, Baton
+/// reads the best terms of the 3-character prefix, then walks the 2-character prefix's ranked set
+/// best first, a bounded number of entries per call, and the pages (some empty, with a token to
+/// go on) end up with every term once, in order.
 #[tokio::test]
 async fn sparse_long_prefix_by_score_pages_past_the_budget() {
     let (_redis, _baton, mut client) = setup().await;
     let d = "sparse";
     let mut terms: Vec<pb::AutocompleteTerm> = (0..3000)
-        .map(|i| scored(&format!("ab{i:04}"), 100.0 + (i % 97) as f64))
+        .map(|i| scored(&format!("abz{i:04}"), 100.0 + (i % 97) as f64))
         .collect();
-    // More than get a ranked set, so the walk is the way (a prefix longer than the deepest).
+    // More than are ranked in one call: past the deep set's best, the walk is the way.
     for i in 0..300 {
         terms.push(scored(&format!("abzz{i:03}"), (i % 50) as f64));
     }

@@ -6,8 +6,8 @@
 --                is the number of terms
 -- KEYS[2] vocab  sorted set, every score 0: every word of every term
 -- KEYS[3] heavy  hash: set name -> 1 for every lex set (lex_name) and ranked set (set_name)
---                there is; '' -> 1 while the first-byte ranked sets exist (the dictionary is
---                ranked)
+--                there is, or its bound for a deep set ('t:' .. prefix); '' -> 1 while the
+--                first-byte ranked sets exist (the dictionary is ranked)
 -- ARGV[1] base: the dictionary's other keys, which share the hash tag of KEYS, are
 --         <base>:l:<hex>     sorted set, every score 0: the lex members "<key>\0<id>" of the
 --                            terms whose matching form starts with that byte
@@ -17,6 +17,11 @@
 --         <base>:r:<prefix>  ranked set of every term starting with that prefix of 1 to
 --                            `max depth` characters (not a byte: see ranked_prefixes), kept while
 --                            the prefix has more than `heavy` terms (remove.lua says when it goes)
+--         <base>:t:<prefix>  ranked set of the best-ranked terms starting with that prefix of
+--                            `max depth` + 1 characters: every term of the prefix ranked at or
+--                            before its bound (the field's value in the heavy hash, '\255' for
+--                            all); cut back to `deep` members when it passes twice that; kept
+--                            while the prefix has more than `heavy` terms, created past it
 --         <base>:top         ranked set of the best-ranked terms of a ranked dictionary: every
 --                            term ranked at or before its last member (so walks by score
 --                            of the whole dictionary start with one set); cut back to `top`
@@ -27,7 +32,8 @@
 -- ARGV[3] largest absolute score allowed
 -- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set
 -- ARGV[5] top: the size the top set is cut back to
--- ARGV[6..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
+-- ARGV[6] deep: the size a deep set is cut back to
+-- ARGV[7..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
 --           Entries of one term come in the order they were sent.
 --
@@ -36,7 +42,7 @@
 local argv, call = ARGV, redis.call
 local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
-local max_depth, top_size = tonumber(argv[4]), tonumber(argv[5])
+local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 local top = base .. ':top'
 local CHUNK = 1000
 
@@ -79,7 +85,7 @@ end
 -- The entries (their first argument's index); terms: one state per distinct id, in order of
 -- first entry.
 local entries, terms, state = {}, {}, {}
-local at = 6
+local at = 7
 while at <= #argv do
   entries[#entries + 1] = at
   local id = argv[at]
@@ -142,7 +148,7 @@ end
 -- by prefix, prefixes by depth (parents first).
 local values, lex_order, lex_members = {}, {}, {}
 local word_order, word_members = {}, {}
-local levels, groups, moves = {}, {}, {}
+local levels, groups, moves, deeps, deep_order = {}, {}, {}, {}, {}
 for _, id in ipairs(terms) do
   local t = state[id]
   values[#values + 1] = id
@@ -179,6 +185,19 @@ for _, id in ipairs(terms) do
         g.removes[#g.removes + 1] = old_ranked
       end
     end
+    local p = first_chars(key, max_depth + 1)
+    if p then
+      local d = deeps[p]
+      if d == nil then
+        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {} }
+        deeps[p] = d
+        deep_order[#deep_order + 1] = d
+      end
+      d.adds[#d.adds + 1] = new_ranked
+      if old_ranked then
+        d.removes[#d.removes + 1] = old_ranked
+      end
+    end
   end
 end
 
@@ -191,6 +210,9 @@ for _, level in ipairs(levels) do
   for _, g in ipairs(level) do
     fields[#fields + 1] = g.name
   end
+end
+for _, d in ipairs(deep_order) do
+  fields[#fields + 1] = d.name
 end
 local has = hash_values(heavy_set, fields)
 local marks = {}
@@ -281,6 +303,59 @@ if levels[1] then
     end
     mark('')
   end
+  -- Deep sets: every term of their prefix ranked at or before their bound. One is created (with
+  -- every term of its prefix, at most `heavy` + a batch) when its prefix passes `heavy` terms.
+  for _, d in ipairs(deep_order) do
+    local key = base .. ':' .. d.name
+    local bound = has[d.name]
+    if bound then
+      local joins, leaves = {}, {}
+      for _, r in ipairs(d.removes) do
+        if not lt(bound, r) then
+          leaves[#leaves + 1] = r
+        end
+      end
+      for _, r in ipairs(d.adds) do
+        if lt(r, bound) then
+          joins[#joins + 1] = '0'
+          joins[#joins + 1] = r
+        end
+      end
+      if #leaves > 0 then
+        batched('ZREM', key, leaves, 1)
+      end
+      if #joins > 0 then
+        batched('ZADD', key, joins, 2)
+      end
+    elseif has[groups[d.parent].name] or created[d.parent] then
+      local lex = base .. ':' .. lex_name(d.prefix)
+      local p = d.prefix
+      if call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') > heavy then
+        local members = call('ZRANGE', lex, '[' .. p, '(' .. p .. '\255', 'BYLEX')
+        local ids = {}
+        for i = 1, #members do
+          ids[i] = id_of(members[i])
+        end
+        local value = hash_values(data, ids)
+        local ranked = {}
+        for i = 1, #members do
+          ranked[#ranked + 1] = '0'
+          ranked[#ranked + 1] = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
+        end
+        batched('ZADD', key, ranked, 2)
+        bound = '\255'
+        marks[#marks + 1] = d.name
+        marks[#marks + 1] = bound
+      end
+    end
+    if bound and call('ZCARD', key) > 2 * deep_size then
+      local cut = call('ZRANGE', key, deep_size - 1, deep_size - 1)[1]
+      call('ZREMRANGEBYLEX', key, '(' .. cut, '+')
+      marks[#marks + 1] = d.name
+      marks[#marks + 1] = cut
+    end
+  end
+
   if ranked_before then
     -- The top set holds every term ranked at or before its last member: a term joins it when
     -- ranked before that, leaves it when it goes or moves past it.

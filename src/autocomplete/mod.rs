@@ -17,10 +17,11 @@
 //! |---|---|---|---|
 //! | `PREFIX{ac:NAME}:l:XX` | sorted set (scores 0) | the lex member of every term whose matching form starts with byte `XX` | while one does |
 //! | `PREFIX{ac:NAME}:data` | hash | id → score, display text (when not the id), payload | while the dictionary has terms |
-//! | `PREFIX{ac:NAME}:h` | hash | `l:XX`, `b:XX` or `r:P` → 1 for every lex and ranked set there is; `""` → 1 while the first-byte ranked sets exist | while one does |
+//! | `PREFIX{ac:NAME}:h` | hash | `l:XX`, `b:XX` or `r:P` → 1 for every lex and ranked set there is, `t:P` → the deep set's bound; `""` → 1 while the first-byte ranked sets exist | while one does |
 //! | `PREFIX{ac:NAME}:b:XX` | sorted set (scores 0) | ranked members of every term whose matching form starts with byte `XX` (hex) | while the dictionary has more than [`LIGHT_PREFIX`] terms; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:t:P` | sorted set (scores 0) | ranked members of the best-ranked terms starting with `P` ([`MAX_RANKED_DEPTH`] + 1 characters): every such term ranked at or before the set's bound (in `h`); [`DEEP_RANKED`] to twice that | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; [`TOP_RANKED`] to twice that | as the first-byte ranked sets |
-//! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P` (2 to [`MAX_RANKED_DEPTH`] characters, or one character of several bytes) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P`, of 1 to [`MAX_RANKED_DEPTH`] characters (one character only when it takes several bytes: an ASCII character's set is its `b:XX`) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
@@ -75,8 +76,14 @@ pub const GATHER: usize = 1024;
 const _: () = assert!(HEAVY_PREFIX <= GATHER, "light prefixes are gathered whole");
 /// Only prefixes of at most this many characters get a ranked set: each set costs every term
 /// under it one more sorted set entry. A score-ordered query on a longer prefix with more than
-/// [`HEAVY_PREFIX`] terms walks the ranked set of its longest shorter prefix that has one.
+/// [`HEAVY_PREFIX`] terms reads the deep set of its first characters ([`DEEP_RANKED`]), then
+/// walks the ranked set of its longest shorter prefix that has one.
 pub const MAX_RANKED_DEPTH: usize = 2;
+/// A prefix of [`MAX_RANKED_DEPTH`] + 1 characters with more than [`HEAVY_PREFIX`] terms keeps
+/// its best-ranked terms in a *deep set*, cut back to this many when it passes twice that:
+/// score-ordered prefix completion of longer queries reads it before it walks the ranked set of
+/// the shorter prefix.
+pub const DEEP_RANKED: usize = 256;
 /// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back to this many
 /// when it passes twice that: score-ordered walks of the whole dictionary start there, in one
 /// set, before they merge the sets of every first byte.
@@ -443,7 +450,8 @@ impl Autocomplete {
             .arg(HEAVY_PREFIX)
             .arg(MAX_ABS_SCORE)
             .arg(MAX_RANKED_DEPTH)
-            .arg(TOP_RANKED);
+            .arg(TOP_RANKED)
+            .arg(DEEP_RANKED);
         for term in terms {
             let (op, value) = match term.score {
                 ScoreChange::Keep => ("", 0.0),

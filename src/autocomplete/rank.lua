@@ -86,6 +86,21 @@ local function ranked_prefixes(key, depth)
   return list
 end
 
+-- The first n characters of key, or nil when it has fewer.
+local function first_chars(key, n)
+  local count = 0
+  for i = 2, #key + 1 do
+    local b = byte(key, i)
+    if b == nil or b < 128 or b >= 192 then
+      count = count + 1
+      if count == n then
+        return sub(key, 1, i - 1)
+      end
+    end
+  end
+  return nil
+end
+
 -- The name of the ranked set of prefix p: its key is <base>:<name>, and its field in the heavy
 -- hash. A first byte's is 'b:' and the byte in hex (a lone byte of a multi-byte character is
 -- not text), a character prefix's 'r:' and the prefix.

@@ -4,7 +4,8 @@
 --
 -- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   (as in add.lua)
 -- ARGV[1] base (as in add.lua)
--- ARGV[2] low: a prefix's ranked set is dropped once the prefix has this many terms or fewer;
+-- ARGV[2] low: a prefix's ranked or deep set is dropped once the prefix has this many terms or
+--         fewer;
 --         the first-byte ranked sets and the top set all go once the dictionary has this many
 --         terms or fewer
 -- ARGV[3] max depth (as in add.lua)
@@ -55,7 +56,7 @@ end
 
 -- What to remove, grouped by key.
 local gone_ids, lex_order, lex_members, word_order, word_members = {}, {}, {}, {}, {}
-local levels, groups, gone_ranked = {}, {}, {}
+local levels, groups, gone_ranked, deeps, deep_order = {}, {}, {}, {}, {}
 for i, at in ipairs(terms) do
   if old[i] then
     local id, key = ids[i], ARGV[at + 1]
@@ -77,6 +78,16 @@ for i, at in ipairs(terms) do
         levels[l][#levels[l] + 1] = g
       end
       g.members[#g.members + 1] = ranked
+    end
+    local p = first_chars(key, max_depth + 1)
+    if p then
+      local d = deeps[p]
+      if d == nil then
+        d = { prefix = p, name = 't:' .. p, members = {} }
+        deeps[p] = d
+        deep_order[#deep_order + 1] = d
+      end
+      d.members[#d.members + 1] = ranked
     end
   end
 end
@@ -121,6 +132,9 @@ for _, level in ipairs(levels) do
     fields[#fields + 1] = g.name
   end
 end
+for _, d in ipairs(deep_order) do
+  fields[#fields + 1] = d.name
+end
 local has = {}
 for first = 1, #fields, CHUNK do
   local last = math.min(first + CHUNK - 1, #fields)
@@ -139,6 +153,29 @@ for l, level in ipairs(levels) do
         redis.call('DEL', rk)
         unmark[#unmark + 1] = g.name
       end
+    end
+  end
+end
+-- Deep sets: out of them the terms ranked at or before their bound; gone once their prefix has
+-- `low` terms or fewer.
+for _, d in ipairs(deep_order) do
+  local bound = has[d.name]
+  if bound then
+    local key = base .. ':' .. d.name
+    local leaves = {}
+    for _, r in ipairs(d.members) do
+      if not lt(bound, r) then
+        leaves[#leaves + 1] = r
+      end
+    end
+    if #leaves > 0 then
+      batched('ZREM', key, leaves)
+    end
+    local p = d.prefix
+    local lex = base .. ':' .. lex_name(p)
+    if redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') <= low then
+      redis.call('DEL', key)
+      unmark[#unmark + 1] = d.name
     end
   end
 end
