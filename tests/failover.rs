@@ -1421,10 +1421,11 @@ fn ticks(samples: &[Sample], gap: Duration) -> (u64, u64) {
 
 /// Cluster keepalive cost: 3,000 semaphore leases held by Hold streams (ttl 6 s) over 60
 /// semaphores spread across the 3 masters of a cluster. Over a 4 s window, each master runs at
-/// most one script call per slot with leases due per renewal round ("tick"), far fewer calls
-/// than renewals, and fewer reply flushes than calls (the calls of a tick reach it pipelined).
-/// Calls, reads, reply flushes and bytes come from each master's `INFO stats` and `INFO
-/// commandstats`, sampled every 20 ms; a tick is a burst of calls in those samples.
+/// most one script call per slot with leases due per renewal round ("tick") and far fewer calls
+/// than renewals. Calls, reads, reply flushes and bytes come from each master's `INFO stats` and
+/// `INFO commandstats`, sampled every 20 ms; a tick is a burst of calls in those samples. Then
+/// the calls of a round are shown pipelined: held by `CLIENT PAUSE WRITE`, they are answered
+/// with fewer reply flushes than calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keepalive_cost_per_node() {
     const SEMAPHORES: usize = 60;
@@ -1437,6 +1438,9 @@ async fn cluster_keepalive_cost_per_node() {
     /// (500 ms) after the earliest request in it; its calls run within a few tens of ms
     /// (measured gaps between rounds: 0.3-0.5 s).
     const TICK_GAP: Duration = Duration::from_millis(150);
+    /// How long the pipelining check holds one master's script calls: several rounds, far less
+    /// than the time left on a lease renewed a third of its ttl ago.
+    const PAUSE: Duration = Duration::from_millis(1000);
 
     let cluster = RedisCluster::start(3, 0).await;
     let baton = Baton::start_on(cluster_config(&cluster), |c| {
@@ -1598,7 +1602,6 @@ async fn cluster_keepalive_cost_per_node() {
     .expect("the sampling thread")
     .expect("the sampling thread did not panic");
     let window = window_start.elapsed();
-    streams.abort_all();
 
     assert_eq!(lost.load(Ordering::Relaxed), 0, "no lease was lost");
     // Each lease renews at least every third of its ttl.
@@ -1652,14 +1655,73 @@ async fn cluster_keepalive_cost_per_node() {
             calls * 10 < renewed,
             "{port}: {calls} script calls for {renewed} renewals"
         );
-        // The calls of a tick arrive together: had each call waited for the previous one's
-        // reply (a round trip per call), each reply would have been flushed on its own.
-        assert!(
-            writes < calls,
-            "{port}: {writes} reply flushes for {calls} calls: the calls of a tick are not \
-             pipelined"
-        );
     }
+
+    // The calls of a round are pipelined: with the writes of the busiest master paused for
+    // longer than a round's period, the calls of the rounds due meanwhile wait in Redis's input
+    // buffer and are answered together once it resumes. Had each call waited for the previous
+    // one's reply, only one call per round would be waiting.
+    let (&busiest, _) = semaphores_on
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .expect("a master");
+    let (before, after) = within(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{busiest}")).expect("url");
+            let mut conn = client.get_connection().expect("a connection to a master");
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(PAUSE.as_millis() as u64)
+                .arg("WRITE")
+                .query(&mut conn)
+                .expect("CLIENT PAUSE WRITE");
+            // INFO is not a write: sample through the pause until the held calls have run.
+            let mut samples = vec![sample(&mut conn)];
+            let deadline = std::time::Instant::now() + PAUSE + Duration::from_secs(2);
+            while std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+                let next = sample(&mut conn);
+                let resumed = next.calls > samples[samples.len() - 1].calls;
+                samples.push(next);
+                if resumed {
+                    break;
+                }
+            }
+            let n = samples.len();
+            (samples[n - 2], samples[n - 1])
+        }),
+        "sampling through a pause",
+    )
+    .await
+    .expect("the sampling task");
+    streams.abort_all();
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "no lease was lost during the pause"
+    );
+    let held = after.calls - before.calls;
+    // One flush answers the sample that saw them.
+    let flushes = (after.writes - before.writes).saturating_sub(1);
+    println!(
+        "  master {busiest}: {held} script calls held by a {PAUSE:?} pause ran with {flushes} \
+         reply flushes"
+    );
+    // A round sends a call for each of the master's semaphores (each has leases due in every
+    // round), and at least one round falls within the pause; calls sent one after another would
+    // leave a single call per round waiting.
+    let slots = semaphores_on[&busiest] as u64;
+    assert!(
+        held >= slots,
+        "{busiest}: only {held} script calls were waiting when the pause ended, for {slots} \
+         semaphores: the calls of a round are not sent together"
+    );
+    assert!(
+        flushes < held,
+        "{busiest}: {flushes} reply flushes for {held} held calls: the calls of a round are not \
+         pipelined"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
