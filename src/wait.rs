@@ -4,14 +4,18 @@
 //! attempt, and when the resource is busy waits for a release message, for the fallback the
 //! attempt named (a holder's expiry), for the caller's deadline, or for `stop`, whichever comes
 //! first, then tries again. A release published between the attempt and the wait is not missed.
-//! [`until_as`] does the same for a waiter with an id, which is also woken by messages addressed
-//! to it (a fair queue wakes only its head).
+//! [`until_as`] does the same for a waiter woken by the messages a [`Wake`] names (a waiter with
+//! an id, which messages addressed to it also wake, as a fair queue wakes only its head; or a
+//! relay waiter, one of which each message wakes).
 
 use std::{future::Future, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{error::Error, redis::Notifier};
+use crate::{
+    error::Error,
+    redis::{Notifier, Wake},
+};
 
 /// What one attempt found.
 #[derive(Debug)]
@@ -44,15 +48,15 @@ where
     F: FnMut(Duration) -> Fut,
     Fut: Future<Output = Result<Attempt<T>, Error>>,
 {
-    until_as(notifier, channel, None, deadline, stop, attempt).await
+    until_as(notifier, channel, Wake::Every, deadline, stop, attempt).await
 }
 
-/// Like [`until`], for a waiter that is also woken by messages addressed to `waiter` (payload
-/// `@waiter`, see [`Notifier::subscribe_as`]); with `None` it is exactly [`until`].
+/// Like [`until`], for a waiter woken by the messages `wake` names (see
+/// [`Notifier::subscribe_as`]); with [`Wake::Every`] it is exactly [`until`].
 pub async fn until_as<T, F, Fut>(
     notifier: &Notifier,
     channel: &str,
-    waiter: Option<&str>,
+    wake: Wake<'_>,
     deadline: Instant,
     stop: impl Future<Output = Error>,
     mut attempt: F,
@@ -61,12 +65,14 @@ where
     F: FnMut(Duration) -> Fut,
     Fut: Future<Output = Result<Attempt<T>, Error>>,
 {
-    let mut subscription = notifier.subscribe_as(channel, waiter).await?;
+    let mut subscription = notifier.subscribe_as(channel, wake).await?;
     tokio::pin!(stop);
     loop {
         subscription.arm();
         let left = deadline.saturating_duration_since(Instant::now());
-        let (answer, retry_in) = match attempt(left).await? {
+        let outcome = attempt(left).await?;
+        subscription.settle();
+        let (answer, retry_in) = match outcome {
             Attempt::Done(value) => return Ok(value),
             Attempt::Busy { answer, retry_in } => (answer, retry_in),
         };

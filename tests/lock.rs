@@ -2067,12 +2067,13 @@ async fn fair_contention_is_even_and_wakes_no_herd() {
     );
 }
 
-/// In fair mode a release wakes only the queue's head: around one handoff with four fair waiters
-/// Redis runs exactly two scripts (the release and the head's acquisition) and one PUBLISH. The
-/// same handoff with non-fair waiters wakes all four. Each run ends well within a second of the
-/// first registration, before any waiter renews its place.
+/// A release wakes only a waiter that can take the lock: around one handoff with four fair waiters
+/// Redis runs exactly two scripts (the release and the head's acquisition) and one PUBLISH; with
+/// four non-fair exclusive waiters on the same Baton, the same (the broadcast wakes one of them);
+/// four shared waiters all wake and all get in. Each run ends well within a second of the first
+/// registration, before any waiter renews its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fair_release_wakes_only_the_head() {
+async fn a_release_wakes_only_waiters_that_can_go_ahead() {
     const WAITERS: u32 = 4;
     // Reads node-wide counters: on a Cluster, one of this test's own.
     let redis = RedisServer::start_private().await;
@@ -2162,24 +2163,49 @@ async fn a_fair_release_wakes_only_the_head() {
     );
     assert_eq!(publishes, 1, "fair: one message, addressed to the head");
 
+    // Non-fair exclusive waiters of one Baton: only one of them can take the lock, and only one
+    // is woken.
+    let mut relay = None;
+    for attempt in 0..3 {
+        relay = handoff(
+            &baton,
+            &mut client,
+            &mut conn,
+            &format!("relay-{attempt}"),
+            EXCLUSIVE,
+        )
+        .await;
+        if relay.is_some() {
+            break;
+        }
+    }
+    let (scripts, publishes) = relay.expect("a non-fair handoff measured within a second");
+    assert_eq!(
+        scripts, 2,
+        "non-fair: script calls around one handoff (release + one local waiter's acquire)"
+    );
+    assert_eq!(publishes, 1, "non-fair: one broadcast");
+
+    // Shared waiters can all go ahead: one message wakes them all.
     let mut herd = None;
     for attempt in 0..3 {
         herd = handoff(
             &baton,
             &mut client,
             &mut conn,
-            &format!("herd-{attempt}"),
-            EXCLUSIVE,
+            &format!("shared-{attempt}"),
+            SHARED,
         )
         .await;
         if herd.is_some() {
             break;
         }
     }
-    let (scripts, _) = herd.expect("a non-fair handoff measured within a second");
-    assert!(
-        scripts > u64::from(WAITERS),
-        "non-fair: the release wakes every waiter, {scripts} script calls"
+    let (scripts, _) = herd.expect("a shared handoff measured within a second");
+    assert_eq!(
+        scripts,
+        1 + u64::from(WAITERS),
+        "shared: the release and every waiter's acquire"
     );
 }
 

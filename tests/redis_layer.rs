@@ -5,9 +5,13 @@ mod support;
 
 use std::time::Duration;
 
-use baton::proto::v1::{self as pb, lock_service_client::LockServiceClient};
+use baton::{
+    proto::v1::{self as pb, lock_service_client::LockServiceClient},
+    redis::{Endpoint, Notifier, Source, Subscription, Topology, Wake},
+};
 use support::{Baton, RedisServer, ms, wait_until, within};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 type Client = LockServiceClient<Channel>;
@@ -296,4 +300,133 @@ async fn one_subscriber_connection_for_all_waiters() {
         },
     )
     .await;
+}
+
+/// A notifier of its own on `redis`, stopped when the returned guard drops.
+fn notifier(redis: &RedisServer) -> (Notifier, tokio_util::sync::DropGuard) {
+    let topology = Topology::Standalone { url: redis.url() };
+    let endpoint = Endpoint::new(&topology)
+        .expect("an endpoint")
+        .expect("a single Redis has a fixed endpoint");
+    let shutdown = CancellationToken::new();
+    let notifier = Notifier::start(
+        Source::Node(endpoint),
+        Duration::from_secs(2),
+        shutdown.clone(),
+    );
+    (notifier, shutdown.drop_guard())
+}
+
+/// Whether `sub` is woken within `timeout`.
+async fn woken(sub: &mut Subscription, timeout: Duration) -> bool {
+    tokio::time::timeout(timeout, sub.notified()).await.is_ok()
+}
+
+/// A message wakes every plain subscription of its channel and one relay subscription, each in
+/// turn; a relay waiter that leaves before acting on its wake passes it to the next, and one that
+/// acted on it (armed, checked, settled) does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_wakes_one_relay_waiter_in_turn() {
+    let redis = RedisServer::start().await;
+    let (notifier, _stop) = notifier(&redis);
+    let mut conn = redis.client().await;
+    let publish = |channel: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let receivers: u64 = redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg("released")
+                .query_async(&mut conn)
+                .await
+                .expect("PUBLISH");
+            assert_eq!(receivers, 1, "one pub/sub connection per Baton");
+        }
+    };
+    let quiet = Duration::from_millis(200);
+
+    // Round robin: three messages wake each of three relay waiters once, and the plain
+    // subscription every time.
+    let mut plain = notifier.subscribe("turns").await.expect("subscribe");
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        relays.push(
+            notifier
+                .subscribe_as("turns", Wake::Relay)
+                .await
+                .expect("subscribe"),
+        );
+    }
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        plain.arm();
+        for r in &mut relays {
+            r.arm();
+        }
+        publish("turns").await;
+        assert!(woken(&mut plain, Duration::from_secs(2)).await, "plain");
+        let mut this_time = Vec::new();
+        for (i, r) in relays.iter_mut().enumerate() {
+            if woken(r, quiet).await {
+                this_time.push(i);
+            }
+        }
+        assert_eq!(
+            this_time.len(),
+            1,
+            "one relay waiter per message: {this_time:?}"
+        );
+        order.push(this_time[0]);
+    }
+    assert_eq!(order, [0, 1, 2], "in the order they subscribed, then again");
+
+    // A waiter woken (the front one) that leaves without looking passes the wake on.
+    let first = notifier
+        .subscribe_as("pass", Wake::Relay)
+        .await
+        .expect("subscribe");
+    let mut second = notifier
+        .subscribe_as("pass", Wake::Relay)
+        .await
+        .expect("subscribe");
+    second.arm();
+    publish("pass").await;
+    // The message reaches `first` alone; give it time to arrive before leaving.
+    assert!(
+        !woken(&mut second, quiet).await,
+        "the front waiter is woken, not this one"
+    );
+    drop(first);
+    assert!(
+        woken(&mut second, Duration::from_secs(2)).await,
+        "the wake of a waiter that left is passed on"
+    );
+
+    // A waiter that armed with its wake and left mid-check passes it on too; one that settled
+    // (its check answered) does not.
+    for settled in [false, true] {
+        let channel = if settled { "settled" } else { "unsettled" };
+        let mut first = notifier
+            .subscribe_as(channel, Wake::Relay)
+            .await
+            .expect("subscribe");
+        let mut second = notifier
+            .subscribe_as(channel, Wake::Relay)
+            .await
+            .expect("subscribe");
+        first.arm();
+        second.arm();
+        publish(channel).await;
+        tokio::time::sleep(quiet).await;
+        // The check starts: the wake is consumed.
+        first.arm();
+        if settled {
+            first.settle();
+        }
+        drop(first);
+        assert_eq!(
+            woken(&mut second, quiet).await,
+            !settled,
+            "{channel}: the next waiter woken"
+        );
+    }
 }

@@ -61,7 +61,7 @@ use crate::{
     error::Error,
     lease::{Renewable, batch::Batcher},
     redis::{
-        Ack, Notifier, Redis,
+        Ack, Notifier, Redis, Wake,
         reply::{int, millis, ms, string, unexpected},
     },
     wait::{self, Attempt},
@@ -453,15 +453,22 @@ impl Locks {
         }
 
         // Fair waiters hold a place in the queue, exclusive ones a writer registration: both are
-        // leased and renewed by trying again. Only fair waiters are woken by messages addressed to
-        // them.
+        // leased and renewed by trying again. Fair waiters are woken by messages addressed to
+        // them; a release wakes one local non-fair exclusive waiter (only one can take the lock)
+        // and every shared one.
         let leased = request.fair || request.mode == Mode::Exclusive;
         let renew_every = QUEUE_LEASE / 3;
-        let addressed = request.fair.then_some(waiter.as_str());
+        let wake = if request.fair {
+            Wake::EveryAnd(&waiter)
+        } else if request.mode == Mode::Exclusive {
+            Wake::Relay
+        } else {
+            Wake::Every
+        };
         let waited = wait::until_as(
             &self.inner.notifier,
             &keys.channel,
-            addressed,
+            wake,
             deadline,
             stop,
             |left| {

@@ -32,7 +32,7 @@ use bb8_redis::{
 use tokio::time::{Instant, timeout_at};
 
 pub use ::redis::Script;
-pub use notifier::{ADDRESSED, Notifier, Source, Subscription};
+pub use notifier::{ADDRESSED, Notifier, Source, Subscription, Wake};
 pub use topology::{Endpoint, Topology};
 
 use crate::{config::RedisConfig, error::Error};

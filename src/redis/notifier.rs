@@ -8,7 +8,10 @@
 //!
 //! A message whose payload is `@` followed by a waiter id wakes only the subscription registered
 //! under that id (a fair queue hands the resource to its head, and only the head needs to wake);
-//! any other payload wakes every local subscription of the channel.
+//! any other payload wakes every local subscription of the channel, except relay subscriptions
+//! ([`Wake::Relay`]), of which it wakes one, in turn: when one waiter can take what was released
+//! (an exclusive lock), waking them all would only have the others try and wait again. A relay
+//! waiter that leaves with a wake it has not acted on passes it to the next.
 //!
 //! On a single Redis (standalone, or the master Sentinel names) this is one plain pub/sub
 //! connection (`SUBSCRIBE`); on a Cluster it is redis-rs's cluster connection in RESP3 with sharded
@@ -23,7 +26,7 @@
 //! subscribe again (on the slot's current owner).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -50,6 +53,21 @@ const RECONNECT_MIN: Duration = Duration::from_millis(20);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Marks a message addressed to one waiter: `@` followed by its id.
 pub const ADDRESSED: char = '@';
+
+/// Which messages of a channel wake a subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake<'a> {
+    /// Every message not addressed to one waiter.
+    Every,
+    /// Every message not addressed to one waiter, and the messages addressed to this waiter id
+    /// (payload `@waiter`). Waiter ids must be unique per channel.
+    EveryAnd(&'a str),
+    /// One message not addressed to one waiter in turn with the channel's other relay
+    /// subscriptions: for waiters of which only one can go ahead per message. A relay
+    /// subscription dropped before it acted on its wake (see [`Subscription::settle`]) passes it
+    /// on.
+    Relay,
+}
 
 /// Where the subscriber connects.
 #[derive(Clone)]
@@ -84,13 +102,36 @@ struct Channel {
     generation: watch::Sender<u64>,
     /// Per-waiter generations, bumped by messages addressed to that waiter.
     addressed: HashMap<String, watch::Sender<u64>>,
+    /// Relay subscriptions (by id) in the order they are woken: the front one next.
+    relay: VecDeque<(u64, watch::Sender<u64>)>,
+    /// The id of the next relay subscription.
+    next_relay: u64,
     refs: usize,
     subscribed: bool,
 }
 
 impl Channel {
+    /// Wakes every subscription: messages may have been missed.
     fn wake_all(&self) {
         self.generation.send_modify(|g| *g = g.wrapping_add(1));
+        for (_, tx) in &self.relay {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
+        }
+    }
+
+    /// A message not addressed to one waiter: wakes every subscription but the relay ones, and
+    /// the next relay subscription.
+    fn broadcast(&mut self) {
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+        self.relay_one();
+    }
+
+    /// Wakes the front relay subscription and moves it to the back.
+    fn relay_one(&mut self) {
+        if let Some((id, tx)) = self.relay.pop_front() {
+            tx.send_modify(|g| *g = g.wrapping_add(1));
+            self.relay.push_back((id, tx));
+        }
     }
 }
 
@@ -99,8 +140,13 @@ pub struct Subscription {
     inner: Arc<Inner>,
     channel: String,
     waiter: Option<String>,
-    rx: watch::Receiver<u64>,
+    /// Broadcast messages; `None` for a relay subscription.
+    rx: Option<watch::Receiver<u64>>,
     addressed: Option<watch::Receiver<u64>>,
+    /// A relay subscription's id and wakes.
+    relay: Option<(u64, watch::Receiver<u64>)>,
+    /// A relay subscription armed with a wake it has not settled yet.
+    owes: bool,
 }
 
 /// The command half of the pub/sub connection.
@@ -213,23 +259,24 @@ impl Notifier {
     /// returning, so that a message published afterwards reaches the returned subscription. It is
     /// woken by every message on the channel that is not addressed to one waiter.
     pub async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
-        self.subscribe_as(channel, None).await
+        self.subscribe_as(channel, Wake::Every).await
     }
 
-    /// Like [`subscribe`](Self::subscribe), and also woken by messages addressed to `waiter`
-    /// (payload `@waiter`). Waiter ids must be unique per channel.
-    pub async fn subscribe_as(
-        &self,
-        channel: &str,
-        waiter: Option<&str>,
-    ) -> Result<Subscription, Error> {
-        let (rx, addressed) = {
+    /// Like [`subscribe`](Self::subscribe), for the messages `wake` names.
+    pub async fn subscribe_as(&self, channel: &str, wake: Wake<'_>) -> Result<Subscription, Error> {
+        let waiter = match wake {
+            Wake::EveryAnd(waiter) => Some(waiter),
+            Wake::Every | Wake::Relay => None,
+        };
+        let (rx, addressed, relay) = {
             let mut channels = self.inner.channels();
             let entry = channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     generation: watch::Sender::new(0),
                     addressed: HashMap::new(),
+                    relay: VecDeque::new(),
+                    next_relay: 0,
                     refs: 0,
                     subscribed: false,
                 });
@@ -241,7 +288,16 @@ impl Notifier {
                     .or_insert_with(|| watch::Sender::new(0))
                     .subscribe()
             });
-            (entry.generation.subscribe(), addressed)
+            let relay = (wake == Wake::Relay).then(|| {
+                let id = entry.next_relay;
+                entry.next_relay += 1;
+                let tx = watch::Sender::new(0);
+                let rx = tx.subscribe();
+                entry.relay.push_back((id, tx));
+                (id, rx)
+            });
+            let rx = (wake != Wake::Relay).then(|| entry.generation.subscribe());
+            (rx, addressed, relay)
         };
         let sub = Subscription {
             inner: self.inner.clone(),
@@ -249,6 +305,8 @@ impl Notifier {
             waiter: waiter.map(str::to_owned),
             rx,
             addressed,
+            relay,
+            owes: false,
         };
         sub.ensure().await?;
         Ok(sub)
@@ -275,8 +333,8 @@ impl Inner {
 
     /// Delivers one message to the local subscriptions it is meant for.
     fn deliver(&self, channel: &str, payload: &[u8]) {
-        let channels = self.channels();
-        let Some(ch) = channels.get(channel) else {
+        let mut channels = self.channels();
+        let Some(ch) = channels.get_mut(channel) else {
             return;
         };
         match payload.strip_prefix(&[ADDRESSED as u8]) {
@@ -286,7 +344,7 @@ impl Inner {
                     w.send_modify(|g| *g = g.wrapping_add(1));
                 }
             }
-            None => ch.wake_all(),
+            None => ch.broadcast(),
         }
     }
 
@@ -322,12 +380,26 @@ impl Inner {
 }
 
 impl Subscription {
-    /// Marks every notification so far as seen. Call before checking the state in Redis.
+    /// Marks every notification so far as seen. Call before checking the state in Redis, and
+    /// [`settle`](Self::settle) once the check has answered.
     pub fn arm(&mut self) {
-        self.rx.borrow_and_update();
+        if let Some(rx) = self.rx.as_mut() {
+            rx.borrow_and_update();
+        }
         if let Some(rx) = self.addressed.as_mut() {
             rx.borrow_and_update();
         }
+        if let Some((_, rx)) = self.relay.as_mut() {
+            self.owes |= rx.has_changed().unwrap_or(false);
+            rx.borrow_and_update();
+        }
+    }
+
+    /// The check armed for has answered: a relay wake it consumed was acted on (whoever was
+    /// woken went ahead, or found someone else had), so dropping this subscription no longer
+    /// passes it on.
+    pub fn settle(&mut self) {
+        self.owes = false;
     }
 
     /// Waits for a notification newer than the last [`arm`](Self::arm).
@@ -335,7 +407,20 @@ impl Subscription {
         // The senders live in the channel map for as long as this subscription exists, so
         // `changed` only fails if the map entry was torn down, which cannot happen before drop.
         let broadcast = async {
-            if self.rx.changed().await.is_err() {
+            let delivered = match self.rx.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !delivered {
+                std::future::pending::<()>().await;
+            }
+        };
+        let relay = async {
+            let delivered = match self.relay.as_mut() {
+                Some((_, rx)) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !delivered {
                 std::future::pending::<()>().await;
             }
         };
@@ -351,6 +436,7 @@ impl Subscription {
         tokio::select! {
             () = broadcast => {}
             () = addressed => {}
+            () = relay => {}
         }
     }
 
@@ -408,6 +494,15 @@ impl Drop for Subscription {
             };
             if let Some(waiter) = &self.waiter {
                 ch.addressed.remove(waiter);
+            }
+            if let Some((id, rx)) = &self.relay {
+                // Asked before its sender goes with the entry.
+                let unseen = rx.has_changed().unwrap_or(false);
+                ch.relay.retain(|(other, _)| other != id);
+                // A wake this waiter got and did not act on goes to the next relay waiter.
+                if self.owes || unseen {
+                    ch.relay_one();
+                }
             }
             ch.refs -= 1;
             if ch.refs > 0 {
