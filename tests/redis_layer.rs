@@ -329,7 +329,7 @@ async fn woken(sub: &mut Subscription, timeout: Duration) -> bool {
 async fn a_message_wakes_one_relay_waiter_in_turn() {
     let redis = RedisServer::start().await;
     let (notifier, _stop) = notifier(&redis);
-    let mut conn = redis.client().await;
+    let conn = redis.client().await;
     let publish = |channel: &'static str| {
         let mut conn = conn.clone();
         async move {
