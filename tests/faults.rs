@@ -128,3 +128,88 @@ async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
     )
     .await;
 }
+
+/// A caller that leaves while its grant is on the way does not leave the lock held: with Redis
+/// frozen, an Acquire (lease ttl 60 s) whose caller's 300 ms deadline passes while its script
+/// call waits on Redis is dropped by the server; once Redis is thawed the script grants, and
+/// Baton releases that orphaned grant at once (both script calls are counted), so the lock is
+/// free again long before its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_caller_left_is_released() {
+    let redis = RedisServer::start().await;
+    // Long enough for the frozen script call to be answered rather than given up.
+    let baton = Baton::start_with(&redis, |c| {
+        c.redis.command_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let mut client = baton.client().await;
+    let mut conn = redis.conn().await;
+    let key = baton.lock_key("orphan");
+    // A first call opens Baton's Redis connection, so the next one's script is sent at once.
+    let warm = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "warm-up".into(),
+            ttl: Some(ms(1_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(warm.acquired);
+    conn.reset_stats().await;
+
+    let frozen = Frozen::new(&redis);
+    let mut request = tonic::Request::new(pb::LockServiceAcquireRequest {
+        name: "orphan".into(),
+        ttl: Some(ms(60_000)),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_millis(300));
+    let status = within(
+        Duration::from_secs(3),
+        client.acquire(request),
+        "the deadline",
+    )
+    .await
+    .expect_err("the caller's deadline passes while Redis is frozen");
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
+    // The server has dropped the call by now; the script is still waiting in Redis.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(frozen);
+
+    wait_until(
+        Duration::from_secs(3),
+        "the orphaned grant to be made and released",
+        || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let calls = conn.command_calls("evalsha").await;
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if calls >= 2 && !exists {
+                    Ok(())
+                } else {
+                    Err(format!("{calls} script calls, lock state exists: {exists}"))
+                }
+            }
+        },
+    )
+    .await;
+    let free = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "orphan".into(),
+            ttl: Some(ms(1_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(free.acquired, "the lock is free again: {free:?}");
+}

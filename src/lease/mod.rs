@@ -11,10 +11,7 @@ pub mod batch;
 
 use std::{future::Future, pin::Pin, time::Duration};
 
-use tokio::{
-    sync::{mpsc, oneshot},
-    time::Instant,
-};
+use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{error::Error, proto::v1 as pb};
@@ -97,9 +94,14 @@ fn stop(gone: impl Future<Output = ()> + Send + 'static, shutdown: CancellationT
     })
 }
 
-/// Runs a unary acquisition in its own task, so that a grant racing the caller's cancellation
-/// (a dropped request, a deadline) is handed to `orphan` to release instead of leaking until its
-/// ttl. `acquire` gets a [`Stop`] that resolves when the caller leaves or Baton shuts down.
+/// Runs a unary acquisition so that a grant racing the caller's cancellation (a dropped request,
+/// a deadline) is handed to `orphan` to release instead of leaking until its ttl. `acquire` gets
+/// a [`Stop`] that resolves when the caller leaves or Baton shuts down.
+///
+/// The acquisition runs in the caller's task, boxed: a caller that leaves mid-call drops this
+/// future, which moves the unfinished acquisition into a task of its own, signals its `Stop`, and
+/// lets it finish (a script call in flight is seen through) before handing a grant to `orphan`.
+/// Calls that complete pay no task of their own.
 pub async fn detached<T, A, AF, R, RF>(
     shutdown: &CancellationToken,
     acquire: A,
@@ -107,29 +109,72 @@ pub async fn detached<T, A, AF, R, RF>(
 ) -> Result<T, Error>
 where
     T: Send + 'static,
-    A: FnOnce(Stop) -> AF + Send + 'static,
-    AF: Future<Output = Result<T, Error>> + Send,
+    A: FnOnce(Stop) -> AF,
+    AF: Future<Output = Result<T, Error>> + Send + 'static,
     R: FnOnce(T) -> RF + Send + 'static,
-    RF: Future<Output = ()> + Send,
+    RF: Future<Output = ()> + Send + 'static,
 {
-    let (mut tx, rx) = oneshot::channel::<Result<T, Error>>();
     let gone = CancellationToken::new();
     let stop = stop(gone.clone().cancelled_owned(), shutdown.clone());
-    tokio::spawn(async move {
-        let work = acquire(stop);
-        tokio::pin!(work);
-        let result = loop {
-            tokio::select! {
-                r = &mut work => break r,
-                () = tx.closed(), if !gone.is_cancelled() => gone.cancel(),
-            }
-        };
-        if let Err(Ok(value)) = tx.send(result) {
-            orphan(value).await;
+    let mut unfinished = Unfinished {
+        work: Some(Box::pin(acquire(stop))),
+        orphan: Some(orphan),
+        gone,
+    };
+    let result = std::future::poll_fn(|cx| match unfinished.work.as_mut() {
+        Some(work) => work.as_mut().poll(cx),
+        None => std::task::Poll::Ready(Err(Error::Internal(
+            "the acquisition was polled after it ended".into(),
+        ))),
+    })
+    .await;
+    unfinished.work = None;
+    result
+}
+
+/// An acquisition, boxed so that it can move to a task of its own.
+type Work<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send>>;
+
+/// An acquisition still running in a caller's task; dropped before it ends (the caller left), it
+/// finishes in a task of its own and hands a grant to its orphan handler.
+struct Unfinished<T: Send + 'static, R: Orphan<T>> {
+    work: Option<Work<T>>,
+    orphan: Option<R>,
+    gone: CancellationToken,
+}
+
+/// What to do with a grant whose caller left: release it.
+trait Orphan<T>: Send + 'static {
+    /// Finishes `work` in a task of its own and hands what it grants to this handler.
+    fn finish(self, work: Work<T>);
+}
+
+impl<T, R, RF> Orphan<T> for R
+where
+    T: Send + 'static,
+    R: FnOnce(T) -> RF + Send + 'static,
+    RF: Future<Output = ()> + Send + 'static,
+{
+    fn finish(self, work: Work<T>) {
+        // Without a runtime (the process is ending) the acquisition is dropped: a grant it may
+        // have made ends at its ttl.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Ok(value) = work.await {
+                    self(value).await;
+                }
+            });
         }
-    });
-    rx.await
-        .map_err(|_| Error::Internal("the acquisition task ended without an answer".into()))?
+    }
+}
+
+impl<T: Send + 'static, R: Orphan<T>> Drop for Unfinished<T, R> {
+    fn drop(&mut self) {
+        if let (Some(work), Some(orphan)) = (self.work.take(), self.orphan.take()) {
+            self.gone.cancel();
+            orphan.finish(work);
+        }
+    }
 }
 
 /// Opens a `Hold` stream: runs `acquire` in its own task, sends its first event, then keeps the
