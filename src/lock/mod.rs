@@ -128,15 +128,16 @@ pub struct LockKeys {
 impl LockKeys {
     /// The keys of lock `name` under `prefix`.
     pub fn new(prefix: &str, name: &str) -> Self {
-        let state = format!("{prefix}{{lock:{name}}}");
+        // Concatenated rather than formatted: built twice per call.
+        let state = [prefix, "{lock:", name, "}"].concat();
         Self {
-            fence: format!("{state}:fence"),
-            waiters: format!("{state}:waiters"),
-            channel: format!("{state}:released"),
-            readers: format!("{state}:readers"),
-            shared: format!("{state}:shared"),
-            queue: format!("{state}:queue"),
-            writers: format!("{state}:writers"),
+            fence: [state.as_str(), ":fence"].concat(),
+            waiters: [state.as_str(), ":waiters"].concat(),
+            channel: [state.as_str(), ":released"].concat(),
+            readers: [state.as_str(), ":readers"].concat(),
+            shared: [state.as_str(), ":shared"].concat(),
+            queue: [state.as_str(), ":queue"].concat(),
+            writers: [state.as_str(), ":writers"].concat(),
             state,
         }
     }

@@ -86,14 +86,15 @@ pub struct SemaphoreKeys {
 impl SemaphoreKeys {
     /// The keys of semaphore `name` under `prefix`.
     pub fn new(prefix: &str, name: &str) -> Self {
-        let data = format!("{prefix}{{sem:{name}}}");
+        // Concatenated rather than formatted: built twice per call.
+        let data = [prefix, "{sem:", name, "}"].concat();
         Self {
-            holders: format!("{data}:holders"),
-            limits: format!("{data}:limits"),
-            queue: format!("{data}:queue"),
-            waiters: format!("{data}:waiters"),
-            fence: format!("{data}:fence"),
-            channel: format!("{data}:released"),
+            holders: [data.as_str(), ":holders"].concat(),
+            limits: [data.as_str(), ":limits"].concat(),
+            queue: [data.as_str(), ":queue"].concat(),
+            waiters: [data.as_str(), ":waiters"].concat(),
+            fence: [data.as_str(), ":fence"].concat(),
+            channel: [data.as_str(), ":released"].concat(),
             data,
         }
     }
