@@ -1186,7 +1186,7 @@ impl Worker {
             .arg(millis(baton::semaphore::FENCE_RETENTION));
         let reply: Vec<Value> = bounded("acquire.lua", invocation.invoke_async(conn)).await?;
         match reply.as_slice() {
-            [granted, _, _, _] if int(granted)? == 1 => Ok(Try2::Granted),
+            [granted, ..] if int(granted)? == 1 => Ok(Try2::Granted),
             [_, _available, _expiry, wake] => Ok(Try2::Busy(
                 lease_ms(int(wake)?).map(|w| w + Duration::from_millis(1)),
             )),
@@ -2022,7 +2022,7 @@ impl Report<'_> {
             let _ = writeln!(md, "#### Contention\n");
             let _ = writeln!(
                 md,
-                "Every client loops: acquire (waiting up to {} s) → release at once. Handoff: from the moment a holder is about to send its release to the moment the next grant's reply arrives (at any client; \"to another\" leaves out grants to the client that just released). Re-grants: the share of grants that went to the client that released last. Jain's index of the grants per client: 1 is perfectly even. Non-fair: every release is one broadcast; a direct client tries again on each, a Baton wakes one of its exclusive waiters (a semaphore's: all of them); fair: waiters queue in arrival order and a release wakes the queue's head alone. Script calls and PUBLISH are per grant. Call latency covers both calls of each cycle, the acquisitions with their wait.\n",
+                "Every client loops: acquire (waiting up to {} s) → release at once. Handoff: from the moment a holder is about to send its release to the moment the next grant's reply arrives (at any client; \"to another\" leaves out grants to the client that just released). Re-grants: the share of grants that went to the client that released last. Jain's index of the grants per client: 1 is perfectly even. Non-fair: every release is one broadcast; a direct client tries again on each, a Baton wakes one of its exclusive waiters (of a semaphore's single-permit waiters, one, who wakes the next while permits are left); fair: waiters queue in arrival order and a release wakes the queue's head alone. Script calls and PUBLISH are per grant. Call latency covers both calls of each cycle, the acquisitions with their wait.\n",
                 CONTENDED_WAIT.as_secs(),
             );
             md.push_str("| scenario | clients | side | grants/s | Baton / direct | call p50 µs | call p99 µs | handoff p50 µs | handoff p99 µs | handoff to another p50 / p99 µs | re-grants | Jain's index | timeouts | script calls / grant | PUBLISH / grant | CPU % Baton / Redis / load gen |\n");

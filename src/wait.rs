@@ -22,6 +22,9 @@ use crate::{
 pub enum Attempt<T> {
     /// A final answer (usually: granted).
     Done(T),
+    /// A final answer that leaves some of what was released for others: a relay wake-up
+    /// ([`Wake::Relay`]) goes on to the next local relay waiter.
+    Passing(T),
     /// Busy: `answer` is what to return if the deadline passes first; `retry_in` is the fallback
     /// for trying again without a release message (`None`: only on a message or at the deadline).
     Busy {
@@ -74,6 +77,10 @@ where
         subscription.settle();
         let (answer, retry_in) = match outcome {
             Attempt::Done(value) => return Ok(value),
+            Attempt::Passing(value) => {
+                subscription.pass_on();
+                return Ok(value);
+            }
             Attempt::Busy { answer, retry_in } => (answer, retry_in),
         };
         let now = Instant::now();

@@ -1938,6 +1938,65 @@ async fn release_wakes_a_waiter_within_50ms() {
     }
 }
 
+/// A release wakes only as many local waiters as it freed permits: with a 3-permit holder of a
+/// limit-3 semaphore and five non-fair single-permit waiters on one Baton, its release lets three
+/// in, each woken by the one before it, which had permits left over; Redis runs the release and
+/// exactly three acquisitions, and the other two waiters are not woken at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_as_many_waiters_as_it_frees_permits() {
+    const WAITERS: usize = 5;
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.semaphore_client().await;
+    let mut conn = redis.conn().await;
+    let name = "cascade";
+
+    let holder = acquired(&mut client, request(name, 3, 3, 30_000)).await;
+    let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..WAITERS {
+        let mut c = baton.semaphore_client().await;
+        let granted = granted_tx.clone();
+        waiters.spawn(async move {
+            let response = acquire(&mut c, waiting(name, 3, 1, 30_000, 20_000, false)).await;
+            let _ = granted.send(response.acquired);
+        });
+    }
+    wait_for_waiters(&client, name, WAITERS as u32).await;
+    // Each waiter tries once more once subscribed: let those attempts run before counting.
+    let mut last = conn.command_calls("evalsha").await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = conn.command_calls("evalsha").await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+
+    conn.reset_stats().await;
+    assert!(release(&mut client, name, &holder.token).await);
+    for i in 0..3 {
+        let acquired = within(Duration::from_secs(2), granted_rx.recv(), "a grant")
+            .await
+            .expect("a waiter's answer");
+        assert!(acquired, "grant {i}");
+    }
+    // Anyone else woken would run its acquisition script now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        granted_rx.try_recv().is_err(),
+        "only three permits were freed"
+    );
+    let scripts = conn.command_calls("evalsha").await;
+    waiters.abort_all();
+    assert_eq!(
+        scripts, 4,
+        "the release and three acquisitions, no waiter woken in vain"
+    );
+}
+
 /// A fair waiter whose caller gives up leaves the queue: when the head (waiting for 2 permits,
 /// with 1 free) is cancelled, the waiter behind it (for 1) is granted at once, with no release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

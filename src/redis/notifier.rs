@@ -402,6 +402,12 @@ impl Subscription {
         self.owes = false;
     }
 
+    /// What woke this relay subscription is not used up (a semaphore has permits left after its
+    /// grant): dropping it wakes the next relay waiter. No effect on other subscriptions.
+    pub fn pass_on(&mut self) {
+        self.owes = self.relay.is_some();
+    }
+
     /// Waits for a notification newer than the last [`arm`](Self::arm).
     pub async fn notified(&mut self) {
         // The senders live in the channel map for as long as this subscription exists, so

@@ -5,7 +5,7 @@
 -- ARGV[6] waiter id ('' when the caller does not wait)   ARGV[7] '1' for fair
 -- ARGV[8] wait left ms   ARGV[9] fair queue registration lease ms   ARGV[10] fence retention ms
 --
--- Returns {1, fence, remaining ms, limit in force} when granted, or
+-- Returns {1, fence, remaining ms, limit in force, permits still available} when granted, or
 -- {0, permits available, ms until the earliest holder lease ends, ms until that or the earliest
 -- waiter registration ends} (-1: none).
 local token, owner = ARGV[1], ARGV[2]
@@ -62,7 +62,7 @@ if turn and used + permits <= strictest then
     end
   end
   touch(now)
-  return {1, fence, ttl, strictest}
+  return {1, fence, ttl, strictest, strictest - used - permits}
 end
 
 if waiter ~= '' and wait_ms > 0 and not fair then

@@ -45,7 +45,7 @@ use crate::{
     error::Error,
     lease::{Renewable, batch::Batcher},
     redis::{
-        Ack, Notifier, Redis,
+        Ack, Notifier, Redis, Wake,
         reply::{int, millis, ms, string, unexpected},
     },
     wait::{self, Attempt},
@@ -146,6 +146,8 @@ pub struct Permit {
     pub permits: u32,
     /// The limit in force for the grant.
     pub limit: u32,
+    /// Permits still available under that limit right after the grant (others may take them).
+    pub left: u32,
     /// The owner label.
     pub owner: String,
     /// When the successful script call was sent: the lease lasts at least until
@@ -311,9 +313,18 @@ impl Semaphores {
 
         let waiter = Uuid::new_v4().simple().to_string();
         let renew_place = QUEUE_LEASE / 3;
-        let waited = wait::until(
+        // A release frees at least one permit: it wakes one local non-fair single-permit waiter,
+        // who passes the wake on when it leaves permits over. Fair waiters and those asking for
+        // several permits (who may not fit where a single one does) wake on every message.
+        let wake = if !request.fair && request.permits == 1 {
+            Wake::Relay
+        } else {
+            Wake::Every
+        };
+        let waited = wait::until_as(
             &self.inner.notifier,
             &keys.channel,
+            wake,
             deadline,
             stop,
             |left| {
@@ -321,6 +332,10 @@ impl Semaphores {
                     self.try_acquire(&keys, request, &owner, &token, Some((&waiter, left)));
                 async move {
                     Ok(match attempt.await? {
+                        // Permits left over go to the next local waiter a release woke.
+                        Ok(permit) if permit.left > 0 => {
+                            Attempt::Passing(Acquired::Granted(permit))
+                        }
                         Ok(permit) => Attempt::Done(Acquired::Granted(permit)),
                         Err(busy) => {
                             // Leases and registrations end without a message; one more
@@ -397,7 +412,7 @@ impl Semaphores {
             Err(e) => return Err(e),
         };
         match reply.as_slice() {
-            [granted, fence, remaining, limit] if int(granted)? == 1 => Ok(Ok(Permit {
+            [granted, fence, remaining, limit, left] if int(granted)? == 1 => Ok(Ok(Permit {
                 name: request.name.clone(),
                 token: token.to_owned(),
                 fencing_token: u64::try_from(int(fence)?)
@@ -405,6 +420,7 @@ impl Semaphores {
                 remaining: ms(int(remaining)?).unwrap_or(request.ttl),
                 permits: request.permits,
                 limit: u32::try_from(int(limit)?).unwrap_or(request.limit),
+                left: u32::try_from(int(left)?).unwrap_or(0),
                 owner: owner.to_owned(),
                 sent_at,
             })),
