@@ -343,6 +343,10 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
         }
     };
     let quiet = Duration::from_millis(200);
+    // Once connected, the notifier wakes every subscription it has (messages may have been
+    // missed before): let that happen before the subscriptions under test exist.
+    let _connected = notifier.subscribe("warm-up").await.expect("subscribe");
+    tokio::time::sleep(quiet).await;
 
     // Round robin: three messages wake each of three relay waiters once, and the plain
     // subscription every time.
