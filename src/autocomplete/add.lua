@@ -44,43 +44,6 @@ local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
 local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 local top = base .. ':top'
-local CHUNK = 1000
-
--- Runs `cmd key args...` in chunks (args holds `width`-argument groups).
-local function batched(cmd, key, args, width)
-  local step = CHUNK * width
-  for first = 1, #args, step do
-    call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
-  end
-end
-
--- The values of `fields` in hash `key`, as a table field -> value (false when missing).
-local function hash_values(key, fields)
-  local values = {}
-  for first = 1, #fields, CHUNK do
-    local last = math.min(first + CHUNK - 1, #fields)
-    local got = call('HMGET', key, unpack(fields, first, last))
-    for i = first, last do
-      values[fields[i]] = got[i - first + 1]
-    end
-  end
-  return values
-end
-
--- Appends `item` to the list `lists[name]`, noting new names in `order`.
-local function group(lists, order, name, item)
-  local list = lists[name]
-  if list == nil then
-    list = {}
-    lists[name] = list
-    order[#order + 1] = name
-  end
-  list[#list + 1] = item
-end
-
-local function id_of(member)
-  return sub(member, find(member, '\0', 1, true) + 1)
-end
 
 -- The entries (their first argument's index); terms: one state per distinct id, in order of
 -- first entry.

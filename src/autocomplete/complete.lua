@@ -56,10 +56,6 @@ local WORD_CAP, MERGE_CAP = 256, 32
 
 local out, kinds = {}, {} -- lex members of the results, and how they matched
 
-local function id_of(lexm)
-  return string.sub(lexm, string.find(lexm, '\0', 1, true) + 1)
-end
-
 local function from(lo)
   return pos ~= '' and '(' .. pos or lo
 end

@@ -393,9 +393,14 @@ impl Autocomplete {
         Self {
             inner: Arc::new(Inner {
                 redis,
-                add: Script::new(concat!(include_str!("rank.lua"), include_str!("add.lua"))),
+                add: Script::new(concat!(
+                    include_str!("rank.lua"),
+                    include_str!("write.lua"),
+                    include_str!("add.lua")
+                )),
                 remove: Script::new(concat!(
                     include_str!("rank.lua"),
+                    include_str!("write.lua"),
                     include_str!("remove.lua")
                 )),
                 complete: Script::new(concat!(

@@ -86,6 +86,11 @@ local function ranked_prefixes(key, depth)
   return list
 end
 
+-- The id (display text) of a lex member "<key>\0<id>" (or of a ranked member, which ends so).
+local function id_of(member)
+  return sub(member, find(member, '\0', 1, true) + 1)
+end
+
 -- The first n characters of key, or nil when it has fewer.
 local function first_chars(key, n)
   local count = 0

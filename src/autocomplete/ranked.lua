@@ -75,7 +75,7 @@ elseif redis.call('ZLEXCOUNT', lex, '[' .. q, hi) <= heavy then
   if #members > 0 then
     local ids = {}
     for i, m in ipairs(members) do
-      ids[i] = sub(m, find(m, '\0', 1, true) + 1)
+      ids[i] = id_of(m)
     end
     local values = redis.call('HMGET', data, unpack(ids))
     local ranked = {}

@@ -14,24 +14,6 @@
 -- Returns {removed, term count}.
 local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
 local base, low, max_depth = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local CHUNK = 1000
-
-local function batched(cmd, key, args)
-  for first = 1, #args, CHUNK do
-    redis.call(cmd, key, unpack(args, first, math.min(first + CHUNK - 1, #args)))
-  end
-end
-
--- Appends `item` to the list `lists[name]`, noting new names in `order`.
-local function group(lists, order, name, item)
-  local list = lists[name]
-  if list == nil then
-    list = {}
-    lists[name] = list
-    order[#order + 1] = name
-  end
-  list[#list + 1] = item
-end
 
 -- The terms, each once, and the values of those there are.
 local terms, seen, ids = {}, {}, {}
@@ -135,14 +117,7 @@ end
 for _, d in ipairs(deep_order) do
   fields[#fields + 1] = d.name
 end
-local has = {}
-for first = 1, #fields, CHUNK do
-  local last = math.min(first + CHUNK - 1, #fields)
-  local got = redis.call('HMGET', heavy_set, unpack(fields, first, last))
-  for i = first, last do
-    has[fields[i]] = got[i - first + 1]
-  end
-end
+local has = hash_values(heavy_set, fields)
 for l, level in ipairs(levels) do
   for _, g in ipairs(level) do
     if has[g.name] then
