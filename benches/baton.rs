@@ -1473,6 +1473,52 @@ async fn existing_locks(conn: &mut MultiplexedConnection, prefix: &str, n: usize
     left
 }
 
+/// What one side's lease window measured.
+struct LeaseWindow {
+    open_secs: f64,
+    renewals: u64,
+    usage: Usage,
+    failures: Vec<String>,
+}
+
+/// The part both lease sides share: waits until all `n` leases are held (`ready` once each),
+/// counts renewals and CPU over the lease window, then stops the side's tasks and collects their
+/// failures. `what`: the wait's name, a task's name and the side's leases in messages.
+async fn lease_window(
+    options: &Options,
+    probe: &mut Probe,
+    (started, ready, n): (Instant, &mut tokio::sync::mpsc::Receiver<()>, usize),
+    (tasks, stop): (&mut JoinSet<Result<(), String>>, &CancellationToken),
+    renewals: &AtomicU64,
+    (opening, task, side): (&str, &str, &str),
+) -> LeaseWindow {
+    for _ in 0..n {
+        within(Duration::from_secs(120), ready.recv(), opening).await;
+    }
+    let open_secs = started.elapsed().as_secs_f64();
+    let mark = probe.mark().await;
+    let before = renewals.load(Ordering::Relaxed);
+    sleep(options.lease_window()).await;
+    let received = renewals.load(Ordering::Relaxed) - before;
+    let usage = probe.usage(mark).await;
+    stop.cancel();
+    let mut failures = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined.unwrap_or_else(|e| panic!("{task}: {e}")) {
+            failures.push(e);
+        }
+    }
+    if let Some(e) = failures.first() {
+        eprintln!("{} {side} failed, first: {e}", failures.len());
+    }
+    LeaseWindow {
+        open_secs,
+        renewals: received,
+        usage,
+        failures,
+    }
+}
+
 /// Holds `options.leases` locks through `Hold` streams, measures a window of renewals, then
 /// drops the streams and checks Baton released them all.
 async fn leases_through_baton(
@@ -1531,30 +1577,15 @@ async fn leases_through_baton(
         });
     }
     drop(ready_tx);
-    for _ in 0..n {
-        within(
-            Duration::from_secs(120),
-            ready_rx.recv(),
-            "every Hold stream to open",
-        )
-        .await;
-    }
-    let open_secs = started.elapsed().as_secs_f64();
-    let mark = probe.mark().await;
-    let before = renewals.load(Ordering::Relaxed);
-    sleep(options.lease_window()).await;
-    let received = renewals.load(Ordering::Relaxed) - before;
-    let usage = probe.usage(mark).await;
-    stop.cancel();
-    let mut failures = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(e) = joined.expect("a Hold task") {
-            failures.push(e);
-        }
-    }
-    if let Some(e) = failures.first() {
-        eprintln!("{} Hold streams failed, first: {e}", failures.len());
-    }
+    let window = lease_window(
+        options,
+        probe,
+        (started, &mut ready_rx, n),
+        (&mut tasks, &stop),
+        &renewals,
+        ("every Hold stream to open", "a Hold task", "Hold streams"),
+    )
+    .await;
     // Baton releases a lease as soon as its stream goes away.
     let released = tokio::time::timeout(Duration::from_secs(60), async {
         while existing_locks(&mut probe.admin, BATON_PREFIX, n).await > 0 {
@@ -1565,10 +1596,10 @@ async fn leases_through_baton(
     .is_ok();
     LeaseFig {
         acquired: acquired.load(Ordering::Relaxed),
-        open_secs,
-        renewals: received,
+        open_secs: window.open_secs,
+        renewals: window.renewals,
         released,
-        usage,
+        usage: window.usage,
     }
 }
 
@@ -1649,38 +1680,27 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
         });
     }
     drop(ready_tx);
-    for _ in 0..n {
-        within(
-            Duration::from_secs(120),
-            ready_rx.recv(),
+    let window = lease_window(
+        options,
+        probe,
+        (started, &mut ready_rx, n),
+        (&mut tasks, &stop),
+        &renewals,
+        (
             "every direct lease to be acquired",
-        )
-        .await;
-    }
-    let open_secs = started.elapsed().as_secs_f64();
-    let mark = probe.mark().await;
-    let before = renewals.load(Ordering::Relaxed);
-    sleep(options.lease_window()).await;
-    let received = renewals.load(Ordering::Relaxed) - before;
-    let usage = probe.usage(mark).await;
-    stop.cancel();
-    let mut failures = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(e) = joined.expect("a lease task") {
-            failures.push(e);
-        }
-    }
-    if let Some(e) = failures.first() {
-        eprintln!("{} direct leases failed, first: {e}", failures.len());
-    }
+            "a lease task",
+            "direct leases",
+        ),
+    )
+    .await;
     let released =
-        failures.is_empty() && existing_locks(&mut probe.admin, DIRECT_PREFIX, n).await == 0;
+        window.failures.is_empty() && existing_locks(&mut probe.admin, DIRECT_PREFIX, n).await == 0;
     LeaseFig {
         acquired: acquired.load(Ordering::Relaxed),
-        open_secs,
-        renewals: received,
+        open_secs: window.open_secs,
+        renewals: window.renewals,
         released,
-        usage,
+        usage: window.usage,
     }
 }
 
