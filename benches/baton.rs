@@ -2340,45 +2340,6 @@ impl Report<'_> {
     }
 }
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        })
-        .map_or_else(String::new, |kb| format!(", {:.0} GiB", kb / 1048576.0));
-    let output = |cmd: &str, args: &[&str]| {
-        std::process::Command::new(cmd)
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
-    };
-    let redis = output("redis-server", &["--version"]);
-    let redis = redis
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("v="))
-        .unwrap_or("?")
-        .to_owned();
-    format!(
-        "{cores} cores ({cpu}){memory}, Linux {}, Redis {redis}, {}",
-        output("uname", &["-r"]),
-        output("rustc", &["--version"])
-    )
-}
-
 // ---------------------------------------------------------------------------------------------
 // The smoke run's checks
 // ---------------------------------------------------------------------------------------------
@@ -2519,7 +2480,7 @@ fn main() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
-    let machine = machine();
+    let machine = support::machine();
     eprintln!("baton bench: {machine}; load average {}", load_average());
     let mut repeats = Vec::with_capacity(options.repeat);
     for i in 0..options.repeat {

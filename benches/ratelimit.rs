@@ -122,25 +122,6 @@ fn key(worker: usize, n: u64) -> String {
     )
 }
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    let redis = std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    format!("{cores} cores, {cpu}; {redis}")
-}
-
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let env_number = |name: &str, default: u64| {
@@ -183,7 +164,7 @@ async fn run(full: bool, duration: Duration, concurrency: usize, pool: usize) {
         "rate limit benchmark: GCRA Check, {concurrency} concurrent callers, {:?} per side, {KEYS} keys, {pool} Redis connections per side",
         duration
     );
-    println!("machine: {}", machine());
+    println!("machine: {}", support::machine());
 
     // Direct: the same script on the same Redis, over as many multiplexed connections as Baton's
     // pool, with the same arguments Baton sends.

@@ -1305,3 +1305,44 @@ pub fn remaining(d: &Option<prost_types::Duration>, what: &str) -> Duration {
 pub fn random_token() -> String {
     uuid::Uuid::new_v4().hyphenated().to_string()
 }
+
+/// The machine a benchmark ran on, for its report: cores, CPU model, memory, kernel, Redis and
+/// rustc versions.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or_else(String::new, |kb| format!(", {:.0} GiB", kb / 1048576.0));
+    let output = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let redis = output("redis-server", &["--version"]);
+    let redis = redis
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or("?")
+        .to_owned();
+    format!(
+        "{cores} cores ({cpu}){memory}, Linux {}, Redis {redis}, {}",
+        output("uname", &["-r"]),
+        output("rustc", &["--version"])
+    )
+}
