@@ -1014,8 +1014,7 @@ impl Worker {
         }
     }
 
-    /// One run of `acquire.lua` with the KEYS and ARGV Baton passes (exclusive, no owner: the
-    /// owner is the token).
+    /// One run of `acquire.lua` with the KEYS and ARGV Baton passes (exclusive, anonymous).
     async fn lock_try(
         &mut self,
         token: &str,
@@ -1026,9 +1025,9 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let mut invocation = call_of(&scripts.lock_acquire, &self.lock_keys.for_acquire());
+        let mut invocation = call_of(&scripts.lock_acquire, &self.lock_keys.all());
         invocation
-            .arg(token)
+            .arg("")
             .arg(token)
             .arg(millis(TTL))
             .arg(waiter)
@@ -1036,7 +1035,9 @@ impl Worker {
             .arg(millis(baton::lock::FENCE_RETENTION))
             .arg(if fair { "1" } else { "0" })
             .arg("x")
-            .arg(millis(baton::lock::QUEUE_LEASE));
+            .arg(millis(baton::lock::QUEUE_LEASE))
+            .arg("")
+            .arg(baton::lock::MAX_HOLDS);
         let reply: Vec<Value> = bounded("acquire.lua", invocation.invoke_async(conn)).await?;
         match reply.as_slice() {
             [granted, t, _fence, _remaining, _count, _mode] if int(granted)? == 1 => {
@@ -1059,7 +1060,7 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let mut invocation = call_of(&scripts.lock_abandon, &self.lock_keys.for_abandon());
+        let mut invocation = call_of(&scripts.lock_abandon, &self.lock_keys.all());
         invocation.arg(waiter);
         bounded("abandon.lua", invocation.invoke_async::<i64>(conn))
             .await
@@ -1079,8 +1080,8 @@ impl Worker {
                 }
             }
             Target::Direct { conn, scripts, .. } => {
-                let mut invocation = call_of(&scripts.lock_release, &self.lock_keys.for_release());
-                invocation.arg(token);
+                let mut invocation = call_of(&scripts.lock_release, &self.lock_keys.all());
+                invocation.arg(token).arg("0");
                 let reply: Vec<i64> = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if reply.first() == Some(&1) {
                     Ok(())
@@ -1122,6 +1123,7 @@ impl Worker {
                     wait_timeout: (!wait.is_zero()).then(|| ms(millis(wait))),
                     owner: String::new(),
                     fair: false,
+                    idempotency_key: String::new(),
                 }),
             )
             .await?
@@ -1175,7 +1177,7 @@ impl Worker {
         let mut invocation = Self::sem_invocation(&self.sem_keys, &scripts.sem_acquire);
         invocation
             .arg(token)
-            .arg(token)
+            .arg("")
             .arg(1u32)
             .arg(SEMAPHORE_LIMIT)
             .arg(millis(TTL))
@@ -1183,7 +1185,8 @@ impl Worker {
             .arg("0")
             .arg(millis(left))
             .arg(millis(baton::semaphore::QUEUE_LEASE))
-            .arg(millis(baton::semaphore::FENCE_RETENTION));
+            .arg(millis(baton::semaphore::FENCE_RETENTION))
+            .arg("");
         let reply: Vec<Value> = bounded("acquire.lua", invocation.invoke_async(conn)).await?;
         match reply.as_slice() {
             [granted, ..] if int(granted)? == 1 => Ok(Try2::Granted),
@@ -1214,7 +1217,7 @@ impl Worker {
             }
             Target::Direct { conn, scripts, .. } => {
                 let mut invocation = Self::sem_invocation(&self.sem_keys, &scripts.sem_release);
-                invocation.arg(token);
+                invocation.arg(token).arg("0");
                 let held: i64 = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if held == 1 {
                     Ok(())
@@ -1631,9 +1634,9 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
             let keys = LockKeys::new(DIRECT_PREFIX, &format!("lease-{i}"));
             let token = token();
             let permit = opening.acquire_owned().await.expect("open semaphore");
-            let mut invocation = call_of(&scripts.lock_acquire, &keys.for_acquire());
+            let mut invocation = call_of(&scripts.lock_acquire, &keys.all());
             invocation
-                .arg(&token)
+                .arg("")
                 .arg(&token)
                 .arg(millis(ttl))
                 .arg("")
@@ -1641,7 +1644,9 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
                 .arg(millis(baton::lock::FENCE_RETENTION))
                 .arg("0")
                 .arg("x")
-                .arg(millis(baton::lock::QUEUE_LEASE));
+                .arg(millis(baton::lock::QUEUE_LEASE))
+                .arg("")
+                .arg(baton::lock::MAX_HOLDS);
             let sent = Instant::now();
             let reply: Result<Vec<Value>, String> =
                 bounded("acquire.lua", invocation.invoke_async(&mut conn)).await;
@@ -1661,7 +1666,7 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
                     () = sleep_until(next) => {}
                 }
                 let sent = Instant::now();
-                let mut invocation = call_of(&scripts.lock_refresh, &keys.for_refresh());
+                let mut invocation = call_of(&scripts.lock_refresh, &keys.all());
                 invocation.arg(&token).arg(millis(ttl)).arg(0u64);
                 let remaining: i64 =
                     bounded("refresh.lua", invocation.invoke_async(&mut conn)).await?;
@@ -1669,8 +1674,8 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
                 renewals.fetch_add(1, Ordering::Relaxed);
                 next = sent + remaining / 3;
             }
-            let mut invocation = call_of(&scripts.lock_release, &keys.for_release());
-            invocation.arg(&token);
+            let mut invocation = call_of(&scripts.lock_release, &keys.all());
+            invocation.arg(&token).arg("0");
             bounded(
                 "release.lua",
                 invocation.invoke_async::<Vec<i64>>(&mut conn),

@@ -25,6 +25,11 @@ pub const DEFAULT_REDIS_COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
 pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
 /// Default time allowed for a graceful drain after SIGTERM or SIGINT.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default silence after which Baton pings a client over HTTP/2: a live client answers, so a
+/// stream's client that answers nothing for longer than its lease's ttl has stopped.
+pub const DEFAULT_CLIENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Default time a client has to answer a ping before its connection is closed.
+pub const DEFAULT_CLIENT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest key prefix accepted.
 pub const MAX_KEY_PREFIX_BYTES: usize = 128;
 /// Default time allowed for one rate limit decision's Redis call before the failure mode answers.
@@ -91,6 +96,14 @@ pub struct ServeArgs {
     /// Time allowed for a graceful drain on SIGTERM/SIGINT before stopping hard (e.g. 10s).
     #[arg(long, env = "BATON_DRAIN_TIMEOUT", default_value = "10s")]
     pub drain_timeout: String,
+    /// Silence after which Baton pings a client over HTTP/2 (e.g. 1s); 0 turns pings off. A
+    /// `Hold`/`KeepAlive` stream whose client answers nothing for longer than its lease's ttl (at
+    /// least two intervals) loses its lease.
+    #[arg(long, env = "BATON_CLIENT_KEEPALIVE_INTERVAL", default_value = "1s")]
+    pub client_keepalive_interval: String,
+    /// Time a client has to answer a ping before its connection is closed (e.g. 20s).
+    #[arg(long, env = "BATON_CLIENT_KEEPALIVE_TIMEOUT", default_value = "20s")]
+    pub client_keepalive_timeout: String,
     /// Log output format: `plain` or `json`.
     #[arg(long, env = "BATON_LOG_FORMAT", default_value = "plain")]
     pub log_format: String,
@@ -168,6 +181,10 @@ pub struct ServeConfig {
     pub redis: RedisConfig,
     /// Time allowed for a graceful drain before stopping hard.
     pub drain_timeout: Duration,
+    /// Silence after which clients are pinged over HTTP/2; `None`: never.
+    pub client_keepalive_interval: Option<Duration>,
+    /// Time a client has to answer a ping before its connection is closed.
+    pub client_keepalive_timeout: Duration,
     /// Log output format.
     pub log_format: LogFormat,
     /// Log filter in `tracing` syntax.
@@ -224,6 +241,8 @@ impl ServeConfig {
             socket: None,
             redis,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            client_keepalive_interval: Some(DEFAULT_CLIENT_KEEPALIVE_INTERVAL),
+            client_keepalive_timeout: DEFAULT_CLIENT_KEEPALIVE_TIMEOUT,
             log_format: LogFormat::Plain,
             log_filter: "info".to_owned(),
             ratelimit: RateLimitConfig::default(),
@@ -301,6 +320,29 @@ impl ServeConfig {
             &args.drain_timeout,
             Duration::ZERO,
             Duration::from_secs(600),
+        );
+        let client_keepalive_interval = duration(
+            &mut errors,
+            "--client-keepalive-interval / BATON_CLIENT_KEEPALIVE_INTERVAL",
+            &args.client_keepalive_interval,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        );
+        if !client_keepalive_interval.is_zero()
+            && client_keepalive_interval < Duration::from_millis(100)
+        {
+            errors.push(
+                "--client-keepalive-interval / BATON_CLIENT_KEEPALIVE_INTERVAL: below 100ms \
+                 (0 turns pings off)"
+                    .to_owned(),
+            );
+        }
+        let client_keepalive_timeout = duration(
+            &mut errors,
+            "--client-keepalive-timeout / BATON_CLIENT_KEEPALIVE_TIMEOUT",
+            &args.client_keepalive_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
         );
 
         let pool_size = match args.redis_pool_size.parse::<u32>() {
@@ -405,6 +447,9 @@ impl ServeConfig {
                 replica_ack_timeout,
             },
             drain_timeout,
+            client_keepalive_interval: (!client_keepalive_interval.is_zero())
+                .then_some(client_keepalive_interval),
+            client_keepalive_timeout,
             log_format,
             log_filter: args.log.clone(),
             ratelimit: RateLimitConfig {

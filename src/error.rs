@@ -31,6 +31,12 @@ pub enum Error {
     /// The caller went away (cancelled the call or disconnected) before the work finished.
     #[error("the caller cancelled the request")]
     Cancelled,
+    /// The answer could not reach the caller before its deadline; what the call did was undone.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// A bound on what one caller may hold was reached (e.g. holds of one lease).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// Something that should not happen (an unexpected Redis reply, a script error).
     #[error("internal error: {0}")]
     Internal(String),
@@ -84,6 +90,8 @@ impl From<Error> for Status {
                 Status::with_error_details(Code::Unavailable, message, details)
             }
             Error::Cancelled => Status::cancelled(message),
+            Error::DeadlineExceeded(_) => Status::deadline_exceeded(message),
+            Error::ResourceExhausted(_) => Status::resource_exhausted(message),
             Error::Internal(_) => Status::internal(message),
         }
     }

@@ -9,17 +9,24 @@ use std::{
     io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
+    pin::Pin,
+    task::{Context, Poll},
     time::Duration,
 };
 
-use anyhow::Context;
+use anyhow::Context as _;
+use futures::TryStreamExt;
 use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, UnixListener, UnixStream},
     task::JoinSet,
 };
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Server, server::TcpIncoming};
+use tonic::transport::{
+    Server,
+    server::{Connected, TcpIncoming},
+};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::proto::v1::rate_limit_service_server::RateLimitServiceServer;
@@ -30,6 +37,7 @@ use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
 use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
 use crate::{
     config::ServeConfig,
+    lease::Liveness,
     lock::{Locks, service::LockApi},
     proto::{
         FILE_DESCRIPTOR_SET,
@@ -44,10 +52,6 @@ use crate::{
 
 /// How often readiness checks Redis with `PING`.
 pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
-/// Interval of HTTP/2 keepalive pings, which notice clients that vanished without closing.
-const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// Time allowed for a keepalive ping's answer.
-const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Health service names that follow Redis reachability.
 const READY_NAMES: &[&str] = &[
@@ -118,10 +122,14 @@ pub async fn serve(
         shutdown.child_token(),
     );
     let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
+    let pings = config.client_keepalive_interval;
     let locks = Locks::new(redis.clone(), notifier.clone());
-    let lock_api = LockApi::new(locks, shutdown.clone());
-    let semaphore_api =
-        SemaphoreApi::new(Semaphores::new(redis.clone(), notifier), shutdown.clone());
+    let lock_api = LockApi::new(locks, shutdown.clone(), pings);
+    let semaphore_api = SemaphoreApi::new(
+        Semaphores::new(redis.clone(), notifier),
+        shutdown.clone(),
+        pings,
+    );
 
     // Rate limit decisions use their own pool, bounded by the (tighter) rate limit timeout.
     let limiter = RateLimiter::connect(&config.redis, &config.ratelimit)?;
@@ -158,8 +166,8 @@ pub async fn serve(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         Ok(Server::builder()
-            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+            .http2_keepalive_interval(config.client_keepalive_interval)
+            .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .add_service(health.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -174,14 +182,17 @@ pub async fn serve(
     let mut socket_path = None;
     if let Some(tcp) = listeners.tcp {
         tracing::info!(addr = %tcp.local_addr()?, "serving gRPC over TCP");
-        let incoming = TcpIncoming::from(tcp).with_nodelay(Some(true));
+        let incoming = TcpIncoming::from(tcp)
+            .with_nodelay(Some(true))
+            .map_ok(Watched::new);
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
     }
     if let Some((unix, path)) = listeners.unix {
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
         let stop = shutdown.clone().cancelled_owned();
-        servers.spawn(router()?.serve_with_incoming_shutdown(UnixListenerStream::new(unix), stop));
+        let incoming = UnixListenerStream::new(unix).map_ok(Watched::new);
+        servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
         socket_path = Some(path);
     }
     if servers.is_empty() {
@@ -258,5 +269,93 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             }
             last = Some(status);
         }
+    }
+}
+
+/// What Baton attaches to every request about the connection it came on.
+#[derive(Debug, Clone)]
+pub struct ClientConn {
+    /// When the connection last received anything from the client.
+    pub liveness: Liveness,
+}
+
+/// The liveness of the connection `request` came on (absent for requests that did not come
+/// through Baton's own listeners).
+pub fn liveness<T>(request: &tonic::Request<T>) -> Option<Liveness> {
+    request
+        .extensions()
+        .get::<ClientConn>()
+        .map(|conn| conn.liveness.clone())
+}
+
+/// A client connection that records in its [`Liveness`] every time it receives bytes: a request,
+/// a frame of a stream, an answer to one of the server's HTTP/2 pings.
+pub struct Watched<IO> {
+    io: IO,
+    liveness: Liveness,
+}
+
+impl<IO> Watched<IO> {
+    /// Watches `io`, heard from now.
+    pub fn new(io: IO) -> Self {
+        Self {
+            io,
+            liveness: Liveness::new(),
+        }
+    }
+}
+
+impl<IO> Connected for Watched<IO> {
+    type ConnectInfo = ClientConn;
+
+    fn connect_info(&self) -> ClientConn {
+        ClientConn {
+            liveness: self.liveness.clone(),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.liveness.heard();
+        }
+        read
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -118,21 +118,50 @@ pub fn token(field: &'static str, value: &str) -> Result<uuid::Uuid, Error> {
         .ok_or_else(|| Error::invalid(field, "is not a token issued by Baton"))
 }
 
-/// Time kept free before the caller's deadline so that a "not acquired" answer still reaches it.
-pub const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+/// Smallest margin kept before a caller's deadline.
+pub const MIN_DEADLINE_MARGIN: Duration = Duration::from_millis(1);
+/// Largest margin kept before a caller's deadline.
+pub const MAX_DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 
-/// Cuts `wait` short so that a waiting call answers before the caller's gRPC deadline (taken
-/// from the `grpc-timeout` header, less [`DEADLINE_MARGIN`] or a fifth of it, whichever is less).
-pub fn fit_deadline(wait: Duration, metadata: &MetadataMap) -> Duration {
-    fit_wait(wait, deadline(metadata))
+/// The time kept free before a caller's `deadline` so that an answer sent by then still reaches
+/// it: a fifth of the deadline, within [`MIN_DEADLINE_MARGIN`] and [`MAX_DEADLINE_MARGIN`].
+pub fn deadline_margin(deadline: Duration) -> Duration {
+    (deadline / 5).clamp(MIN_DEADLINE_MARGIN, MAX_DEADLINE_MARGIN)
 }
 
-/// [`fit_deadline`] for a deadline already read with [`deadline`].
+/// Cuts `wait` short so that a waiting call answers before the caller's gRPC `deadline` (read
+/// with [`deadline`]): the wait ends two margins before it, one for the last attempt and one for
+/// the answer's way back.
 pub fn fit_wait(wait: Duration, deadline: Option<Duration>) -> Duration {
     match deadline {
-        Some(d) => wait.min(d.saturating_sub(DEADLINE_MARGIN.min(d / 5))),
+        Some(d) => wait.min(d.saturating_sub(2 * deadline_margin(d))),
         None => wait,
     }
+}
+
+/// Whether an answer ready `elapsed` after the call arrived would still reach a caller whose
+/// `deadline` was that long, with [`deadline_margin`] to spare.
+pub fn in_time(elapsed: Duration, deadline: Option<Duration>) -> bool {
+    deadline.is_none_or(|d| elapsed + deadline_margin(d) <= d)
+}
+
+/// An optional idempotency key: at most `max` bytes of ASCII letters, digits and `-_.:`.
+pub fn idempotency_key(
+    field: &'static str,
+    value: &str,
+    max: usize,
+) -> Result<Option<String>, Error> {
+    optional_text(field, value, max)?;
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(Error::invalid(
+            field,
+            format!("{bad:?} is not allowed: use letters, digits and -_.: only"),
+        ));
+    }
+    Ok((!value.is_empty()).then(|| value.to_owned()))
 }
 
 /// How long until the caller's gRPC deadline (`grpc-timeout` header), if it sent one.

@@ -1,4 +1,4 @@
-//! Baton on Redis Sentinel and Redis Cluster under failure (issue 7), with real processes
+//! Baton on Redis Sentinel and Redis Cluster under failure, with real processes
 //! (`tests/support/topology.rs`): a Sentinel failover during contention, fencing with
 //! `--min-replicas-ack`, a live slot migration while locks are held and waited for, the keepalive
 //! cost per Cluster node, and a Cluster master failover. Every figure is printed; run with
@@ -1101,20 +1101,24 @@ async fn cluster_slot_migration_keeps_holders_and_waiters() {
     .await;
     assert_eq!(shard_subscribers(&cluster, from.port, &channel).await, 1);
 
-    // Half-moved: the slot is MIGRATING on its owner and IMPORTING on the target, and half its
-    // keys are on each side.
-    let mut migration = cluster.begin_migration(slot, to.port).await;
+    // Half-moved: the slot is MIGRATING on its owner and IMPORTING on the target, and every lock
+    // and semaphore of the slot has keys on each side (a lock's leases set and a semaphore's
+    // holders set moved, their hashes not yet), so every script on them meets TRYAGAIN until the
+    // migration ends.
     let keys: u64 = redis::cmd("CLUSTER")
         .arg("COUNTKEYSINSLOT")
         .arg(slot)
         .query_async(&mut cluster.node_client(from.port).await)
         .await
         .expect("COUNTKEYSINSLOT");
-    let half = usize::try_from(keys / 2).expect("a key count");
-    let mut moved = 0;
-    while moved < half {
-        moved += migration.move_keys(half - moved).await;
-    }
+    let mut migration = cluster.begin_migration(slot, to.port).await;
+    let half = migration
+        .move_keys_where(|key| key.ends_with(":leases") || key.ends_with(":holders"))
+        .await;
+    assert!(
+        half >= 5,
+        "the slot's locks and semaphore have their sets: {half} of {keys}"
+    );
     let half_moved_at = Instant::now();
     let refused_before =
         tryagain_errors(&cluster, from.port).await + tryagain_errors(&cluster, to.port).await;

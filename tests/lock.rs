@@ -258,10 +258,7 @@ async fn acquire_grants_a_complete_lease() {
     assert!((9_000..=10_000).contains(&ttl), "PTTL {key} = {ttl}");
 
     let anonymous = acquired(&mut client, "anonymous", 10_000, None, "").await;
-    assert!(
-        !anonymous.owner.is_empty(),
-        "an empty owner is replaced by a generated one"
-    );
+    assert_eq!(anonymous.owner, "", "an anonymous lease has no owner");
     assert_ne!(anonymous.token, lease.token);
     assert!(uuid::Uuid::parse_str(&anonymous.token).is_ok());
 }
@@ -801,8 +798,9 @@ async fn retried_release_is_harmless() {
 // Semantics
 // ---------------------------------------------------------------------------------------------
 
-/// The same owner acquiring three times gets hold counts 1, 2, 3 with one token and one fencing
-/// token; releases count down 2, 1, 0, and another owner gets the lock only after the last.
+/// The same owner acquiring three times gets hold counts 1, 2, 3 with one fencing token and a
+/// token per hold; releasing each hold counts down 2, 1, 0 (a token releases its own hold once),
+/// and another owner gets the lock only after the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentrant_acquires_count_holds() {
     let redis = RedisServer::start().await;
@@ -816,7 +814,9 @@ async fn reentrant_acquires_count_holds() {
         assert_eq!(lease.owner, "worker-1");
         leases.push(lease);
     }
-    assert!(leases.iter().all(|l| l.token == leases[0].token));
+    let mut tokens: Vec<&str> = leases.iter().map(|l| l.token.as_str()).collect();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "every hold has a token of its own");
     assert!(
         leases
             .iter()
@@ -824,15 +824,16 @@ async fn reentrant_acquires_count_holds() {
     );
     assert_eq!(describe(&mut client, "orders").await.hold_count, 3);
 
-    let token = leases[0].token.clone();
-    for expected in [2, 1] {
-        let released = release(&mut client, "orders", &token).await;
+    for (lease, expected) in leases.iter().zip([2, 1]) {
+        let released = release(&mut client, "orders", &lease.token).await;
         assert!(released.was_held);
         assert_eq!(released.remaining_holds, expected);
+        let again = release(&mut client, "orders", &lease.token).await;
+        assert!(!again.was_held, "a token releases its own hold only once");
         let other = acquire(&mut client, "orders", 10_000, None, "worker-2").await;
         assert!(!other.acquired, "{expected} holds left: {other:?}");
     }
-    let last = release(&mut client, "orders", &token).await;
+    let last = release(&mut client, "orders", &leases[2].token).await;
     assert!(last.was_held);
     assert_eq!(last.remaining_holds, 0);
     let other = acquired(&mut client, "orders", 10_000, None, "worker-2").await;
@@ -2512,9 +2513,9 @@ async fn a_writer_is_not_starved_by_readers() {
     }
 }
 
-/// Reentrancy per owner in both modes: a shared owner asking again gets one more hold of its own
-/// shared lease; an exclusive owner asking for it shared gets one more hold of its exclusive lease
-/// (reported EXCLUSIVE); releases count down.
+/// Reentrancy per owner in both modes: a shared owner asking again gets one more hold (a token of
+/// its own) of its own shared lease; an exclusive owner asking for it shared gets one more hold of
+/// its exclusive lease (reported EXCLUSIVE); releasing each hold counts down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentrancy_per_owner_in_both_modes() {
     let redis = RedisServer::start().await;
@@ -2524,7 +2525,7 @@ async fn reentrancy_per_owner_in_both_modes() {
     let first = granted(&mut client, "shared", 10_000, None, "reader", SHARED).await;
     let other = granted(&mut client, "shared", 10_000, None, "other", SHARED).await;
     let again = granted(&mut client, "shared", 20_000, None, "reader", SHARED).await;
-    assert_eq!(again.token, first.token);
+    assert_ne!(again.token, first.token);
     assert_eq!(again.fencing_token, first.fencing_token);
     assert_eq!(again.hold_count, 2);
     assert_eq!(again.mode(), pb::LockMode::Shared);
@@ -2535,14 +2536,14 @@ async fn reentrancy_per_owner_in_both_modes() {
     assert_eq!(describe(&mut client, "shared").await.shared_holders, 2);
     let r = release(&mut client, "shared", &first.token).await;
     assert_eq!((r.was_held, r.remaining_holds), (true, 1));
-    let r = release(&mut client, "shared", &first.token).await;
+    let r = release(&mut client, "shared", &again.token).await;
     assert_eq!((r.was_held, r.remaining_holds), (true, 0));
     assert_eq!(describe(&mut client, "shared").await.shared_holders, 1);
     release(&mut client, "shared", &other.token).await;
 
     let writer = granted(&mut client, "exclusive", 10_000, None, "writer", EXCLUSIVE).await;
     let read = granted(&mut client, "exclusive", 10_000, None, "writer", SHARED).await;
-    assert_eq!(read.token, writer.token);
+    assert_ne!(read.token, writer.token);
     assert_eq!(read.fencing_token, writer.fencing_token);
     assert_eq!(read.hold_count, 2);
     assert_eq!(read.mode(), pb::LockMode::Exclusive);
@@ -2563,7 +2564,7 @@ async fn reentrancy_per_owner_in_both_modes() {
         1
     );
     assert_eq!(
-        release(&mut client, "exclusive", &writer.token)
+        release(&mut client, "exclusive", &read.token)
             .await
             .remaining_holds,
         0
@@ -2795,9 +2796,7 @@ async fn every_lock_key_expires() {
     }
     let pattern = format!("{}*", baton.prefix());
     let keys = conn.keys(&pattern).await;
-    for suffix in [
-        ":fence", ":readers", ":shared", ":waiters", ":queue", ":writers",
-    ] {
+    for suffix in [":fence", ":leases", ":waiters", ":queue", ":writers"] {
         assert!(
             keys.iter().any(|k| k.ends_with(suffix)),
             "no {suffix} key among {keys:?}"
@@ -2930,7 +2929,13 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
         (lock_d, unknown.as_str(), Some(Duration::from_secs(20))),
     ];
     reset_stats(&mut conn).await;
-    let renewed = locks.refresh_many(&batch).await.expect("refresh_many");
+    let renewed: Vec<Option<Duration>> = locks
+        .refresh_many(&batch)
+        .await
+        .expect("refresh_many")
+        .into_iter()
+        .map(|renewal| renewal.expect("no renewal fails in the script"))
+        .collect();
     assert_eq!(
         command_calls(&mut conn, "evalsha").await,
         1,

@@ -323,8 +323,9 @@ async fn woken(sub: &mut Subscription, timeout: Duration) -> bool {
 }
 
 /// A message wakes every plain subscription of its channel and one relay subscription, each in
-/// turn; a relay waiter that leaves before acting on its wake passes it to the next, and one that
-/// acted on it (armed, checked, settled) does not.
+/// turn; a relay waiter that leaves before acting on its wake passes it to the next (also one
+/// woken while it waited whose check then failed), and one that acted on it (armed, checked,
+/// settled) does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_wakes_one_relay_waiter_in_turn() {
     let redis = RedisServer::start().await;
@@ -433,4 +434,28 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
             "{channel}: the next waiter woken"
         );
     }
+
+    // A waiter that was woken while it waited, armed for its check, and left when the check
+    // failed (an error, not an answer) passes the wake on.
+    let mut first = notifier
+        .subscribe_as("failed", Wake::Relay)
+        .await
+        .expect("subscribe");
+    let mut second = notifier
+        .subscribe_as("failed", Wake::Relay)
+        .await
+        .expect("subscribe");
+    first.arm();
+    second.arm();
+    publish("failed").await;
+    assert!(
+        woken(&mut first, Duration::from_secs(2)).await,
+        "the front waiter"
+    );
+    first.arm();
+    drop(first);
+    assert!(
+        woken(&mut second, Duration::from_secs(2)).await,
+        "the wake of a waiter whose check failed is passed on"
+    );
 }

@@ -48,6 +48,7 @@ fn request(
         wait_timeout: None,
         owner: String::new(),
         fair: false,
+        ..Default::default()
     }
 }
 
@@ -560,8 +561,8 @@ async fn acquire_grants_a_complete_permit() {
 
     let anonymous = acquired(&mut client, request("pool", 5, 1, 10_000)).await;
     assert_eq!(
-        anonymous.owner, anonymous.token,
-        "an empty owner is the token"
+        anonymous.owner, "",
+        "an empty owner stays empty, never the token"
     );
     assert!(anonymous.fencing_token > permit.fencing_token);
 
@@ -994,7 +995,10 @@ async fn describe_reports_limit_holders_and_waiters() {
     assert_eq!(d.fencing_token, anonymous.fencing_token);
     assert_eq!(d.holders.len(), 2);
     let (first, second) = (&d.holders[0], &d.holders[1]);
-    assert_eq!(first.owner, anonymous.token, "soonest expiry first: {d:?}");
+    assert_eq!(
+        first.owner, "",
+        "soonest expiry first, never a token: {d:?}"
+    );
     assert_eq!(first.permits, 1);
     assert_eq!(first.limit, 5);
     assert_eq!(first.fencing_token, anonymous.fencing_token);
@@ -1428,8 +1432,10 @@ async fn strictest_limit_wins() {
 // Clocks
 // ---------------------------------------------------------------------------------------------
 
-/// No request or response of the SemaphoreService carries a point in time: clients pass only
-/// durations, so their clocks cannot influence any outcome.
+/// No request of the SemaphoreService (nor any message a request embeds) carries a point in time:
+/// clients pass only durations, so their clocks cannot influence any outcome. The only points in
+/// time are the `expires_at` Baton reports in its answers, read off its own node's clock for the
+/// client's use.
 #[test]
 fn the_api_carries_no_client_time() {
     let set = prost_types::FileDescriptorSet::decode(baton::proto::FILE_DESCRIPTOR_SET)
@@ -1441,38 +1447,32 @@ fn the_api_carries_no_client_time() {
         .expect("semaphore.proto is compiled in");
     let service = &file.service[0];
     assert_eq!(service.name(), "SemaphoreService");
-    assert!(
-        !file.dependency.iter().any(|d| d.contains("timestamp")),
-        "{:?}",
-        file.dependency
-    );
+    let mut reported = Vec::new();
     for message in &file.message_type {
         for field in &message.field {
             let name = field.name();
-            assert_ne!(
-                field.type_name(),
-                ".google.protobuf.Timestamp",
-                "{}.{name}",
-                message.name()
-            );
+            let timelike = field.type_name() == ".google.protobuf.Timestamp"
+                || ["time", "timestamp", "now", "clock", "at", "deadline"].contains(&name)
+                || name.ends_with("_at")
+                || name.ends_with("_time");
+            if !timelike {
+                continue;
+            }
             assert!(
-                ![
-                    "time",
-                    "timestamp",
-                    "now",
-                    "clock",
-                    "at",
-                    "expires_at",
-                    "deadline"
-                ]
-                .contains(&name)
-                    && !name.ends_with("_at")
-                    && !name.ends_with("_time"),
-                "{}.{name} looks like a point in time",
+                !message.name().ends_with("Request"),
+                "{}.{name} is a point in time in a request",
                 message.name()
             );
+            assert_eq!(
+                (name, field.type_name()),
+                ("expires_at", ".google.protobuf.Timestamp"),
+                "{}.{name}: the only point in time is the expiry Baton reports",
+                message.name()
+            );
+            reported.push(message.name().to_owned());
         }
     }
+    assert_eq!(reported, ["SemaphorePermit"], "{reported:?}");
 }
 
 /// Expiry and fencing follow Redis TIME: a lease's expiry score lies between Redis's clock read
@@ -2231,10 +2231,10 @@ async fn look_alike_names_are_separate_semaphores() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The seed notes' semaphore scenarios
+// The classic Redis semaphore scenarios
 // ---------------------------------------------------------------------------------------------
 
-/// Seed "basic counting semaphore": with limit 3, three acquisitions succeed and the fourth is
+/// Scenario "basic counting semaphore": with limit 3, three acquisitions succeed and the fourth is
 /// refused (0 available); after one release the fourth succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_basic_limit() {
@@ -2255,7 +2255,7 @@ async fn seed_basic_limit() {
     refused(&mut client, request("pool", 3, 1, 10_000)).await;
 }
 
-/// Seed "timeout reclaim": expired holders stay in Redis (reads do not write) until the next
+/// Scenario "timeout reclaim": expired holders stay in Redis (reads do not write) until the next
 /// acquisition reclaims their permits inside its own script and is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_timeout_reclaim() {
@@ -2298,7 +2298,7 @@ async fn seed_timeout_reclaim() {
     );
 }
 
-/// Seed "refresh": refreshing every 200 ms keeps a 300 ms permit past its original ttl; others
+/// Scenario "refresh": refreshing every 200 ms keeps a 300 ms permit past its original ttl; others
 /// are still refused at 400 ms and the holder's release reports it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_refresh() {
@@ -2327,7 +2327,7 @@ async fn seed_refresh() {
     );
 }
 
-/// Seed "release after expiry returns false": an expired lease's release answers false, whether
+/// Scenario "release after expiry returns false": an expired lease's release answers false, whether
 /// its permits were reclaimed already by another acquisition (whose permits stay held) or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_release_after_expiry_returns_false() {

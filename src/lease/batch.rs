@@ -33,9 +33,9 @@ pub const MAX_BATCH: usize = 256;
 pub type Renewal = Result<Option<Duration>, Error>;
 
 /// Renews one batch of leases (all of one hash slot) in one script call, answering per lease in
-/// order.
+/// order (a lease whose renewal failed inside the script fails alone).
 pub type RenewMany<I> = Arc<
-    dyn Fn(Vec<I>) -> Pin<Box<dyn Future<Output = Result<Vec<Option<Duration>>, Error>> + Send>>
+    dyn Fn(Vec<I>) -> Pin<Box<dyn Future<Output = Result<Vec<Renewal>, Error>> + Send>>
         + Send
         + Sync,
 >;
@@ -76,7 +76,7 @@ impl<I: Send + 'static> Batcher<I> {
     where
         T: Send + Sync + 'static,
         F: Fn(Arc<T>, Vec<I>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<Option<Duration>>, Error>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<Renewal>, Error>> + Send + 'static,
     {
         let owner = owner.clone();
         Self::start(Arc::new(move |items| {
@@ -153,7 +153,7 @@ async fn send_round<I: Send + 'static>(mut round: Vec<Request<I>>, renew_many: R
             match renew_many(items).await {
                 Ok(renewals) if renewals.len() == count => {
                     for (reply, renewal) in replies.into_iter().zip(renewals) {
-                        let _ = reply.send(Ok(renewal));
+                        let _ = reply.send(renewal);
                     }
                 }
                 Ok(renewals) => {
@@ -196,7 +196,7 @@ mod tests {
             Box::pin(async move {
                 Ok(items
                     .iter()
-                    .map(|(_, n)| (n % 7 != 0).then(|| Duration::from_millis(u64::from(*n))))
+                    .map(|(_, n)| Ok((n % 7 != 0).then(|| Duration::from_millis(u64::from(*n)))))
                     .collect())
             })
         });
@@ -240,7 +240,7 @@ mod tests {
                 if items[0] == 1 {
                     Err(Error::Unavailable("node down".into()))
                 } else {
-                    Ok(vec![Some(Duration::from_secs(1)); items.len()])
+                    Ok(vec![Ok(Some(Duration::from_secs(1))); items.len()])
                 }
             })
         });

@@ -4,28 +4,28 @@
 -- without a place when the queue is now empty; the shared waiters a waiting writer kept out when
 -- it was the last one.
 --
--- KEYS: state, waiters, channel, readers, queue, writers (see the prelude).
+-- KEYS: the prelude's seven.
 -- ARGV[1] waiter id
 --
 -- Returns 1 when the waiter was registered, 0 when it was not.
-local K = lock_keys({'state', 'waiters', 'channel', 'readers', 'queue', 'writers'})
 local id = ARGV[1]
 local now = clock()
 
 local head = redis.call('ZRANGE', K.queue, 0, 0)
 local was_head = head[1] == 'x' .. id or head[1] == 's' .. id
-local exclusive = redis.call('ZSCORE', K.queue, 'x' .. id) or redis.call('ZSCORE', K.writers, id)
+local exclusive_waiter = redis.call('ZSCORE', K.queue, 'x' .. id)
+  or redis.call('ZSCORE', K.writers, id)
 local registered = redis.call('ZSCORE', K.waiters, id)
-local queued = drop_waiter(K, id)
+local queued = drop_waiter(id)
 if queued then
-  if was_head or exclusive or redis.call('ZCARD', K.queue) == 0 then
-    wake(K, now, false)
+  if was_head or exclusive_waiter or redis.call('ZCARD', K.queue) == 0 then
+    wake(now, false)
   end
-elseif exclusive and redis.call('ZCOUNT', K.writers, '(' .. now, '+inf') == 0
-    and redis.call('EXISTS', K.state) == 0 then
-  wake(K, now, false)
+elseif exclusive_waiter and redis.call('ZCOUNT', K.writers, '(' .. now, '+inf') == 0
+    and not exclusive(now) then
+  wake(now, false)
 end
-touch_waiters(K, now)
+touch_waiters(now)
 if registered or queued then
   return 1
 end

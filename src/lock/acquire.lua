@@ -1,55 +1,40 @@
--- Acquire: grant the lock, exclusive or shared, when it is compatible with the current holders
--- and it is the caller's turn; count one more hold when the caller's owner already holds it; or
--- else register the caller as a waiter and say what keeps it out.
+-- Acquire: grant a hold of the lock, exclusive or shared, when it is compatible with the current
+-- leases and it is the caller's turn; add a hold to the caller's own lease when its owner already
+-- holds the lock; or else register the caller as a waiter and say what keeps it out.
 --
--- KEYS: state, fence, waiters, then channel, readers, shared, queue, writers (see the prelude;
--- callers of the first version pass only the first three).
--- ARGV[1] owner   ARGV[2] token   ARGV[3] ttl ms
--- ARGV[4] waiter id ('' when the caller does not wait)   ARGV[5] wait left ms
--- ARGV[6] fence retention ms
--- ARGV[7] '1' to wait in the fair queue (default '0')
--- ARGV[8] mode: 'x' exclusive or 's' shared (default 'x'); when given, replies take their
---         extended form
--- ARGV[9] registration lease ms of fair and exclusive waiters (default 0: the whole wait)
+-- KEYS: the prelude's seven.
+-- ARGV[1] owner ('' for an anonymous caller, who never re-enters)   ARGV[2] token of the new hold
+-- ARGV[3] ttl ms   ARGV[4] waiter id ('' when the caller does not wait)   ARGV[5] wait left ms
+-- ARGV[6] fence retention ms   ARGV[7] '1' to wait in the fair queue   ARGV[8] mode 'x' or 's'
+-- ARGV[9] registration lease ms of fair and exclusive waiters
+-- ARGV[10] idempotency key ('' for none)   ARGV[11] most holds a lease may have
 --
 -- Turns: a fair waiter with a place in the queue goes when it is the head (exclusive), or when
 -- only shared waiters are ahead of it, at most MAX_WAKE - 1 of them (shared). Anyone else goes
 -- only when nobody is queued; a shared request also waits while a non-fair exclusive request is
--- registered as waiting, so a stream of readers cannot starve a writer. Reentrant acquisitions
+-- registered as waiting, so a stream of readers cannot starve a writer. Re-entrant acquisitions
 -- never wait.
 --
--- Returns {1, token, fence, remaining ms, hold count} when granted ({..., mode} in the extended
--- form); {0, ms left on what keeps the caller out} when not ({0, that, ms until the state may
--- change without a message} in the extended form; -1 or -2: nothing known); {-1} when the owner
--- holds the lock shared and asks for it exclusively (refused: it would deadlock).
-local K = lock_keys({'state', 'fence', 'waiters', 'channel', 'readers', 'shared', 'queue',
-                     'writers'})
+-- Returns {1, token, fence, remaining ms, live holds of the lease, mode} when granted (a retry
+-- with an idempotency key that already granted gets that hold again); {0, ms left on what keeps
+-- the caller out (-2: nothing known), ms until the state may change without a message (-1: never)}
+-- when not; {-1} when the owner holds the lock shared and asks for it exclusively (refused: it
+-- would deadlock); {-3} when the owner's lease has the most holds allowed; {-4} when the
+-- idempotency key granted a hold of another owner or mode.
 local owner, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local waiter, wait_ms, retention = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local fair = ARGV[7] == '1'
-local extended = ARGV[8] ~= nil
-local mode = ARGV[8] == 's' and 's' or 'x'
-local lease = tonumber(ARGV[9] or '0')
-if lease <= 0 then
-  lease = wait_ms
-end
+local fair, mode, lease_ms = ARGV[7] == '1', ARGV[8], tonumber(ARGV[9])
+local key, max_holds = ARGV[10], tonumber(ARGV[11])
 
 local now, now_us = clock()
-reclaim_readers(K, now)
-local moved = purge_waiters(K, now)
-
-local function granted(tok, fence, remaining, count, m)
-  if extended then
-    return {1, tok, fence, remaining, count, m}
-  end
-  return {1, tok, fence, remaining, count}
-end
+reclaim(now)
+local moved = purge_waiters(now)
 
 -- After a grant: the caller stops waiting. When it leaves the fair queue as a shared holder, the
 -- shared waiter that moves into the woken run at the head is woken too, and waiters without a
 -- place (kept out by the queue) look again once the queue is empty.
 local function settle(m)
-  if waiter ~= '' and drop_waiter(K, waiter) and m == 's' then
+  if waiter ~= '' and drop_waiter(waiter) and m == 's' then
     local run = redis.call('ZRANGE', K.queue, 0, MAX_WAKE - 1)
     if #run == MAX_WAKE then
       local all_shared = true
@@ -67,44 +52,58 @@ local function settle(m)
     end
   end
   if moved then
-    wake(K, now, false)
+    wake(now, false)
   end
   if waiter ~= '' or moved then
-    touch_waiters(K, now)
+    touch_waiters(now)
   end
 end
 
--- Reentrancy: the owner's exclusive lease takes requests of either mode.
-local holder = redis.call('HMGET', K.state, 'owner', 'token', 'count', 'fence')
-if holder[1] == owner then
-  local count = redis.call('HINCRBY', K.state, 'count', 1)
-  local remaining = redis.call('PTTL', K.state)
-  if remaining < ttl then
-    redis.call('PEXPIRE', K.state, ttl)
-    remaining = ttl
+-- Adds a hold to `lease` (id `id`) and returns the grant.
+local function add_hold(id, lease)
+  lease.holds[#lease.holds + 1] = {token, now + ttl, ttl, key, 0}
+  redis.call('HSET', K.state, 't:' .. token, id)
+  if key ~= '' then
+    redis.call('HSET', K.state, 'i:' .. key, token)
   end
-  settle('x')
-  return granted(holder[2], holder[4], remaining, count, 'x')
+  save_lease(id, lease, now)
+  touch_leases(now)
+  settle(lease.mode)
+  return {1, token, id, ttl, #lease.holds, lease.mode}
 end
 
--- The owner's shared lease takes shared requests; an exclusive one would wait for itself.
-local own = redis.call('HGET', K.shared, 'o:' .. owner)
-local own_expiry = own and redis.call('ZSCORE', K.readers, own)
-local mine = own_expiry and reader(K, own)
-if mine then
-  if mode == 'x' then
-    return {-1}
+-- A retry of an acquisition that already granted: the same hold again.
+if key ~= '' then
+  local granted = redis.call('HGET', K.state, 'i:' .. key)
+  local id = granted and redis.call('HGET', K.state, 't:' .. granted)
+  local lease = id and lease_of(id)
+  local h = lease and hold_of(lease, granted, now)
+  if h then
+    if lease.owner ~= owner or (lease.mode == 's' and mode == 'x') then
+      return {-4}
+    end
+    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone.
+    h[CLAIMS] = h[CLAIMS] + 1
+    redis.call('HSET', K.state, 'l:' .. id, cmsgpack.pack(lease))
+    settle(lease.mode)
+    return {1, granted, id, h[EXPIRY] - now, #lease.holds, lease.mode}
   end
-  mine.count = mine.count + 1
-  save_reader(K, own, mine)
-  local remaining = tonumber(own_expiry) - now
-  if remaining < ttl then
-    redis.call('ZADD', K.readers, now + ttl, own)
-    remaining = ttl
-    touch_readers(K, now)
+end
+
+-- Re-entrancy: the owner's exclusive lease takes requests of either mode, its shared lease shared
+-- ones; an exclusive request would wait for itself.
+if owner ~= '' then
+  local id = redis.call('HGET', K.state, 'o:' .. owner)
+  local lease = id and lease_of(id)
+  if lease then
+    if lease.mode == 's' and mode == 'x' then
+      return {-1}
+    end
+    if #lease.holds >= max_holds then
+      return {-3}
+    end
+    return add_hold(id, lease)
   end
-  settle('s')
-  return granted(own, mine.fence, remaining, mine.count, 's')
 end
 
 -- Whose turn it is.
@@ -116,11 +115,11 @@ if fair and waiter ~= '' then
       local last = redis.call('ZRANGE', K.queue, -1, -1, 'WITHSCORES')
       redis.call('ZADD', K.queue, last[2] and tonumber(last[2]) + 1 or 1, place)
     end
-    redis.call('ZADD', K.waiters, now + math.min(lease, wait_ms), waiter)
+    redis.call('ZADD', K.waiters, now + math.min(lease_ms, wait_ms), waiter)
   end
   queued = true
 end
-local head = queue_head(K, now, MAX_WAKE)
+local head = queue_head(now, MAX_WAKE)
 local rank = queued and redis.call('ZRANK', K.queue, mode .. waiter) or nil
 local turn
 if rank then
@@ -137,34 +136,32 @@ else
   turn = head[1] == nil and (mode == 'x' or redis.call('ZCARD', K.writers) == 0)
 end
 
-local readers = live_readers(K, now)
-local free = not holder[1] and (mode == 's' or readers == 0)
+-- After `reclaim`, every lease left is live.
+local holder = redis.call('HGET', K.state, 'x')
+local shared = redis.call('ZCARD', K.leases) - (holder and 1 or 0)
+local free = not holder and (mode == 's' or shared == 0)
 
 if turn and free then
   -- Fencing tokens never go backwards: at least one more than the last one kept, and at least the
   -- Redis clock in microseconds, so they stay increasing after the fence key expired or Redis
   -- restarted from an older snapshot.
   local last = tonumber(redis.call('GET', K.fence) or '0')
-  local fence = string.format('%.0f', math.max(last + 1, now_us))
-  redis.call('SET', K.fence, fence, 'PX', math.max(redis.call('PTTL', K.fence), ttl + retention))
-  if mode == 'x' then
-    redis.call('HSET', K.state, 'owner', owner, 'token', token, 'count', 1, 'fence', fence,
-               'ttl', ttl)
-    redis.call('PEXPIRE', K.state, ttl)
-  else
-    save_reader(K, token, {count = 1, ttl = ttl, fence = fence, owner = owner})
-    redis.call('ZADD', K.readers, now + ttl, token)
-    touch_readers(K, now)
+  local id = string.format('%.0f', math.max(last + 1, now_us))
+  redis.call('SET', K.fence, id, 'PX', math.max(redis.call('PTTL', K.fence), ttl + retention))
+  if owner ~= '' then
+    redis.call('HSET', K.state, 'o:' .. owner, id)
   end
-  settle(mode)
-  return granted(token, fence, ttl, 1, mode)
+  if mode == 'x' then
+    redis.call('HSET', K.state, 'x', id)
+  end
+  return add_hold(id, {mode = mode, owner = owner, holds = {}})
 end
 
 -- Not granted: register a waiter without a place in the queue (an exclusive one also as a writer,
 -- which keeps new shared requests out).
 if waiter ~= '' and wait_ms > 0 and not fair then
   if mode == 'x' then
-    local until_ms = now + math.min(lease, wait_ms)
+    local until_ms = now + math.min(lease_ms, wait_ms)
     redis.call('ZADD', K.waiters, until_ms, waiter)
     redis.call('ZADD', K.writers, until_ms, waiter)
   else
@@ -172,31 +169,31 @@ if waiter ~= '' and wait_ms > 0 and not fair then
   end
 end
 if moved then
-  wake(K, now, false)
+  wake(now, false)
 end
 if waiter ~= '' or moved then
-  touch_waiters(K, now)
+  touch_waiters(now)
 end
 
--- What keeps the caller out, and when that may change without a message. On its turn: a holder's
+-- What keeps the caller out, and when that may change without a message. On its turn: a lease's
 -- expiry. Behind the queue: the end of the head's registration, should its Baton stop renewing it
--- (only the head wakes at a holder's expiry). Behind a waiting writer: the end of its registration.
+-- (only the head wakes at a lease's expiry). Behind a waiting writer: the end of its registration.
 local blocking, change = -2, -1
 local function sooner(ms)
   if ms >= 0 and (change < 0 or ms < change) then
     change = ms
   end
 end
-if holder[1] then
-  blocking = redis.call('PTTL', K.state)
+if holder then
+  blocking = tonumber(redis.call('ZSCORE', K.leases, holder)) - now
   if turn then
     sooner(blocking)
   end
-elseif mode == 'x' and readers > 0 then
-  local last = redis.call('ZRANGE', K.readers, -1, -1, 'WITHSCORES')
+elseif mode == 'x' and shared > 0 then
+  local last = redis.call('ZRANGE', K.leases, -1, -1, 'WITHSCORES')
   blocking = tonumber(last[2]) - now
   if turn then
-    local first = redis.call('ZRANGE', K.readers, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
     sooner(tonumber(first[2]) - now)
   end
 end
@@ -210,7 +207,4 @@ if not turn then
     end
   end
 end
-if extended then
-  return {0, blocking, change}
-end
-return {0, blocking}
+return {0, blocking, change}

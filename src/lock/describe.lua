@@ -1,12 +1,11 @@
 -- Describe: read a lock's state without changing anything.
 --
--- KEYS: state, fence, waiters, then readers, shared, queue (see the prelude).
+-- KEYS: the prelude's seven.
 --
--- Returns {mode ('x', 's' or ''), exclusive owner, exclusive hold count, fencing token, remaining
--- ms (exclusive holder's; shared: the longest; -2 when free), waiters, shared holder count, queued
--- waiters, {owner, hold count, remaining ms, fence} of the shared holder whose lease ends first
--- (empty unless shared)}.
-local K = lock_keys({'state', 'fence', 'waiters', 'readers', 'shared', 'queue'})
+-- Returns {mode ('x', 's' or ''), exclusive owner, live holds of the exclusive lease, fencing
+-- token, remaining ms (the exclusive lease's; shared: the longest; -2 when free), waiters, shared
+-- lease count, queued waiters, {owner, live holds, remaining ms, fence} of the shared lease that
+-- ends first (empty unless shared)}. Tokens are never returned.
 local now = clock()
 local waiting = redis.call('ZCOUNT', K.waiters, '(' .. now, '+inf')
 -- Places whose registration ended are still in the queue until a script drops them.
@@ -17,19 +16,30 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.waiters, '-inf', now)) do
   end
 end
 
-local holder = redis.call('HMGET', K.state, 'owner', 'count', 'fence')
-if holder[1] then
-  return {'x', holder[1], tonumber(holder[2]), holder[3], redis.call('PTTL', K.state), waiting, 0,
-          queued, {}}
+local function live_holds(lease)
+  local n = 0
+  for _, h in ipairs(lease.holds) do
+    if h[EXPIRY] > now then
+      n = n + 1
+    end
+  end
+  return n
+end
+
+local holder = exclusive(now)
+if holder then
+  local lease = lease_of(holder) or {owner = '', holds = {}}
+  local remaining = tonumber(redis.call('ZSCORE', K.leases, holder)) - now
+  return {'x', lease.owner, live_holds(lease), holder, remaining, waiting, 0, queued, {}}
 end
 local latest = redis.call('GET', K.fence) or '0'
-local readers = live_readers(K, now)
-if readers > 0 then
-  local first = redis.call('ZRANGEBYSCORE', K.readers, '(' .. now, '+inf', 'WITHSCORES',
+local shared = live_shared(now)
+if shared > 0 then
+  local first = redis.call('ZRANGEBYSCORE', K.leases, '(' .. now, '+inf', 'WITHSCORES',
                           'LIMIT', 0, 1)
-  local last = redis.call('ZRANGE', K.readers, -1, -1, 'WITHSCORES')
-  local r = reader(K, first[1]) or {owner = '', count = 0, fence = '0'}
-  return {'s', '', 0, latest, tonumber(last[2]) - now, waiting, readers, queued,
-          {r.owner, r.count, tonumber(first[2]) - now, r.fence}}
+  local last = redis.call('ZRANGE', K.leases, -1, -1, 'WITHSCORES')
+  local lease = lease_of(first[1]) or {owner = '', holds = {}}
+  return {'s', '', 0, latest, tonumber(last[2]) - now, waiting, shared, queued,
+          {lease.owner, live_holds(lease), tonumber(first[2]) - now, first[1]}}
 end
 return {'', '', 0, latest, -2, waiting, 0, queued, {}}

@@ -5,11 +5,15 @@
 //!
 //! - **Modes.** An exclusive lease excludes every other lease; any number of shared leases may be
 //!   held at once. Each shared holder has its own lease (token, ttl, fencing token, owner).
-//! - **Reentrancy per owner.** The same owner asking again in the same mode counts one more hold
-//!   on the same lease. An owner holding the lock exclusively may also take it shared: that counts
-//!   as one more hold of its exclusive lease. An owner holding it only shared asking for it
-//!   exclusively is refused ([`Error::FailedPrecondition`]): an upgrade would deadlock against the
-//!   other readers (or against itself).
+//! - **Holds and leases.** Every grant is a hold with a token, a ttl and an expiry of its own. A
+//!   lease is one owner's tenure in one mode (its id is the fencing token it was granted with);
+//!   it lasts as long as its longest-lived hold, so no renewal, refresh or release of one hold
+//!   shortens another's.
+//! - **Reentrancy per owner.** The same owner asking again in the same mode gets one more hold of
+//!   the same lease. An owner holding the lock exclusively may also take it shared: that is one
+//!   more hold of its exclusive lease. An owner holding it only shared asking for it exclusively
+//!   is refused ([`Error::FailedPrecondition`]): an upgrade would deadlock against the other
+//!   readers (or against itself). Anonymous callers (no owner) never re-enter.
 //! - **Fairness.** Fair waiters take a place in a FIFO queue and are granted in arrival order: an
 //!   exclusive one when it is the head, a shared one when only shared waiters are ahead of it (at
 //!   most `MAX_WAKE - 1 = 63` of them, see the prelude). Nobody else is granted while anyone is
@@ -31,17 +35,16 @@
 //!
 //! | key | type | holds | lifetime |
 //! |---|---|---|---|
-//! | `PREFIX{lock:NAME}` | hash | the exclusive holder: owner, token, hold count, fencing token, acquisition ttl | the lease's ttl |
+//! | `PREFIX{lock:NAME}` | hash | the leases (mode, owner, holds with token, expiry, ttl), each hold's lease, each named owner's lease, the exclusive lease, idempotency keys | the last lease |
+//! | `PREFIX{lock:NAME}:leases` | sorted set | lease id → the latest expiry of its holds (ms) | same |
 //! | `PREFIX{lock:NAME}:fence` | string | last fencing token issued | ttl + [`FENCE_RETENTION`] after each grant (the longest so far) |
-//! | `PREFIX{lock:NAME}:readers` | sorted set | shared lease token → lease expiry (ms) | until the last shared lease ends |
-//! | `PREFIX{lock:NAME}:shared` | hash | `t:TOKEN` → shared lease record (holds, ttl, fencing token, owner); `o:OWNER` → its token | same |
 //! | `PREFIX{lock:NAME}:waiters` | sorted set | waiter id → registration expiry (ms): fair and exclusive waiters [`QUEUE_LEASE`], renewed; shared non-fair ones their wait | until the last registration ends |
 //! | `PREFIX{lock:NAME}:queue` | sorted set | `x`/`s` + fair waiter id → arrival number | same |
 //! | `PREFIX{lock:NAME}:writers` | sorted set | non-fair exclusive waiter id → registration expiry (ms) | same |
 //! | `PREFIX{lock:NAME}:released` | pub/sub channel | a broadcast per release that frees the lock, or `@WAITER` for the fair queue's head | — |
 //!
-//! Expired shared leases and registrations are dropped by the next script that changes the lock;
-//! [`Locks::describe`] ignores them without writing.
+//! Expired leases, holds and registrations are dropped by the next script that changes the lock;
+//! [`Locks::describe`] ignores them without writing. `prelude.lua` describes the hash's fields.
 //!
 //! The gRPC handler is in [`service`]; this module knows nothing of tonic.
 
@@ -59,7 +62,10 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::{Renewable, batch::Batcher},
+    lease::{
+        self, Renewable,
+        batch::{Batcher, Renewal},
+    },
     redis::{
         Ack, Notifier, Redis, Wake,
         reply::{int, millis, ms, string, unexpected},
@@ -68,8 +74,8 @@ use crate::{
 };
 
 pub use crate::lease::{
-    FENCE_RETENTION, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL,
-    MIN_TTL, MIN_WAIT,
+    FENCE_RETENTION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
+    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT,
 };
 
 /// How long a waiter's registration lasts unless renewed: the place of a fair waiter in the queue,
@@ -79,128 +85,86 @@ pub use crate::lease::{
 pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
 /// Most leases [`Locks::refresh_many`] renews in one call.
 pub const MAX_REFRESH_BATCH: usize = 1000;
+/// Most live holds one lease may have: re-entrant acquisitions past it fail `ResourceExhausted`.
+/// It bounds the work of every script that reads a lease.
+pub const MAX_HOLDS: u32 = 100;
 
 /// The full source of each lock script as Baton loads it: the shared prelude followed by the
 /// script. For tools that run the scripts directly (the benchmark); like
 /// [`Redis::script`](crate::redis::Redis::script), they must put `local PUBLISH = 'PUBLISH'`
-/// (`'SPUBLISH'` on a Cluster) in front.
+/// (`'SPUBLISH'` on a Cluster) in front. Every script but `REFRESH_BATCH` takes
+/// [`LockKeys::all`] as its KEYS.
 pub mod source {
     macro_rules! with_prelude {
         ($file:literal) => {
             concat!(include_str!("prelude.lua"), include_str!($file))
         };
     }
-    /// `acquire.lua`: KEYS state, fence, waiters (then channel, readers, shared, queue, writers).
+    /// `acquire.lua`.
     pub const ACQUIRE: &str = with_prelude!("acquire.lua");
-    /// `release.lua`: KEYS state, channel (then readers, shared, queue, waiters, writers).
+    /// `release.lua`.
     pub const RELEASE: &str = with_prelude!("release.lua");
-    /// `refresh.lua`: KEYS state (then readers, shared).
+    /// `refresh.lua`.
     pub const REFRESH: &str = with_prelude!("refresh.lua");
-    /// `refresh_batch.lua`: KEYS state, readers, shared per lease.
+    /// `refresh_batch.lua`: KEYS [`LockKeys::for_refresh`] per hold.
     pub const REFRESH_BATCH: &str = with_prelude!("refresh_batch.lua");
-    /// `abandon.lua`: KEYS state, waiters, channel, readers, queue, writers.
+    /// `abandon.lua`.
     pub const ABANDON: &str = with_prelude!("abandon.lua");
-    /// `describe.lua`: KEYS state, fence, waiters, readers, shared, queue.
+    /// `describe.lua`.
     pub const DESCRIBE: &str = with_prelude!("describe.lua");
 }
 
 /// The Redis keys and channel of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
-    /// Hash with the exclusive holder's state; expires with the lease.
+    /// Hash of the leases and their holds; expires with the last lease.
     pub state: String,
+    /// Sorted set of leases by the latest expiry of their holds.
+    pub leases: String,
     /// Last fencing token issued.
     pub fence: String,
     /// Sorted set of waiters by registration expiry.
     pub waiters: String,
-    /// Channel published when a release lets waiters in.
-    pub channel: String,
-    /// Sorted set of shared lease tokens by expiry.
-    pub readers: String,
-    /// Hash of shared lease records, and each shared owner's token.
-    pub shared: String,
     /// Sorted set of fair waiters by arrival.
     pub queue: String,
     /// Sorted set of non-fair exclusive waiters by registration expiry.
     pub writers: String,
+    /// Channel published when a release lets waiters in.
+    pub channel: String,
 }
 
 impl LockKeys {
     /// The keys of lock `name` under `prefix`.
     pub fn new(prefix: &str, name: &str) -> Self {
-        // Concatenated rather than formatted: built twice per call.
+        // Concatenated rather than formatted: built on every call.
         let state = [prefix, "{lock:", name, "}"].concat();
         Self {
+            leases: [state.as_str(), ":leases"].concat(),
             fence: [state.as_str(), ":fence"].concat(),
             waiters: [state.as_str(), ":waiters"].concat(),
-            channel: [state.as_str(), ":released"].concat(),
-            readers: [state.as_str(), ":readers"].concat(),
-            shared: [state.as_str(), ":shared"].concat(),
             queue: [state.as_str(), ":queue"].concat(),
             writers: [state.as_str(), ":writers"].concat(),
+            channel: [state.as_str(), ":released"].concat(),
             state,
         }
     }
 
-    /// Every key and the channel.
-    pub fn all(&self) -> [&str; 8] {
+    /// Every key and the channel, in the order the scripts take them.
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.state,
+            &self.leases,
             &self.fence,
             &self.waiters,
-            &self.channel,
-            &self.readers,
-            &self.shared,
             &self.queue,
             &self.writers,
-        ]
-    }
-
-    /// The KEYS of `acquire.lua`, in its order.
-    pub fn for_acquire(&self) -> [&str; 8] {
-        self.all()
-    }
-
-    /// The KEYS of `release.lua`, in its order.
-    pub fn for_release(&self) -> [&str; 7] {
-        [
-            &self.state,
             &self.channel,
-            &self.readers,
-            &self.shared,
-            &self.queue,
-            &self.waiters,
-            &self.writers,
         ]
     }
 
-    /// The KEYS of `refresh.lua`, in its order (also one lease's KEYS in `refresh_batch.lua`).
-    pub fn for_refresh(&self) -> [&str; 3] {
-        [&self.state, &self.readers, &self.shared]
-    }
-
-    /// The KEYS of `abandon.lua`, in its order.
-    pub fn for_abandon(&self) -> [&str; 6] {
-        [
-            &self.state,
-            &self.waiters,
-            &self.channel,
-            &self.readers,
-            &self.queue,
-            &self.writers,
-        ]
-    }
-
-    /// The KEYS of `describe.lua`, in its order.
-    pub fn for_describe(&self) -> [&str; 6] {
-        [
-            &self.state,
-            &self.fence,
-            &self.waiters,
-            &self.readers,
-            &self.shared,
-            &self.queue,
-        ]
+    /// One hold's KEYS in `refresh_batch.lua`.
+    pub fn for_refresh(&self) -> [&str; 2] {
+        [&self.state, &self.leases]
     }
 }
 
@@ -240,12 +204,14 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// How long to wait for a held lock; zero tries once.
     pub wait: Duration,
-    /// The owner for reentrancy; `None` makes a new owner.
+    /// The owner for reentrancy; `None` is an anonymous caller, which never re-enters.
     pub owner: Option<String>,
     /// Wait in arrival order.
     pub fair: bool,
     /// Exclusive or shared.
     pub mode: Mode,
+    /// A retry of an acquisition that granted a hold still held gets that hold again.
+    pub idempotency_key: Option<String>,
 }
 
 /// A granted lease.
@@ -253,15 +219,15 @@ pub struct AcquireRequest {
 pub struct Lease {
     /// The lock's name.
     pub name: String,
-    /// The opaque token proving the hold.
+    /// The opaque token proving this hold.
     pub token: String,
-    /// The fencing token of this tenure.
+    /// The fencing token of this tenure (the lease's id).
     pub fencing_token: u64,
-    /// Time left on the lease when Redis answered.
+    /// Time left on this hold when Redis answered.
     pub remaining: Duration,
-    /// Holds the owner has on this lease after this acquisition.
+    /// Live holds of the lease after this acquisition.
     pub hold_count: u32,
-    /// The owner.
+    /// The owner; empty for an anonymous caller.
     pub owner: String,
     /// The lease's mode (exclusive when a shared request re-entered the owner's exclusive lease).
     pub mode: Mode,
@@ -303,7 +269,7 @@ impl From<Busy> for Acquired {
 pub struct Released {
     /// Whether the token held the lock when the release ran.
     pub was_held: bool,
-    /// Holds left on the lease after the release; zero means the lease ended.
+    /// Live holds left on the lease after the release; zero means the lease ended.
     pub remaining_holds: u32,
 }
 
@@ -325,9 +291,9 @@ pub struct Description {
 /// The exclusive holder of a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
-    /// The holder's owner.
+    /// The holder's owner; empty for an anonymous caller.
     pub owner: String,
-    /// Reentrant holds.
+    /// Live holds of its lease.
     pub hold_count: u32,
     /// Time left on the lease.
     pub remaining: Option<Duration>,
@@ -347,9 +313,9 @@ pub struct SharedHolders {
 /// One shared lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedHolder {
-    /// The holder's owner.
+    /// The holder's owner; empty for an anonymous caller.
     pub owner: String,
-    /// Reentrant holds on this lease.
+    /// Live holds of this lease.
     pub hold_count: u32,
     /// Time left on the lease.
     pub remaining: Option<Duration>,
@@ -427,7 +393,7 @@ impl Locks {
     ///
     /// `stop` ends the wait early with the error it yields (the caller left, or shutdown). It is
     /// only raced against the waiting, never against a script call, so a grant is never lost
-    /// half-way: when this returns `Granted`, the caller owns a lease it must release. Fails with
+    /// half-way: when this returns `Granted`, the caller owns a hold it must release. Fails with
     /// `FailedPrecondition` when the owner holds the lock shared and asks for it exclusively.
     pub async fn acquire(
         &self,
@@ -436,7 +402,7 @@ impl Locks {
     ) -> Result<Acquired, Error> {
         let keys = self.keys(&request.name);
         let token = Uuid::new_v4().hyphenated().to_string();
-        let owner = request.owner.clone().unwrap_or_else(|| token.clone());
+        let owner = request.owner.as_deref().unwrap_or("");
         let deadline = Instant::now() + request.wait;
 
         // Uncontended acquisitions cost one script call: subscribe only once the lock is held. A
@@ -444,13 +410,18 @@ impl Locks {
         // place in the queue in the order its request reached Redis.
         let waiter = Uuid::new_v4().simple().to_string();
         let first = (!request.wait.is_zero()).then_some((waiter.as_str(), request.wait));
-        match self
-            .try_acquire(&keys, request, &owner, &token, first)
-            .await?
-        {
-            Ok(lease) => return Ok(Acquired::Granted(lease)),
-            Err(busy) if request.wait.is_zero() => return Ok(busy.into()),
-            Err(_) => {}
+        match self.try_acquire(&keys, request, owner, &token, first).await {
+            Ok(Ok(lease)) => return Ok(Acquired::Granted(lease)),
+            Ok(Err(busy)) if request.wait.is_zero() => return Ok(busy.into()),
+            Ok(Err(_)) => {}
+            Err(e) => {
+                // The script may have run and registered the waiter (a fair one holds a place in
+                // the queue): take it out rather than hold the queue up until it expires.
+                if first.is_some() {
+                    self.abandon_in_background(&request.name, &waiter);
+                }
+                return Err(e);
+            }
         }
 
         // Fair waiters hold a place in the queue, exclusive ones a writer registration: both are
@@ -474,7 +445,7 @@ impl Locks {
             stop,
             |left| {
                 let attempt =
-                    self.try_acquire(&keys, request, &owner, &token, Some((&waiter, left)));
+                    self.try_acquire(&keys, request, owner, &token, Some((&waiter, left)));
                 async move {
                     Ok(match attempt.await? {
                         Ok(lease) => Attempt::Done(Acquired::Granted(lease)),
@@ -498,7 +469,7 @@ impl Locks {
         )
         .await;
         if !matches!(waited, Ok(Acquired::Granted(_))) {
-            self.abandon_wait(&keys, &waiter).await;
+            self.abandon_in_background(&request.name, &waiter);
         }
         waited
     }
@@ -512,7 +483,7 @@ impl Locks {
         waiting: Option<(&str, Duration)>,
     ) -> Result<Result<Lease, Busy>, Error> {
         let (waiter, wait_left) = waiting.unwrap_or(("", Duration::ZERO));
-        let mut invocation = invocation(&self.inner.acquire, &keys.for_acquire());
+        let mut invocation = invocation(&self.inner.acquire, &keys.all());
         invocation
             .arg(owner)
             .arg(token)
@@ -522,7 +493,9 @@ impl Locks {
             .arg(millis(FENCE_RETENTION))
             .arg(if request.fair { "1" } else { "0" })
             .arg(request.mode.code())
-            .arg(millis(QUEUE_LEASE));
+            .arg(millis(QUEUE_LEASE))
+            .arg(request.idempotency_key.as_deref().unwrap_or(""))
+            .arg(MAX_HOLDS);
         let sent_at = Instant::now();
         let granted = |reply: &Vec<Value>| reply.first().is_some_and(|g| int(g).ok() == Some(1));
         let acked = self
@@ -534,11 +507,8 @@ impl Locks {
             Ok((reply, Ack::Missing { replicas })) => {
                 // Not confirmed by enough replicas: undo this hold and report it as not made.
                 tracing::warn!(lock = %request.name, replicas, "grant not acknowledged by enough replicas; rolled back");
-                if let [_, token, ..] = reply.as_slice() {
-                    let token = string(token)?;
-                    if let Err(e) = self.release(&request.name, &token).await {
-                        tracing::warn!(error = %e, "rolling back an unacknowledged grant failed; it expires at its ttl");
-                    }
+                if let [_, granted, ..] = reply.as_slice() {
+                    self.release_in_background(&request.name, &string(granted)?, request.ttl);
                 }
                 return Ok(Err(Busy {
                     remaining: None,
@@ -547,7 +517,8 @@ impl Locks {
             }
             Ok((reply, _)) => reply,
             Err(e @ Error::Unavailable(_)) => {
-                self.release_in_background(&request.name, token);
+                // Redis may have run the script and only the reply missed the timeout.
+                self.release_in_background(&request.name, token, request.ttl);
                 return Err(e);
             }
             Err(e) => return Err(e),
@@ -569,45 +540,87 @@ impl Locks {
                 remaining: ms(int(remaining)?),
                 change_in: ms(int(change)?),
             })),
-            [refused] if int(refused)? == -1 => Err(Error::FailedPrecondition(
-                "the owner holds this lock shared; it cannot also take it exclusively (an \
-                 upgrade would deadlock against the other shared holders): release the shared \
-                 lease first"
-                    .into(),
-            )),
+            [refused] => match int(refused)? {
+                -1 => Err(Error::FailedPrecondition(
+                    "the owner holds this lock shared; it cannot also take it exclusively (an \
+                     upgrade would deadlock against the other shared holders): release the \
+                     shared lease first"
+                        .into(),
+                )),
+                -3 => Err(Error::ResourceExhausted(format!(
+                    "the owner's lease of this lock already has {MAX_HOLDS} holds; release some \
+                     first"
+                ))),
+                -4 => Err(Error::FailedPrecondition(
+                    "idempotency_key: this key granted a hold to another owner or in the other \
+                     mode; use a fresh key per acquisition"
+                        .into(),
+                )),
+                _ => Err(unexpected("acquire reply")),
+            },
             _ => Err(unexpected("acquire reply")),
         }
     }
 
-    /// Releases what an acquisition whose answer never came may have granted: Redis may have run
-    /// the script and only the reply missed the timeout. Harmless when nothing was granted (the
-    /// fresh token holds nothing); at worst the lease expires at its ttl.
-    fn release_in_background(&self, name: &str, token: &str) {
+    /// Releases the hold `token` of lock `name` in a task of its own, retried until it would have
+    /// expired anyway (`ttl` from now): for grants whose caller will never see them (an answer
+    /// that came too late, a caller that left, a grant replicas did not acknowledge). Harmless
+    /// when the token holds nothing; a hold that its caller's retry with the same idempotency key
+    /// has claimed meanwhile is left alone.
+    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration) {
         let (locks, name, token) = (self.clone(), name.to_owned(), token.to_owned());
-        tokio::spawn(async move {
-            if let Ok(released) = locks.release(&name, &token).await
-                && released.was_held
-            {
-                tracing::info!(lock = %name, "released a grant whose answer arrived too late");
-            }
-        });
+        lease::clean_up(
+            format!("releasing an unused hold of lock {name:?}"),
+            Instant::now() + ttl,
+            move || {
+                let (locks, name, token) = (locks.clone(), name.clone(), token.clone());
+                async move {
+                    if locks.release_as(&name, &token, true).await?.was_held {
+                        tracing::info!(lock = %name, "released a hold whose caller never saw it");
+                    }
+                    Ok(())
+                }
+            },
+        );
     }
 
-    /// Removes a waiter that stopped waiting, waking those it held back; its registration would
-    /// end by itself anyway.
-    async fn abandon_wait(&self, keys: &LockKeys, waiter: &str) {
-        let mut invocation = invocation(&self.inner.abandon, &keys.for_abandon());
-        invocation.arg(waiter);
-        if let Err(e) = self.inner.redis.eval::<i64>(&invocation).await {
-            tracing::debug!(error = %e, "could not remove a waiter; its registration will expire");
-        }
+    /// Removes a waiter that stopped waiting, waking those it held back; retried in the
+    /// background for as long as its registration could last ([`QUEUE_LEASE`]).
+    fn abandon_in_background(&self, name: &str, waiter: &str) {
+        let (locks, name, waiter) = (self.clone(), name.to_owned(), waiter.to_owned());
+        lease::clean_up(
+            format!("removing a waiter of lock {name:?}"),
+            Instant::now() + QUEUE_LEASE,
+            move || {
+                let (locks, name, waiter) = (locks.clone(), name.clone(), waiter.clone());
+                async move {
+                    let keys = locks.keys(&name);
+                    let mut invocation = invocation(&locks.inner.abandon, &keys.all());
+                    invocation.arg(&waiter);
+                    locks.inner.redis.eval::<i64>(&invocation).await.map(drop)
+                }
+            },
+        );
     }
 
-    /// Releases one hold of the lease `token` (exclusive or shared) on lock `name`.
+    /// Ends the hold `token` (exclusive or shared) of lock `name`.
     pub async fn release(&self, name: &str, token: &str) -> Result<Released, Error> {
+        self.release_as(name, token, false).await
+    }
+
+    /// [`release`](Self::release), that with `unclaimed_only` keeps (and reports not held) a
+    /// hold that a retry with its idempotency key has handed to its caller.
+    async fn release_as(
+        &self,
+        name: &str,
+        token: &str,
+        unclaimed_only: bool,
+    ) -> Result<Released, Error> {
         let keys = self.keys(name);
-        let mut invocation = invocation(&self.inner.release, &keys.for_release());
-        invocation.arg(token);
+        let mut invocation = invocation(&self.inner.release, &keys.all());
+        invocation
+            .arg(token)
+            .arg(if unclaimed_only { "1" } else { "0" });
         let reply: Vec<i64> = self.inner.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [held, left] => Ok(Released {
@@ -618,8 +631,8 @@ impl Locks {
         }
     }
 
-    /// Sets the remaining ttl of lease `token` (exclusive or shared) to `ttl` (or its acquisition
-    /// ttl). Returns the new remaining ttl, or `None` when the token does not hold the lock.
+    /// Sets the remaining ttl of the hold `token` (exclusive or shared) to `ttl` (or its
+    /// acquisition ttl). Returns the new remaining ttl, or `None` when the token holds nothing.
     pub async fn refresh(
         &self,
         name: &str,
@@ -640,7 +653,7 @@ impl Locks {
         min: Duration,
     ) -> Result<Option<Duration>, Error> {
         let keys = self.keys(name);
-        let mut invocation = invocation(&self.inner.refresh, &keys.for_refresh());
+        let mut invocation = invocation(&self.inner.refresh, &keys.all());
         invocation
             .arg(token)
             .arg(ttl.map_or(0, millis))
@@ -649,7 +662,7 @@ impl Locks {
             -2 => Err(Error::invalid(
                 "ttl",
                 format!(
-                    "the lease's acquisition ttl is below {}; pass a longer ttl",
+                    "the hold's acquisition ttl is below {}; pass a longer ttl",
                     humantime::format_duration(min)
                 ),
             )),
@@ -657,18 +670,19 @@ impl Locks {
         }
     }
 
-    /// Renews many leases (exclusive or shared) in one script call: each `(name, token, ttl)`
-    /// gets `ttl` (or, when `None`, its acquisition ttl). Returns, in the same order, each lease's
-    /// new remaining ttl, or `None` when its token no longer holds the lock.
+    /// Renews many holds (exclusive or shared) in one script call: each `(name, token, ttl)`
+    /// gets `ttl` (or, when `None`, its acquisition ttl). Returns, in the same order, each hold's
+    /// new remaining ttl, `None` when its token no longer holds the lock, or an error for a hold
+    /// whose renewal failed inside the script (the others are renewed regardless).
     ///
-    /// The caller keeps each batch to at most [`MAX_REFRESH_BATCH`] leases (more is an `Internal`
+    /// The caller keeps each batch to at most [`MAX_REFRESH_BATCH`] holds (more is an `Internal`
     /// error, and nothing is sent) and, on a Redis Cluster, to names whose keys share one hash
     /// slot (`{lock:NAME}` is hashed; a batch spanning slots fails with Redis's `CROSSSLOT`).
     /// Unlike [`refresh_at_least`](Self::refresh_at_least) it does not check a minimum ttl.
     pub async fn refresh_many<N, T>(
         &self,
         leases: &[(N, T, Option<Duration>)],
-    ) -> Result<Vec<Option<Duration>>, Error>
+    ) -> Result<Vec<Renewal>, Error>
     where
         N: AsRef<str>,
         T: AsRef<str>,
@@ -694,16 +708,13 @@ impl Locks {
         if reply.len() != leases.len() {
             return Err(unexpected("refresh batch reply"));
         }
-        Ok(reply
-            .into_iter()
-            .map(|left| ms(left).filter(|d| !d.is_zero()))
-            .collect())
+        Ok(reply.into_iter().map(renewal).collect())
     }
 
     /// Reads the lock's state.
     pub async fn describe(&self, name: &str) -> Result<Description, Error> {
         let keys = self.keys(name);
-        let invocation = invocation(&self.inner.describe, &keys.for_describe());
+        let invocation = invocation(&self.inner.describe, &keys.all());
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         let [
             mode,
@@ -757,22 +768,42 @@ impl Locks {
         })
     }
 
-    /// A handle that renews and releases one lease (exclusive or shared), for keepalive streams.
-    pub fn lease_handle(&self, name: String, token: String, ttl: Option<Duration>) -> LockLease {
+    /// A handle that renews and releases one hold (exclusive or shared), for keepalive streams;
+    /// `owner` only names it in log lines.
+    pub fn lease_handle(
+        &self,
+        name: String,
+        token: String,
+        owner: String,
+        ttl: Option<Duration>,
+    ) -> LockLease {
         LockLease {
             locks: self.clone(),
             name,
             token,
+            owner,
             ttl,
         }
     }
 }
 
-/// One lease of a lock, renewable by a keepalive stream.
+/// Reads one entry of a batched renewal's reply (see `refresh_batch.lua`).
+fn renewal(left: i64) -> Renewal {
+    match left {
+        0 => Ok(None),
+        left if left > 0 => Ok(ms(left)),
+        _ => Err(Error::Internal(
+            "the renewal of this lease failed in Redis (a key of the wrong type?)".into(),
+        )),
+    }
+}
+
+/// One hold of a lock, renewable by a keepalive stream.
 pub struct LockLease {
     locks: Locks,
     name: String,
     token: String,
+    owner: String,
     ttl: Option<Duration>,
 }
 
@@ -786,6 +817,10 @@ impl Renewable for LockLease {
 
     async fn release(&self) -> Result<bool, Error> {
         Ok(self.locks.release(&self.name, &self.token).await?.was_held)
+    }
+
+    fn describe(&self) -> String {
+        format!("lock {:?} owner {:?}", self.name, self.owner)
     }
 }
 
@@ -811,28 +846,21 @@ mod tests {
         }
     }
 
-    /// The keys a script derives for a caller that leaves some out (the prelude's `SUFFIXES`) are
-    /// the keys Baton passes.
+    /// The prelude names the keys in the order [`LockKeys::all`] passes them.
     #[test]
-    fn prelude_derives_the_same_keys() {
-        let keys = LockKeys::new("baton:", "orders");
+    fn prelude_takes_the_keys_in_order() {
         let prelude = include_str!("prelude.lua");
-        for (name, key) in [
-            ("fence", &keys.fence),
-            ("waiters", &keys.waiters),
-            ("channel", &keys.channel),
-            ("readers", &keys.readers),
-            ("shared", &keys.shared),
-            ("queue", &keys.queue),
-            ("writers", &keys.writers),
-        ] {
-            let suffix = key
-                .strip_prefix(&keys.state)
-                .unwrap_or_else(|| panic!("{key} does not extend the state key"));
+        let names = [
+            "state", "leases", "fence", "waiters", "queue", "writers", "channel",
+        ];
+        let keys = LockKeys::new("baton:", "orders");
+        for (i, (name, key)) in names.iter().zip(keys.all()).enumerate() {
             assert!(
-                prelude.contains(&format!("{name} = '{suffix}'")),
-                "the prelude derives {name} as {suffix}"
+                prelude.contains(&format!("{name} = KEYS[{}]", i + 1)),
+                "the prelude reads {name} from KEYS[{}]",
+                i + 1
             );
+            assert!(key.starts_with(&keys.state), "{key}");
         }
     }
 }

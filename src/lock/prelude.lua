@@ -1,45 +1,40 @@
 -- Shared by every lock script (concatenated in front of each one; see `source` in mod.rs).
 --
--- The keys of the lock NAME all carry the hash tag {lock:NAME}. Each script takes the ones it
--- needs in an order of its own (the order it has always had first, new keys after); a key a caller
--- leaves out is derived from the state key's name, so callers that still pass only the keys of an
--- older version keep working on a single Redis.
+-- The keys of the lock NAME all carry the hash tag {lock:NAME}. Every script but the batched
+-- refresh takes them all, in this order:
 --
---   state    hash: the exclusive holder: owner, token, count, fence, ttl; expires with its lease
---   fence    string: the last fencing token issued
---   waiters  sorted set: waiter id -> registration expiry (ms, Redis time), fair or not
---   channel  pub/sub channel (declared as a key: it shares the hash tag)
---   readers  sorted set: shared lease token -> lease expiry (ms)
---   shared   hash: 't:<token>' -> 'count|ttl|fence|owner', 'o:<owner>' -> token of its shared lease
---   queue    sorted set: '<mode><waiter id>' -> arrival number; mode 'x' exclusive, 's' shared
---   writers  sorted set: non-fair exclusive waiter id -> registration expiry (ms)
+--   KEYS[1] state    hash: the leases and their holds (below); expires with the last lease
+--   KEYS[2] leases   sorted set: lease id -> the latest expiry of its holds (ms, Redis time)
+--   KEYS[3] fence    string: the last fencing token issued
+--   KEYS[4] waiters  sorted set: waiter id -> registration expiry (ms), fair or not
+--   KEYS[5] queue    sorted set: '<mode><waiter id>' -> arrival number; mode 'x' or 's'
+--   KEYS[6] writers  sorted set: non-fair exclusive waiter id -> registration expiry (ms)
+--   KEYS[7] channel  pub/sub channel (declared as a key: it shares the hash tag)
 --
--- A queued waiter's place lasts as long as its registration in `waiters`; a place without one is
--- dropped when it reaches the head of the queue.
-
-local SUFFIXES = {
-  fence = ':fence', waiters = ':waiters', channel = ':released', readers = ':readers',
-  shared = ':shared', queue = ':queue', writers = ':writers',
+-- A lease is one owner's tenure of the lock in one mode; its id is the fencing token it was
+-- granted with. Each acquisition is a hold of a lease with a token, a ttl and an expiry of its
+-- own; a re-entrant acquisition by the lease's owner adds a hold to it. A lease lasts as long as
+-- its longest-lived hold, so no hold's renewal, refresh or release ever shortens what another
+-- hold of the same lease was promised. The state hash holds:
+--
+--   'x'         -> the id of the exclusive lease, while there is one
+--   'l:<id>'    -> the lease: cmsgpack of {mode, owner, holds}, each hold {token, expiry, ttl, key,
+--                  claims}: claims counts the retries with its idempotency key that got it again
+--   't:<token>' -> the id of the lease the hold belongs to
+--   'o:<owner>' -> the id of the owner's lease (named owners only: an anonymous caller never
+--                  re-enters)
+--   'i:<key>'   -> the token of the hold an idempotency key granted
+--
+-- Leases and holds whose expiry has passed (by Redis time) are dropped by the next script that
+-- changes the lock; reads ignore them.
+local K = {
+  state = KEYS[1], leases = KEYS[2], fence = KEYS[3], waiters = KEYS[4], queue = KEYS[5],
+  writers = KEYS[6], channel = KEYS[7],
 }
 
 -- Most shared waiters at the head of the queue woken (and granted) together; longer runs follow
 -- as those ahead of them are granted.
 local MAX_WAKE = 64
-
--- The keys, named: `names` lists the script's KEYS in order, starting after KEYS[offset].
-local function lock_keys(names, offset)
-  offset = offset or 0
-  local K = {}
-  for i, name in ipairs(names) do
-    K[name] = KEYS[offset + i]
-  end
-  for name, suffix in pairs(SUFFIXES) do
-    if not K[name] then
-      K[name] = K.state .. suffix
-    end
-  end
-  return K
-end
 
 -- Redis time: milliseconds, and microseconds.
 local function clock()
@@ -48,56 +43,121 @@ local function clock()
   return math.floor(us / 1000), us
 end
 
--- A shared lease's record, or nil.
-local function reader(K, token)
-  local rec = redis.call('HGET', K.shared, 't:' .. token)
-  if not rec then
+-- Hold fields.
+local TOKEN, EXPIRY, TTL, KEY, CLAIMS = 1, 2, 3, 4, 5
+
+-- The lease `id`, or nil.
+local function lease_of(id)
+  local raw = redis.call('HGET', K.state, 'l:' .. id)
+  if raw then
+    return cmsgpack.unpack(raw)
+  end
+  return nil
+end
+
+-- The hold of `lease` with `token`, and its index, when it has not expired.
+local function hold_of(lease, token, now)
+  for i, h in ipairs(lease.holds) do
+    if h[TOKEN] == token then
+      if h[EXPIRY] > now then
+        return h, i
+      end
+      return nil, i
+    end
+  end
+  return nil, nil
+end
+
+local function forget_hold(h)
+  redis.call('HDEL', K.state, 't:' .. h[TOKEN])
+  if h[KEY] ~= '' then
+    redis.call('HDEL', K.state, 'i:' .. h[KEY])
+  end
+end
+
+-- Forgets the lease `id` and all its holds.
+local function drop_lease(id, lease)
+  if lease then
+    for _, h in ipairs(lease.holds) do
+      forget_hold(h)
+    end
+    if lease.owner ~= '' and redis.call('HGET', K.state, 'o:' .. lease.owner) == id then
+      redis.call('HDEL', K.state, 'o:' .. lease.owner)
+    end
+  end
+  redis.call('HDEL', K.state, 'l:' .. id)
+  redis.call('ZREM', K.leases, id)
+  if redis.call('HGET', K.state, 'x') == id then
+    redis.call('HDEL', K.state, 'x')
+  end
+end
+
+-- Stores `lease` after dropping its expired holds: its expiry becomes the latest of its live
+-- holds'. Forgets it when none is live. Returns that expiry, or nil.
+local function save_lease(id, lease, now)
+  local live, latest = {}, nil
+  for _, h in ipairs(lease.holds) do
+    if h[EXPIRY] > now then
+      live[#live + 1] = h
+      if not latest or h[EXPIRY] > latest then
+        latest = h[EXPIRY]
+      end
+    else
+      forget_hold(h)
+    end
+  end
+  lease.holds = live
+  if not latest then
+    drop_lease(id, lease)
     return nil
   end
-  local count, ttl, fence, owner = string.match(rec, '^(%d+)|(%d+)|(%d+)|(.*)$')
-  return {count = tonumber(count), ttl = tonumber(ttl), fence = fence, owner = owner}
+  redis.call('HSET', K.state, 'l:' .. id, cmsgpack.pack(lease))
+  redis.call('ZADD', K.leases, latest, id)
+  return latest
 end
 
-local function save_reader(K, token, r)
-  local rec = r.count .. '|' .. r.ttl .. '|' .. r.fence .. '|' .. r.owner
-  redis.call('HSET', K.shared, 't:' .. token, rec, 'o:' .. r.owner, token)
-end
-
-local function drop_reader(K, token)
-  local r = reader(K, token)
-  redis.call('ZREM', K.readers, token)
-  redis.call('HDEL', K.shared, 't:' .. token)
-  if r and redis.call('HGET', K.shared, 'o:' .. r.owner) == token then
-    redis.call('HDEL', K.shared, 'o:' .. r.owner)
+-- Drops every lease whose holds have all expired by Redis's clock.
+local function reclaim(now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)) do
+    drop_lease(id, lease_of(id))
   end
 end
 
--- Drops every shared lease that has expired by Redis's clock.
-local function reclaim_readers(K, now)
-  for _, token in ipairs(redis.call('ZRANGEBYSCORE', K.readers, '-inf', now)) do
-    drop_reader(K, token)
+-- Keeps the lease keys until the last lease ends; deletes them when none is left.
+local function touch_leases(now)
+  local last = redis.call('ZRANGE', K.leases, -1, -1, 'WITHSCORES')
+  if last[2] then
+    local keep = math.max(tonumber(last[2]) - now, 1)
+    redis.call('PEXPIRE', K.state, keep)
+    redis.call('PEXPIRE', K.leases, keep)
+  else
+    redis.call('DEL', K.state, K.leases)
   end
+end
+
+-- The id of the exclusive lease when it is live.
+local function exclusive(now)
+  local id = redis.call('HGET', K.state, 'x')
+  if id then
+    local expiry = redis.call('ZSCORE', K.leases, id)
+    if expiry and tonumber(expiry) > now then
+      return id
+    end
+  end
+  return nil
 end
 
 -- Shared leases not yet expired.
-local function live_readers(K, now)
-  return redis.call('ZCOUNT', K.readers, '(' .. now, '+inf')
-end
-
--- Keeps the shared-lease keys until the last shared lease ends; deletes them when none is left.
-local function touch_readers(K, now)
-  local last = redis.call('ZRANGE', K.readers, -1, -1, 'WITHSCORES')
-  if last[2] then
-    local keep = math.max(tonumber(last[2]) - now, 1)
-    redis.call('PEXPIRE', K.readers, keep)
-    redis.call('PEXPIRE', K.shared, keep)
-  else
-    redis.call('DEL', K.readers, K.shared)
+local function live_shared(now)
+  local live = redis.call('ZCOUNT', K.leases, '(' .. now, '+inf')
+  if exclusive(now) then
+    live = live - 1
   end
+  return live
 end
 
 -- Forgets a waiter; returns whether it had a place in the fair queue.
-local function drop_waiter(K, id)
+local function drop_waiter(id)
   redis.call('ZREM', K.waiters, id)
   redis.call('ZREM', K.writers, id)
   return redis.call('ZREM', K.queue, 'x' .. id, 's' .. id) > 0
@@ -105,10 +165,10 @@ end
 
 -- Forgets waiters whose registration expired (their wait ended or their Baton died); returns
 -- whether one of them had a place in the fair queue.
-local function purge_waiters(K, now)
+local function purge_waiters(now)
   local queued = false
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.waiters, '-inf', now)) do
-    if drop_waiter(K, id) then
+    if drop_waiter(id) then
       queued = true
     end
   end
@@ -117,7 +177,7 @@ local function purge_waiters(K, now)
 end
 
 -- Keeps the waiter keys until the last registration ends; deletes them when none is left.
-local function touch_waiters(K, now)
+local function touch_waiters(now)
   local last = redis.call('ZRANGE', K.waiters, -1, -1, 'WITHSCORES')
   if last[2] then
     local keep = math.max(tonumber(last[2]) - now, 1)
@@ -131,7 +191,7 @@ end
 
 -- The first `n` places of the fair queue, after dropping from its head every place whose
 -- registration has ended.
-local function queue_head(K, now, n)
+local function queue_head(now, n)
   while true do
     local head = redis.call('ZRANGE', K.queue, 0, n - 1)
     if not head[1] then
@@ -149,14 +209,14 @@ end
 -- run of shared waiters at the head, up to MAX_WAKE, when the head is shared), each by a message
 -- addressed to it; with nobody queued, every waiter by one broadcast, sent when `always` or when
 -- anyone waits.
-local function wake(K, now, always)
-  local head = queue_head(K, now, MAX_WAKE)
+local function wake(now, always)
+  local head = queue_head(now, MAX_WAKE)
   if head[1] then
-    if redis.call('EXISTS', K.state) == 1 then
+    if exclusive(now) then
       return
     end
     if string.sub(head[1], 1, 1) == 'x' then
-      if live_readers(K, now) == 0 then
+      if live_shared(now) == 0 then
         redis.call(PUBLISH, K.channel, '@' .. string.sub(head[1], 2))
       end
       return
@@ -172,38 +232,27 @@ local function wake(K, now, always)
   end
 end
 
--- Sets the remaining ttl of the lease `token`, exclusive or shared, to `ttl` ms (0: the ttl it was
--- acquired with). Returns the new ttl, -1 when the token holds no lease, or -2 (changing nothing)
--- when the ttl would be below `min` ms.
-local function refresh_lease(K, token, ttl, min)
-  local holder = redis.call('HMGET', K.state, 'token', 'ttl')
-  if holder[1] == token then
-    if ttl == 0 then
-      ttl = tonumber(holder[2])
-    end
-    if ttl < min then
-      return -2
-    end
-    redis.call('PEXPIRE', K.state, ttl)
-    return ttl
-  end
-  local expiry = redis.call('ZSCORE', K.readers, token)
-  if not expiry then
+-- Sets the expiry of the hold `token` to now + `ttl` ms (0: the ttl it was acquired with); the
+-- lease lasts as long as its longest-lived hold. Returns the hold's new remaining ttl, -1 when
+-- the token holds nothing, or -2 (changing nothing) when the ttl would be below `min` ms.
+local function refresh_hold(token, ttl, min, now)
+  local id = redis.call('HGET', K.state, 't:' .. token)
+  local lease = id and lease_of(id)
+  if not lease then
     return -1
   end
-  local now = clock()
-  local r = reader(K, token)
-  if tonumber(expiry) <= now or not r then
+  local h = hold_of(lease, token, now)
+  if not h then
     return -1
   end
   if ttl == 0 then
-    ttl = r.ttl
+    ttl = h[TTL]
   end
   if ttl < min then
     return -2
   end
-  redis.call('ZADD', K.readers, 'XX', now + ttl, token)
-  touch_readers(K, now)
+  h[EXPIRY] = now + ttl
+  save_lease(id, lease, now)
+  touch_leases(now)
   return ttl
 end
-

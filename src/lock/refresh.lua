@@ -1,11 +1,10 @@
--- Refresh: set the remaining ttl of the lease (exclusive or shared) whose token is given.
+-- Refresh: set the remaining ttl of the hold whose token is given. The lease lasts as long as its
+-- longest-lived hold, so a shorter ttl never cuts another hold of the same lease short.
 --
--- KEYS: state, then readers, shared (see the prelude; callers of the first version pass only the
--- state key).
--- ARGV[1] token   ARGV[2] ttl ms (0 reuses the ttl the lease was acquired with)
+-- KEYS: the prelude's seven.
+-- ARGV[1] token   ARGV[2] ttl ms (0 reuses the ttl the hold was acquired with)
 -- ARGV[3] smallest ttl accepted (ms); a smaller resulting ttl changes nothing
 --
--- Returns the new remaining ttl in ms, -1 when the token does not hold the lock, or -2 when the
+-- Returns the hold's new remaining ttl in ms, -1 when the token holds nothing, or -2 when the
 -- ttl would be below ARGV[3].
-local K = lock_keys({'state', 'readers', 'shared'})
-return refresh_lease(K, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+return refresh_hold(ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), clock())

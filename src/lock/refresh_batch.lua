@@ -1,14 +1,21 @@
--- Refresh many leases in one call (the keepalive of many streams at once).
+-- Refresh many holds in one call (the keepalive of many streams at once), each on its own: one
+-- hold whose keys make Redis raise an error (a key of the wrong type) fails alone.
 --
--- KEYS: per lease, its state, readers and shared keys (three per lease, as refresh.lua takes).
--- ARGV: per lease, its token and ttl ms (0 reuses the ttl the lease was acquired with).
+-- KEYS: per hold, its lock's state and leases keys (two per hold).
+-- ARGV: per hold, its token and ttl ms (0 reuses the ttl the hold was acquired with).
 --
--- Returns per lease, in order, the new remaining ttl in ms, or 0 when that token no longer holds
--- the lock (exclusive or shared).
+-- Returns per hold, in order, its new remaining ttl in ms, 0 when that token no longer holds the
+-- lock, or -1 when its renewal failed with an error.
+local now = clock()
 local renewed = {}
 for i = 1, #ARGV / 2 do
-  local K = lock_keys({'state', 'readers', 'shared'}, (i - 1) * 3)
-  local ttl = refresh_lease(K, ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0)
-  renewed[i] = math.max(ttl, 0)
+  -- The prelude's functions read K: point it at this hold's lock.
+  K.state, K.leases = KEYS[2 * i - 1], KEYS[2 * i]
+  local ok, ttl = pcall(refresh_hold, ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0, now)
+  if ok then
+    renewed[i] = math.max(ttl, 0)
+  else
+    renewed[i] = -1
+  end
 end
 return renewed

@@ -1,48 +1,38 @@
--- Release: undo one hold of the lease (exclusive or shared) whose token is given. When its last
--- hold goes and the lock becomes free of what kept waiters out, wake them: the fair queue's head
--- (by a message addressed to it), or with nobody queued every waiter on every Baton at once.
+-- Release: end one hold, the one whose token is given. When it was the last live hold of its
+-- lease, the lease ends; when that frees the lock for those waiting, wake them: the fair queue's
+-- head (by a message addressed to it), or with nobody queued every waiter on every Baton at once.
 --
--- KEYS: state, channel, then readers, shared, queue, waiters, writers (see the prelude; callers of
--- the first version pass only the first two).
--- ARGV[1] token
+-- KEYS: the prelude's seven.
+-- ARGV[1] token   ARGV[2] '1' to keep a hold that a retry with its idempotency key has claimed
+--                 (the clean-up of a grant whose caller never saw it), '0' otherwise
 --
--- Returns {1, holds left} when the token held the lock, {0, 0} when it did not (an expired shared
--- lease is cleaned up then).
-local K = lock_keys({'state', 'channel', 'readers', 'shared', 'queue', 'waiters', 'writers'})
-local token = ARGV[1]
-
-local holder = redis.call('HMGET', K.state, 'token', 'count')
-if holder[1] == token then
-  local count = tonumber(holder[2]) - 1
-  if count > 0 then
-    redis.call('HSET', K.state, 'count', count)
-    return {1, count}
-  end
-  redis.call('DEL', K.state)
-  wake(K, clock(), true)
-  return {1, 0}
-end
-
-local expiry = redis.call('ZSCORE', K.readers, token)
-if not expiry then
-  return {0, 0}
-end
+-- Returns {1, live holds left in the lease} when the token held the lock, {0, 0} when it did not
+-- (already released, expired, or unknown), {-1, live holds} when it was kept as claimed.
+local token, unclaimed_only = ARGV[1], ARGV[2] == '1'
 local now = clock()
-local r = reader(K, token)
-if tonumber(expiry) <= now or not r then
-  drop_reader(K, token)
-  touch_readers(K, now)
+local id = redis.call('HGET', K.state, 't:' .. token)
+if not id then
   return {0, 0}
 end
-if r.count > 1 then
-  r.count = r.count - 1
-  save_reader(K, token, r)
-  return {1, r.count}
+local lease = lease_of(id)
+if not lease then
+  redis.call('HDEL', K.state, 't:' .. token)
+  return {0, 0}
 end
-drop_reader(K, token)
-reclaim_readers(K, now)
-touch_readers(K, now)
-if redis.call('ZCARD', K.readers) == 0 then
-  wake(K, now, true)
+local h, i = hold_of(lease, token, now)
+if h and unclaimed_only and h[CLAIMS] > 0 then
+  return {-1, #lease.holds}
 end
-return {1, 0}
+if i then
+  forget_hold(lease.holds[i])
+  table.remove(lease.holds, i)
+end
+local left = save_lease(id, lease, now)
+touch_leases(now)
+if not left and (lease.mode == 'x' or live_shared(now) == 0) then
+  wake(now, true)
+end
+if not h then
+  return {0, 0}
+end
+return {1, left and #lease.holds or 0}

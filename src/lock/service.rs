@@ -1,25 +1,26 @@
 //! The `baton.v1.LockService` gRPC handler: turns requests into [`Locks`] calls and results back
 //! into responses. Validation errors name the proto field.
 
-use std::pin::Pin;
+use std::{pin::Pin, time::Duration};
 
 use futures::Stream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
-    AcquireRequest, Acquired, Lease, Locks, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
-    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Mode,
+    AcquireRequest, Acquired, Lease, Locks, MAX_IDEMPOTENCY_KEY_BYTES, MAX_NAME_BYTES,
+    MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Mode,
 };
 use crate::{
     error::Error,
-    lease::{self, Event, EventMessage, Grant},
+    lease::{self, ClientWatch, Event, EventMessage, Grant},
     proto::v1::{
         self as pb, lock_service_hold_response::Event as HoldEvent,
         lock_service_keep_alive_response::Event as KeepAliveEvent,
         lock_service_server::LockService,
     },
-    wire,
+    server, wire,
 };
 
 /// The LockService implementation.
@@ -27,12 +28,23 @@ use crate::{
 pub struct LockApi {
     locks: Locks,
     shutdown: CancellationToken,
+    pings: Option<Duration>,
 }
 
 impl LockApi {
-    /// A handler over `locks` whose streams and waits end when `shutdown` is cancelled.
-    pub fn new(locks: Locks, shutdown: CancellationToken) -> Self {
-        Self { locks, shutdown }
+    /// A handler over `locks` whose streams and waits end when `shutdown` is cancelled; `pings`
+    /// is the server's HTTP/2 keepalive interval, which bounds how long a live client can seem
+    /// silent.
+    pub fn new(locks: Locks, shutdown: CancellationToken, pings: Option<Duration>) -> Self {
+        Self {
+            locks,
+            shutdown,
+            pings,
+        }
+    }
+
+    fn client<T>(&self, request: &Request<T>) -> ClientWatch {
+        ClientWatch::new(server::liveness(request), self.pings)
     }
 }
 
@@ -69,7 +81,7 @@ fn mode_message(mode: Mode) -> pb::LockMode {
     }
 }
 
-fn lease_message(lease: &Lease) -> pb::LockLease {
+fn lease_message(lease: &Lease, ttl: Duration) -> pb::LockLease {
     pb::LockLease {
         name: lease.name.clone(),
         token: lease.token.clone(),
@@ -78,6 +90,7 @@ fn lease_message(lease: &Lease) -> pb::LockLease {
         hold_count: lease.hold_count,
         owner: lease.owner.clone(),
         mode: mode_message(lease.mode).into(),
+        expires_at: Some(lease::expires_at(lease.sent_at + lease.remaining, ttl).into()),
     }
 }
 
@@ -103,6 +116,7 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::LockServiceAcquireRequest>,
     ) -> Result<Response<pb::LockServiceAcquireResponse>, Status> {
+        let arrived = Instant::now();
         // Only the caller's deadline is needed from the headers; no copy of them.
         let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
@@ -110,14 +124,18 @@ impl LockService for LockApi {
         let ttl = wire::bounded("ttl", req.ttl, MIN_TTL, MAX_TTL)?;
         let wait = wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
             .unwrap_or_default();
-        let wait = wire::fit_wait(wait, deadline);
         let acquire = AcquireRequest {
             name,
             ttl,
-            wait,
+            wait: wire::fit_wait(wait, deadline),
             owner: owner(&req.owner)?,
             fair: req.fair,
             mode: mode(req.mode)?,
+            idempotency_key: wire::idempotency_key(
+                "idempotency_key",
+                &req.idempotency_key,
+                MAX_IDEMPOTENCY_KEY_BYTES,
+            )?,
         };
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
@@ -131,17 +149,27 @@ impl LockService for LockApi {
             move |outcome| async move {
                 if let Acquired::Granted(lease) = outcome {
                     tracing::debug!(lock = %lease.name, "caller left before the grant arrived; releasing");
-                    if let Err(e) = orphans.release(&lease.name, &lease.token).await {
-                        tracing::warn!(lock = %lease.name, error = %e, "could not release an orphaned grant");
-                    }
+                    orphans.release_in_background(&lease.name, &lease.token, ttl);
                 }
             },
         )
         .await?;
         Ok(Response::new(match outcome {
+            Acquired::Granted(lease) if !wire::in_time(arrived.elapsed(), deadline) => {
+                // The answer would reach the caller after it gave up: it would hold a lock it
+                // does not know of until the ttl ends.
+                self.locks
+                    .release_in_background(&lease.name, &lease.token, ttl);
+                return Err(Error::DeadlineExceeded(
+                    "the lock was granted too close to the caller's deadline to answer in time; \
+                     the grant was released"
+                        .into(),
+                )
+                .into());
+            }
             Acquired::Granted(lease) => pb::LockServiceAcquireResponse {
                 acquired: true,
-                lease: Some(lease_message(&lease)),
+                lease: Some(lease_message(&lease, ttl)),
                 holder_remaining_ttl: None,
             },
             Acquired::Held { remaining } => pb::LockServiceAcquireResponse {
@@ -191,32 +219,41 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::LockServiceHoldRequest>,
     ) -> Result<Response<Self::HoldStream>, Status> {
+        let client = self.client(&request);
+        let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
+        let wait = wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
+            .unwrap_or_default();
         let acquire = AcquireRequest {
             name: name(&req.name)?.to_owned(),
             ttl: wire::bounded("ttl", req.ttl, MIN_KEEPALIVE_TTL, MAX_TTL)?,
-            wait: wire::optional_bounded("wait_timeout", req.wait_timeout, MIN_WAIT, MAX_WAIT)?
-                .unwrap_or_default(),
+            wait: wire::fit_wait(wait, deadline),
             owner: owner(&req.owner)?,
             fair: req.fair,
             mode: mode(req.mode)?,
+            idempotency_key: None,
         };
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
 
         let locks = self.locks.clone();
-        let events = lease::hold(&self.shutdown, hold_event, move |stop| async move {
+        let events = lease::hold(&self.shutdown, client, hold_event, move |stop| async move {
             Ok(match locks.acquire(&acquire, stop).await? {
                 Acquired::Granted(lease) => {
                     tracing::debug!(lock = %lease.name, fencing_token = lease.fencing_token, "hold acquired");
                     Grant::Granted {
                         first: pb::LockServiceHoldResponse {
-                            event: Some(HoldEvent::Acquired(lease_message(&lease))),
+                            event: Some(HoldEvent::Acquired(lease_message(&lease, acquire.ttl))),
                         },
                         valid_until: lease.sent_at + lease.remaining,
                         ttl: acquire.ttl,
-                        lease: locks.lease_handle(lease.name, lease.token, Some(acquire.ttl)),
+                        lease: locks.lease_handle(
+                            lease.name,
+                            lease.token,
+                            lease.owner,
+                            Some(acquire.ttl),
+                        ),
                     }
                 }
                 Acquired::Held { remaining } => Grant::Refused(pb::LockServiceHoldResponse {
@@ -235,6 +272,7 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::LockServiceKeepAliveRequest>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let client = self.client(&request);
         let req = request.into_inner();
         let name = name(&req.name)?.to_owned();
         let token = token(&req.token)?;
@@ -242,9 +280,12 @@ impl LockService for LockApi {
         let first = self
             .locks
             .refresh_at_least(&name, &token, ttl, MIN_KEEPALIVE_TTL);
-        let lease = self.locks.lease_handle(name.clone(), token.clone(), ttl);
+        let lease = self
+            .locks
+            .lease_handle(name.clone(), token.clone(), String::new(), ttl);
         let events =
-            lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
+            lease::open_keep_alive(&self.shutdown, client, keep_alive_event, lease, ttl, first)
+                .await?;
         Ok(Response::new(Box::pin(events)))
     }
 

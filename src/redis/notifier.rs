@@ -439,11 +439,14 @@ impl Subscription {
                 std::future::pending::<()>().await;
             }
         };
-        tokio::select! {
-            () = broadcast => {}
-            () = addressed => {}
-            () = relay => {}
-        }
+        let relayed = tokio::select! {
+            () = broadcast => false,
+            () = addressed => false,
+            () = relay => true,
+        };
+        // A relay wake this waiter consumed is its to act on: leaving before the next attempt has
+        // answered passes it on (see `settle`).
+        self.owes |= relayed;
     }
 
     /// Makes sure Redis has confirmed this channel's subscription on the live connection,

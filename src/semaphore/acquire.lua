@@ -4,18 +4,40 @@
 -- ARGV[1] token   ARGV[2] owner   ARGV[3] permits   ARGV[4] limit   ARGV[5] ttl ms
 -- ARGV[6] waiter id ('' when the caller does not wait)   ARGV[7] '1' for fair
 -- ARGV[8] wait left ms   ARGV[9] fair queue registration lease ms   ARGV[10] fence retention ms
+-- ARGV[11] idempotency key ('' for none)
 --
--- Returns {1, fence, remaining ms, limit in force, permits still available} when granted, or
--- {0, permits available, ms until the earliest holder lease ends, ms until that or the earliest
--- waiter registration ends} (-1: none).
+-- Returns {1, fence, remaining ms, limit in force, permits still available, token} when granted
+-- (a retry with an idempotency key that already granted gets that lease again), {0, permits
+-- available, ms until the earliest holder lease ends, ms until that or the earliest waiter
+-- registration ends} (-1: none), or {-4} when the idempotency key granted a different request.
 local token, owner = ARGV[1], ARGV[2]
 local permits, limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local waiter, fair, wait_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
-local queue_lease, retention = tonumber(ARGV[9]), tonumber(ARGV[10])
+local queue_lease, retention, key = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 
 local now, now_us = clock()
 reclaim(now)
 purge_waiters(now)
+
+-- A retry of an acquisition that already granted: the same lease again.
+if key ~= '' then
+  local granted = redis.call('HGET', D, 'i:' .. key)
+  local h = granted and holder(granted)
+  if h then
+    if h.permits ~= permits or h.limit ~= limit or h.owner ~= owner then
+      return {-4}
+    end
+    if waiter ~= '' then
+      drop_waiter(waiter)
+    end
+    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone.
+    redis.call('HINCRBY', D, 'c:' .. granted, 1)
+    local left = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
+    local in_force = math.min(limit, tonumber(left[2] or limit))
+    return {1, h.fence, tonumber(redis.call('ZSCORE', H, granted)) - now, in_force,
+            math.max(in_force - in_use(), 0), granted}
+  end
+end
 
 local strictest = limit
 local lowest = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
@@ -50,8 +72,12 @@ if turn and used + permits <= strictest then
   redis.call('SET', F, fence, 'PX', ttl + retention)
   redis.call('ZADD', H, now + ttl, token)
   redis.call('ZADD', L, limit, token)
-  redis.call('HSET', D, 'h:' .. token, permits .. '|' .. limit .. '|' .. ttl .. '|' .. fence .. '|' .. owner,
+  redis.call('HSET', D, 'h:' .. token,
+             permits .. '|' .. limit .. '|' .. ttl .. '|' .. fence .. '|' .. key .. '|' .. owner,
              'last_limit', limit)
+  if key ~= '' then
+    redis.call('HSET', D, 'i:' .. key, token)
+  end
   redis.call('HINCRBY', D, 'used', permits)
   if waiter ~= '' then
     local queued = redis.call('ZSCORE', Q, waiter)
@@ -62,7 +88,7 @@ if turn and used + permits <= strictest then
     end
   end
   touch(now)
-  return {1, fence, ttl, strictest, strictest - used - permits}
+  return {1, fence, ttl, strictest, strictest - used - permits, token}
 end
 
 if waiter ~= '' and wait_ms > 0 and not fair then

@@ -1,11 +1,11 @@
 //! Counting semaphores with per-holder leases, weighted permits, optional FIFO fairness, and
 //! waiting woken by Redis pub/sub.
 //!
-//! The seed notes' three semaphores each have a flaw: the basic one trusts client clocks (a fast
-//! clock steals a slot), the fair one races between its steps (two acquirers exceed the limit),
-//! and both keep a crashed holder's slot until a fixed timeout. Here every step is one Lua script
-//! that reads Redis's clock, reclaims expired holders and decides in the same atomic call, and
-//! each holder carries its own ttl.
+//! Classic Redis semaphores each have a flaw: one that timestamps holders with the client's clock
+//! lets a fast clock steal a slot, one built of several commands races between its steps (two
+//! acquirers exceed the limit), and both keep a crashed holder's slot until a fixed timeout. Here
+//! every step is one Lua script that reads Redis's clock, reclaims expired holders and decides in
+//! the same atomic call, and each holder carries its own ttl.
 //!
 //! # Limit semantics
 //!
@@ -43,7 +43,10 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    lease::{Renewable, batch::Batcher},
+    lease::{
+        self, Renewable,
+        batch::{Batcher, Renewal},
+    },
     redis::{
         Ack, Notifier, Redis, Wake,
         reply::{int, millis, ms, string, unexpected},
@@ -52,8 +55,8 @@ use crate::{
 };
 
 pub use crate::lease::{
-    FENCE_RETENTION, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL,
-    MIN_TTL, MIN_WAIT,
+    FENCE_RETENTION, MAX_IDEMPOTENCY_KEY_BYTES, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
+    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT,
 };
 
 /// Largest limit. It bounds the holders of one semaphore, and so the work of every script.
@@ -125,10 +128,12 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// How long to wait; zero tries once.
     pub wait: Duration,
-    /// The owner label; `None` uses the token.
+    /// The owner label; `None` for none.
     pub owner: Option<String>,
     /// Queue in arrival order.
     pub fair: bool,
+    /// A retry of an acquisition that granted a lease still held gets that lease again.
+    pub idempotency_key: Option<String>,
 }
 
 /// A granted permit lease.
@@ -148,7 +153,7 @@ pub struct Permit {
     pub limit: u32,
     /// Permits still available under that limit right after the grant (others may take them).
     pub left: u32,
-    /// The owner label.
+    /// The owner label; empty when the request gave none.
     pub owner: String,
     /// When the successful script call was sent: the lease lasts at least until
     /// `sent_at + remaining` by this process's monotonic clock.
@@ -298,20 +303,28 @@ impl Semaphores {
     ) -> Result<Acquired, Error> {
         let keys = self.keys(&request.name);
         let token = Uuid::new_v4().hyphenated().to_string();
-        let owner = request.owner.clone().unwrap_or_else(|| token.clone());
+        let owner = request.owner.as_deref().unwrap_or("");
         let deadline = Instant::now() + request.wait;
 
-        // Uncontended acquisitions cost one script call: subscribe only when they must wait.
-        let first = self
-            .try_acquire(&keys, request, &owner, &token, None)
-            .await?;
-        match first {
-            Ok(permit) => return Ok(Acquired::Granted(permit)),
-            Err(busy) if request.wait.is_zero() => return Ok(busy.into()),
-            Err(_) => {}
+        // Uncontended acquisitions cost one script call: subscribe only when they must wait. A
+        // caller that will wait registers on this first try already, so a fair one takes its
+        // place in the queue in the order its request reached Redis.
+        let waiter = Uuid::new_v4().simple().to_string();
+        let first = (!request.wait.is_zero()).then_some((waiter.as_str(), request.wait));
+        match self.try_acquire(&keys, request, owner, &token, first).await {
+            Ok(Ok(permit)) => return Ok(Acquired::Granted(permit)),
+            Ok(Err(busy)) if request.wait.is_zero() => return Ok(busy.into()),
+            Ok(Err(_)) => {}
+            Err(e) => {
+                // The script may have run and registered the waiter (a fair one holds a place in
+                // the queue): take it out rather than hold the queue up until it expires.
+                if first.is_some() {
+                    self.abandon_in_background(&request.name, &waiter);
+                }
+                return Err(e);
+            }
         }
 
-        let waiter = Uuid::new_v4().simple().to_string();
         let renew_place = QUEUE_LEASE / 3;
         // A release frees at least one permit: it wakes one local non-fair single-permit waiter,
         // who passes the wake on when it leaves permits over. Fair waiters and those asking for
@@ -329,7 +342,7 @@ impl Semaphores {
             stop,
             |left| {
                 let attempt =
-                    self.try_acquire(&keys, request, &owner, &token, Some((&waiter, left)));
+                    self.try_acquire(&keys, request, owner, &token, Some((&waiter, left)));
                 async move {
                     Ok(match attempt.await? {
                         // Permits left over go to the next local waiter a release woke.
@@ -358,7 +371,7 @@ impl Semaphores {
         )
         .await;
         if !matches!(waited, Ok(Acquired::Granted(_))) {
-            self.abandon_wait(&keys, &waiter).await;
+            self.abandon_in_background(&request.name, &waiter);
         }
         waited
     }
@@ -383,7 +396,8 @@ impl Semaphores {
             .arg(if request.fair { "1" } else { "0" })
             .arg(millis(wait_left))
             .arg(millis(QUEUE_LEASE))
-            .arg(millis(FENCE_RETENTION));
+            .arg(millis(FENCE_RETENTION))
+            .arg(request.idempotency_key.as_deref().unwrap_or(""));
         let sent_at = Instant::now();
         let granted = |reply: &Vec<Value>| reply.first().is_some_and(|g| int(g).ok() == Some(1));
         let acked = self
@@ -392,12 +406,14 @@ impl Semaphores {
             .eval_acked(&invocation, &keys.holders, granted)
             .await;
         let reply: Vec<Value> = match acked {
-            Ok((_, Ack::Missing { replicas })) => {
+            Ok((reply, Ack::Missing { replicas })) => {
                 // Not confirmed by enough replicas: undo the grant and report it as not made.
                 tracing::warn!(semaphore = %request.name, replicas, "grant not acknowledged by enough replicas; rolled back");
-                if let Err(e) = self.release(&request.name, token).await {
-                    tracing::warn!(error = %e, "rolling back an unacknowledged grant failed; it expires at its ttl");
-                }
+                let granted = match reply.get(5) {
+                    Some(granted) => string(granted)?,
+                    None => token.to_owned(),
+                };
+                self.release_in_background(&request.name, &granted, request.ttl);
                 return Ok(Err(Busy {
                     available: 0,
                     earliest_expiry: None,
@@ -406,60 +422,105 @@ impl Semaphores {
             }
             Ok((reply, _)) => reply,
             Err(e @ Error::Unavailable(_)) => {
-                self.release_in_background(&request.name, token);
+                // Redis may have run the script and only the reply missed the timeout.
+                self.release_in_background(&request.name, token, request.ttl);
                 return Err(e);
             }
             Err(e) => return Err(e),
         };
         match reply.as_slice() {
-            [granted, fence, remaining, limit, left] if int(granted)? == 1 => Ok(Ok(Permit {
-                name: request.name.clone(),
-                token: token.to_owned(),
-                fencing_token: u64::try_from(int(fence)?)
-                    .map_err(|_| unexpected("negative fencing token"))?,
-                remaining: ms(int(remaining)?).unwrap_or(request.ttl),
-                permits: request.permits,
-                limit: u32::try_from(int(limit)?).unwrap_or(request.limit),
-                left: u32::try_from(int(left)?).unwrap_or(0),
-                owner: owner.to_owned(),
-                sent_at,
-            })),
+            [granted, fence, remaining, limit, left, token] if int(granted)? == 1 => {
+                Ok(Ok(Permit {
+                    name: request.name.clone(),
+                    token: string(token)?,
+                    fencing_token: u64::try_from(int(fence)?)
+                        .map_err(|_| unexpected("negative fencing token"))?,
+                    remaining: ms(int(remaining)?).unwrap_or(request.ttl),
+                    permits: request.permits,
+                    limit: u32::try_from(int(limit)?).unwrap_or(request.limit),
+                    left: u32::try_from(int(left)?).unwrap_or(0),
+                    owner: owner.to_owned(),
+                    sent_at,
+                }))
+            }
             [_, available, expiry, wake] => Ok(Err(Busy {
                 available: u32::try_from(int(available)?).unwrap_or(0),
                 earliest_expiry: ms(int(expiry)?),
                 wake_in: ms(int(wake)?),
             })),
+            [refused] if int(refused)? == -4 => Err(Error::FailedPrecondition(
+                "idempotency_key: this key granted a different request (other permits, limit or \
+                 owner); use a fresh key per acquisition"
+                    .into(),
+            )),
             _ => Err(unexpected("acquire reply")),
         }
     }
 
-    /// Releases what an acquisition whose answer never came may have granted: Redis may have run
-    /// the script and only the reply missed the timeout. Harmless when nothing was granted; at
-    /// worst the lease expires at its ttl.
-    fn release_in_background(&self, name: &str, token: &str) {
+    /// Releases the lease `token` of semaphore `name` in a task of its own, retried until it
+    /// would have expired anyway (`ttl` from now): for grants whose caller will never see them.
+    /// Harmless when the token holds nothing; a lease that its caller's retry with the same
+    /// idempotency key has claimed meanwhile is left alone.
+    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration) {
         let (semaphores, name, token) = (self.clone(), name.to_owned(), token.to_owned());
-        tokio::spawn(async move {
-            if let Ok(true) = semaphores.release(&name, &token).await {
-                tracing::info!(semaphore = %name, "released a grant whose answer arrived too late");
-            }
-        });
+        lease::clean_up(
+            format!("releasing an unused lease of semaphore {name:?}"),
+            Instant::now() + ttl,
+            move || {
+                let (semaphores, name, token) = (semaphores.clone(), name.clone(), token.clone());
+                async move {
+                    if semaphores.release_as(&name, &token, true).await? {
+                        tracing::info!(semaphore = %name, "released a lease whose caller never saw it");
+                    }
+                    Ok(())
+                }
+            },
+        );
     }
 
-    /// Removes a waiter that stopped waiting, waking those queued behind it.
-    async fn abandon_wait(&self, keys: &SemaphoreKeys, waiter: &str) {
-        let mut invocation = self.invocation(&self.inner.abandon, keys);
-        invocation.arg(waiter);
-        if let Err(e) = self.inner.redis.eval::<i64>(&invocation).await {
-            tracing::debug!(error = %e, "could not remove a waiter; its registration will expire");
-        }
+    /// Removes a waiter that stopped waiting, waking those queued behind it; retried in the
+    /// background for as long as its registration could last ([`QUEUE_LEASE`]).
+    fn abandon_in_background(&self, name: &str, waiter: &str) {
+        let (semaphores, name, waiter) = (self.clone(), name.to_owned(), waiter.to_owned());
+        lease::clean_up(
+            format!("removing a waiter of semaphore {name:?}"),
+            Instant::now() + QUEUE_LEASE,
+            move || {
+                let (semaphores, name, waiter) = (semaphores.clone(), name.clone(), waiter.clone());
+                async move {
+                    let keys = semaphores.keys(&name);
+                    let mut invocation = semaphores.invocation(&semaphores.inner.abandon, &keys);
+                    invocation.arg(&waiter);
+                    semaphores
+                        .inner
+                        .redis
+                        .eval::<i64>(&invocation)
+                        .await
+                        .map(drop)
+                }
+            },
+        );
     }
 
     /// Gives the lease `token` back. Returns whether it was still held (false when it had
     /// already expired or is unknown).
     pub async fn release(&self, name: &str, token: &str) -> Result<bool, Error> {
+        self.release_as(name, token, false).await
+    }
+
+    /// [`release`](Self::release), that with `unclaimed_only` keeps (and reports not held) a
+    /// lease that a retry with its idempotency key has handed to its caller.
+    async fn release_as(
+        &self,
+        name: &str,
+        token: &str,
+        unclaimed_only: bool,
+    ) -> Result<bool, Error> {
         let keys = self.keys(name);
         let mut invocation = self.invocation(&self.inner.release, &keys);
-        invocation.arg(token);
+        invocation
+            .arg(token)
+            .arg(if unclaimed_only { "1" } else { "0" });
         Ok(self.inner.redis.eval::<i64>(&invocation).await? == 1)
     }
 
@@ -495,7 +556,7 @@ impl Semaphores {
     /// call, answering per lease the remaining ttl or `None` when it is no longer held. The
     /// caller keeps the batch within [`crate::lease::batch::MAX_BATCH`] leases and, on a Cluster,
     /// within one hash slot.
-    pub async fn refresh_many(&self, leases: &[Renewing]) -> Result<Vec<Option<Duration>>, Error> {
+    pub async fn refresh_many(&self, leases: &[Renewing]) -> Result<Vec<Renewal>, Error> {
         let mut invocation = self.inner.refresh_batch.prepare_invoke();
         for (name, token, ttl) in leases {
             for key in self.keys(name).all() {
@@ -507,7 +568,15 @@ impl Semaphores {
         if replies.len() != leases.len() {
             return Err(unexpected("refresh_batch reply"));
         }
-        Ok(replies.into_iter().map(ms).collect())
+        Ok(replies
+            .into_iter()
+            .map(|left| match left {
+                -3 => Err(Error::Internal(
+                    "the renewal of this lease failed in Redis (a key of the wrong type?)".into(),
+                )),
+                left => Ok(ms(left)),
+            })
+            .collect())
     }
 
     /// Reads the semaphore's state.
@@ -544,12 +613,20 @@ impl Semaphores {
         })
     }
 
-    /// A handle that renews and releases one lease, for keepalive streams.
-    pub fn lease_handle(&self, name: String, token: String, ttl: Option<Duration>) -> PermitLease {
+    /// A handle that renews and releases one lease, for keepalive streams; `owner` only names it
+    /// in log lines.
+    pub fn lease_handle(
+        &self,
+        name: String,
+        token: String,
+        owner: String,
+        ttl: Option<Duration>,
+    ) -> PermitLease {
         PermitLease {
             semaphores: self.clone(),
             name,
             token,
+            owner,
             ttl,
         }
     }
@@ -560,6 +637,7 @@ pub struct PermitLease {
     semaphores: Semaphores,
     name: String,
     token: String,
+    owner: String,
     ttl: Option<Duration>,
 }
 
@@ -575,6 +653,10 @@ impl Renewable for PermitLease {
 
     async fn release(&self) -> Result<bool, Error> {
         self.semaphores.release(&self.name, &self.token).await
+    }
+
+    fn describe(&self) -> String {
+        format!("semaphore {:?} owner {:?}", self.name, self.owner)
     }
 }
 

@@ -1,9 +1,12 @@
 -- Shared by every semaphore script (concatenated in front of each one at build time).
 --
 -- KEYS[1] holders   sorted set: lease token -> expiry (ms, Redis time)
--- KEYS[2] data      hash: 'h:<token>' -> "permits|limit|ttl|fence|owner", 'used' (permits held by
---                   holders not yet reclaimed), 'last_limit', 'seq' (fair queue arrival counter),
---                   'q:<waiter>' -> "permits|limit" for queued fair waiters
+-- KEYS[2] data      hash: 'h:<token>' -> "permits|limit|ttl|fence|key|owner" (owner '' for an
+--                   anonymous holder; key: the idempotency key that granted it, or ''), 'used'
+--                   (permits held by holders not yet reclaimed), 'last_limit', 'seq' (fair queue
+--                   arrival counter), 'q:<waiter>' -> "permits|limit" for queued fair waiters,
+--                   'i:<key>' -> the token an idempotency key granted, 'c:<token>' -> how many
+--                   retries with that key got the lease again (claims)
 -- KEYS[3] limits    sorted set: lease token -> the limit its holder asked for
 -- KEYS[4] queue     sorted set: fair waiter id -> arrival number
 -- KEYS[5] waiters   sorted set: waiter id (fair or not) -> expiry of its registration (ms)
@@ -26,9 +29,10 @@ local function holder(token)
   if not rec then
     return nil
   end
-  local permits, limit, ttl, fence, owner = string.match(rec, '^(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  local permits, limit, ttl, fence, key, owner =
+    string.match(rec, '^(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
   return {permits = tonumber(permits), limit = tonumber(limit), ttl = tonumber(ttl),
-          fence = fence, owner = owner}
+          fence = fence, key = key, owner = owner}
 end
 
 local function drop_holder(token)
@@ -38,6 +42,9 @@ local function drop_holder(token)
   redis.call('HDEL', D, 'h:' .. token)
   if h then
     redis.call('HINCRBY', D, 'used', -h.permits)
+    if h.key ~= '' then
+      redis.call('HDEL', D, 'i:' .. h.key, 'c:' .. token)
+    end
   end
   return h
 end

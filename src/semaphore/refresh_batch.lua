@@ -1,11 +1,12 @@
--- Refresh many: renew the leases of several semaphores in one call (batched keepalive).
+-- Refresh many: renew the leases of several semaphores in one call (batched keepalive), each on
+-- its own: a lease whose keys make Redis raise an error (a key of the wrong type) fails alone.
 --
 -- KEYS: the prelude's 7 keys of each lease's semaphore, lease after lease (all in one hash slot
 -- on a Cluster; any keys on a single Redis).
 -- ARGV: per lease, its token and ttl ms (0 reuses the acquisition ttl).
 --
--- Returns per lease, in order, the new remaining ttl in ms, or -1 when the token holds no
--- unexpired lease.
+-- Returns per lease, in order, the new remaining ttl in ms, -1 when the token holds no unexpired
+-- lease, or -3 when its renewal failed with an error.
 local now = clock()
 local out = {}
 for i = 1, #KEYS / 7 do
@@ -13,6 +14,7 @@ for i = 1, #KEYS / 7 do
   -- The prelude's functions read these locals: point them at this lease's semaphore.
   H, D, L, Q, W, F, C = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
     KEYS[k + 6], KEYS[k + 7]
-  out[i] = refresh_lease(ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0, now)
+  local ok, ttl = pcall(refresh_lease, ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0, now)
+  out[i] = ok and ttl or -3
 end
 return out

@@ -4,22 +4,23 @@
 use std::{pin::Pin, time::Duration};
 
 use futures::Stream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
-    AcquireRequest, Acquired, MAX_LIMIT, MAX_NAME_BYTES, MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT,
-    MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Permit, Semaphores,
+    AcquireRequest, Acquired, MAX_IDEMPOTENCY_KEY_BYTES, MAX_LIMIT, MAX_NAME_BYTES,
+    MAX_OWNER_BYTES, MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, Permit, Semaphores,
 };
 use crate::{
     error::Error,
-    lease::{self, Event, EventMessage, Grant},
+    lease::{self, ClientWatch, Event, EventMessage, Grant},
     proto::v1::{
         self as pb, semaphore_service_hold_response::Event as HoldEvent,
         semaphore_service_keep_alive_response::Event as KeepAliveEvent,
         semaphore_service_server::SemaphoreService,
     },
-    wire,
+    server, wire,
 };
 
 /// The SemaphoreService implementation.
@@ -27,15 +28,27 @@ use crate::{
 pub struct SemaphoreApi {
     semaphores: Semaphores,
     shutdown: CancellationToken,
+    pings: Option<Duration>,
 }
 
 impl SemaphoreApi {
-    /// A handler over `semaphores` whose streams and waits end when `shutdown` is cancelled.
-    pub fn new(semaphores: Semaphores, shutdown: CancellationToken) -> Self {
+    /// A handler over `semaphores` whose streams and waits end when `shutdown` is cancelled;
+    /// `pings` is the server's HTTP/2 keepalive interval, which bounds how long a live client can
+    /// seem silent.
+    pub fn new(
+        semaphores: Semaphores,
+        shutdown: CancellationToken,
+        pings: Option<Duration>,
+    ) -> Self {
         Self {
             semaphores,
             shutdown,
+            pings,
         }
+    }
+
+    fn client<T>(&self, request: &Request<T>) -> ClientWatch {
+        ClientWatch::new(server::liveness(request), self.pings)
     }
 }
 
@@ -84,10 +97,11 @@ fn acquire_request(
             .unwrap_or_default(),
         owner: (!owner.is_empty()).then(|| owner.to_owned()),
         fair,
+        idempotency_key: None,
     })
 }
 
-fn permit_message(permit: &Permit) -> pb::SemaphorePermit {
+fn permit_message(permit: &Permit, ttl: Duration) -> pb::SemaphorePermit {
     pb::SemaphorePermit {
         name: permit.name.clone(),
         token: permit.token.clone(),
@@ -96,6 +110,7 @@ fn permit_message(permit: &Permit) -> pb::SemaphorePermit {
         permits: permit.permits,
         limit: permit.limit,
         owner: permit.owner.clone(),
+        expires_at: Some(lease::expires_at(permit.sent_at + permit.remaining, ttl).into()),
     }
 }
 
@@ -121,6 +136,7 @@ impl SemaphoreService for SemaphoreApi {
         &self,
         request: Request<pb::SemaphoreServiceAcquireRequest>,
     ) -> Result<Response<pb::SemaphoreServiceAcquireResponse>, Status> {
+        let arrived = Instant::now();
         // Only the caller's deadline is needed from the headers; no copy of them.
         let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
@@ -135,6 +151,12 @@ impl SemaphoreService for SemaphoreApi {
             req.fair,
         )?;
         acquire.wait = wire::fit_wait(acquire.wait, deadline);
+        acquire.idempotency_key = wire::idempotency_key(
+            "idempotency_key",
+            &req.idempotency_key,
+            MAX_IDEMPOTENCY_KEY_BYTES,
+        )?;
+        let ttl = acquire.ttl;
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
@@ -146,17 +168,27 @@ impl SemaphoreService for SemaphoreApi {
             move |outcome| async move {
                 if let Acquired::Granted(permit) = outcome {
                     tracing::debug!(semaphore = %permit.name, "caller left before the grant arrived; releasing");
-                    if let Err(e) = orphans.release(&permit.name, &permit.token).await {
-                        tracing::warn!(semaphore = %permit.name, error = %e, "could not release an orphaned grant");
-                    }
+                    orphans.release_in_background(&permit.name, &permit.token, ttl);
                 }
             },
         )
         .await?;
         Ok(Response::new(match outcome {
+            Acquired::Granted(permit) if !wire::in_time(arrived.elapsed(), deadline) => {
+                // The answer would reach the caller after it gave up: it would hold permits it
+                // does not know of until the ttl ends.
+                self.semaphores
+                    .release_in_background(&permit.name, &permit.token, ttl);
+                return Err(Error::DeadlineExceeded(
+                    "the permits were granted too close to the caller's deadline to answer in \
+                     time; the grant was released"
+                        .into(),
+                )
+                .into());
+            }
             Acquired::Granted(permit) => pb::SemaphoreServiceAcquireResponse {
                 acquired: true,
-                permit: Some(permit_message(&permit)),
+                permit: Some(permit_message(&permit, ttl)),
                 available: 0,
                 earliest_expiry: None,
             },
@@ -214,8 +246,10 @@ impl SemaphoreService for SemaphoreApi {
         &self,
         request: Request<pb::SemaphoreServiceHoldRequest>,
     ) -> Result<Response<Self::HoldStream>, Status> {
+        let client = self.client(&request);
+        let deadline = wire::deadline(request.metadata());
         let req = request.into_inner();
-        let acquire = acquire_request(
+        let mut acquire = acquire_request(
             &req.name,
             req.limit,
             req.permits,
@@ -225,19 +259,25 @@ impl SemaphoreService for SemaphoreApi {
             &req.owner,
             req.fair,
         )?;
+        acquire.wait = wire::fit_wait(acquire.wait, deadline);
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
         let semaphores = self.semaphores.clone();
-        let events = lease::hold(&self.shutdown, hold_event, move |stop| async move {
+        let events = lease::hold(&self.shutdown, client, hold_event, move |stop| async move {
             Ok(match semaphores.acquire(&acquire, stop).await? {
                 Acquired::Granted(permit) => Grant::Granted {
                     first: pb::SemaphoreServiceHoldResponse {
-                        event: Some(HoldEvent::Acquired(permit_message(&permit))),
+                        event: Some(HoldEvent::Acquired(permit_message(&permit, acquire.ttl))),
                     },
                     valid_until: permit.sent_at + permit.remaining,
                     ttl: acquire.ttl,
-                    lease: semaphores.lease_handle(permit.name, permit.token, Some(acquire.ttl)),
+                    lease: semaphores.lease_handle(
+                        permit.name,
+                        permit.token,
+                        permit.owner,
+                        Some(acquire.ttl),
+                    ),
                 },
                 Acquired::Unavailable {
                     available,
@@ -259,6 +299,7 @@ impl SemaphoreService for SemaphoreApi {
         &self,
         request: Request<pb::SemaphoreServiceKeepAliveRequest>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let client = self.client(&request);
         let req = request.into_inner();
         let name = name(&req.name)?.to_owned();
         let token = token(&req.token)?;
@@ -268,9 +309,10 @@ impl SemaphoreService for SemaphoreApi {
             .refresh(&name, &token, ttl, MIN_KEEPALIVE_TTL);
         let lease = self
             .semaphores
-            .lease_handle(name.clone(), token.clone(), ttl);
+            .lease_handle(name.clone(), token.clone(), String::new(), ttl);
         let events =
-            lease::open_keep_alive(&self.shutdown, keep_alive_event, lease, ttl, first).await?;
+            lease::open_keep_alive(&self.shutdown, client, keep_alive_event, lease, ttl, first)
+                .await?;
         Ok(Response::new(Box::pin(events)))
     }
 

@@ -7,6 +7,8 @@ persistence) and its own Baton process, and stops both by pid.
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -73,19 +75,60 @@ class LockContract(unittest.TestCase):
         self.assertGreater(self.acquire(name).lease.fencing_token, got.lease.fencing_token)
 
     def test_reentrancy_per_owner(self):
-        """The same owner re-enters and counts holds; each release undoes one."""
+        """The same owner re-enters: one more hold of its lease, with a token of its own; each
+        release ends the hold whose token it names, once."""
         name = self.name()
         first = self.acquire(name, owner="worker-1")
         second = self.acquire(name, owner="worker-1")
         self.assertEqual(second.lease.hold_count, 2)
-        self.assertEqual(second.lease.token, first.lease.token)
+        self.assertNotEqual(second.lease.token, first.lease.token)
         self.assertEqual(second.lease.fencing_token, first.lease.fencing_token)
         self.assertFalse(self.acquire(name, owner="worker-2").acquired)
         r = self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=first.lease.token))
         self.assertEqual(r.remaining_holds, 1)
+        again = self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=first.lease.token))
+        self.assertFalse(again.was_held)
         self.assertFalse(self.acquire(name, owner="worker-2").acquired)
-        self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=first.lease.token))
+        self.locks.Release(pb.LockServiceReleaseRequest(name=name, token=second.lease.token))
         self.assertTrue(self.acquire(name, owner="worker-2").acquired)
+
+    def test_a_frozen_holder_loses_its_lease_soon_after_its_ttl(self):
+        """A client frozen with SIGSTOP while it holds a 1 s lease answers no HTTP/2 ping: Baton
+        releases its lease within the ttl plus two ping intervals (1 s), not the 20 s a dead
+        connection takes to notice. Woken again, the client reads the renewals it missed, each
+        with an expiry already past, then `lost` (CLIENT_UNRESPONSIVE)."""
+        name = self.name()
+        child = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "frozen_holder.py"),
+             f"127.0.0.1:{self.baton.port}", name, "1000"],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertTrue(child.stdout.readline().startswith("EVENT acquired"))
+            os.kill(child.pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            wait_until("the frozen holder's lease to be released", lambda: not self.locks.Describe(
+                pb.LockServiceDescribeRequest(name=name)).held, timeout=15)
+            held_for = time.monotonic() - frozen
+            self.assertLess(held_for, 5.0, f"the lease outlived its frozen holder by {held_for:.1f} s")
+            got = self.acquire(name, ttl=1000)
+            self.assertTrue(got.acquired)
+            os.kill(child.pid, signal.SIGCONT)
+            events = []
+            while True:
+                line = child.stdout.readline()
+                if not line or line.startswith("END"):
+                    break
+                events.append(line.split())
+            self.assertTrue(events, "the woken client read nothing")
+            *renewals, last = events
+            self.assertEqual(last[1:3], ["lost", "LEASE_LOST_REASON_CLIENT_UNRESPONSIVE"], events)
+            for event in renewals:
+                self.assertEqual(event[1], "renewed", events)
+                self.assertLess(int(event[3]), 0, f"a stale renewal looks fresh: {events}")
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=5)
 
     def test_invalid_arguments_name_the_field(self):
         """Bad input fails with INVALID_ARGUMENT and a message starting with the field name."""

@@ -1028,6 +1028,38 @@ impl SlotMigration<'_> {
         keys.len()
     }
 
+    /// Moves the keys still on the source whose name `moves` accepts, with one `MIGRATE`;
+    /// returns how many it handed to `MIGRATE`.
+    pub async fn move_keys_where(&mut self, moves: impl Fn(&str) -> bool) -> usize {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(self.slot)
+            .arg(100_000)
+            .query_async(&mut self.from_conn)
+            .await
+            .expect("CLUSTER GETKEYSINSLOT");
+        let keys: Vec<String> = keys.into_iter().filter(|k| moves(k)).collect();
+        if keys.is_empty() {
+            return 0;
+        }
+        let reply: String = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(self.to.port)
+            .arg("")
+            .arg(0)
+            .arg(MIGRATE_TIMEOUT_MS)
+            .arg("KEYS")
+            .arg(&keys)
+            .query_async(&mut self.from_conn)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("MIGRATE of {} keys in slot {}: {e}", keys.len(), self.slot)
+            });
+        assert!(reply == "OK" || reply == "NOKEY", "MIGRATE replied {reply}");
+        self.moved += keys.len();
+        keys.len()
+    }
+
     /// Moves the remaining keys, assigns the slot to the target (`CLUSTER SETSLOT NODE` on the
     /// target, the source, then every other master), and waits until every running node agrees
     /// that the target serves it. Returns how many keys this migration moved in all.

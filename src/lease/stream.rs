@@ -1,0 +1,214 @@
+//! The event stream of a keepalive call (`Hold`, `KeepAlive`): what the server has to say, in
+//! order, without a queue that a client which stops reading could fill.
+//!
+//! A stream carries at most three things at once: its first event (the grant, or why there is
+//! none), the latest renewal (a newer one replaces an older one nobody has read: a renewal says
+//! how long the lease lasts, and only the latest is true), and its final event (`lost`, or an
+//! error). The final event replaces any unread renewal and always has room, so a stream never
+//! ends without it, however slowly its client reads.
+
+use std::{
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard},
+    task::{Context, Poll, Waker},
+};
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// One item of a stream: an event, or the status that ends it.
+pub type Item<T> = Result<T, tonic::Status>;
+
+struct State<T> {
+    first: Option<Item<T>>,
+    renewal: Option<T>,
+    /// When the unread renewal was put in.
+    renewal_since: Option<Instant>,
+    last: Option<Item<T>>,
+    /// No more items will come (the sender finished or was dropped).
+    done: bool,
+    waker: Option<Waker>,
+}
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    /// Cancelled when the receiving half is dropped: the client went away.
+    gone: CancellationToken,
+}
+
+impl<T> Shared<T> {
+    fn state(&self) -> MutexGuard<'_, State<T>> {
+        // Only plain assignments happen under this lock; a poisoned one holds consistent data.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, change: impl FnOnce(&mut State<T>)) {
+        let waker = {
+            let mut state = self.state();
+            change(&mut state);
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The receiving half: the response stream handed to tonic.
+pub struct Events<T> {
+    shared: Arc<Shared<T>>,
+    _gone: DropGuard,
+}
+
+/// The sending half, kept by the task that runs the lease.
+pub struct Sender<T> {
+    shared: Arc<Shared<T>>,
+}
+
+/// A new stream: its sending and receiving halves.
+pub fn channel<T>() -> (Sender<T>, Events<T>) {
+    let gone = CancellationToken::new();
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            first: None,
+            renewal: None,
+            renewal_since: None,
+            last: None,
+            done: false,
+            waker: None,
+        }),
+        gone: gone.clone(),
+    });
+    (
+        Sender {
+            shared: shared.clone(),
+        },
+        Events {
+            shared,
+            _gone: gone.drop_guard(),
+        },
+    )
+}
+
+impl<T> Sender<T> {
+    /// Sends the stream's first event (or the status that ends it at once).
+    pub fn first(&self, item: Item<T>) {
+        self.shared.update(|s| s.first = Some(item));
+    }
+
+    /// Sends a renewal, replacing one the client has not read yet. Returns how long that unread
+    /// one had been waiting (`None` when the client had read everything).
+    pub fn renewal(&self, event: T) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        let mut waiting = None;
+        self.shared.update(|s| {
+            waiting = s.renewal_since.map(|since| now.duration_since(since));
+            s.renewal = Some(event);
+            if s.renewal_since.is_none() {
+                s.renewal_since = Some(now);
+            }
+        });
+        waiting
+    }
+
+    /// Sends the final event: it replaces an unread renewal (no longer true) and the stream ends
+    /// once the client has read it.
+    pub fn finish(&self, item: Item<T>) {
+        self.shared.update(|s| {
+            s.renewal = None;
+            s.renewal_since = None;
+            s.last = Some(item);
+            s.done = true;
+        });
+    }
+
+    /// Resolves when the client has gone away (the receiving half was dropped).
+    pub async fn closed(&self) {
+        self.shared.gone.cancelled().await;
+    }
+
+    /// A token cancelled when the client goes away.
+    pub fn gone(&self) -> CancellationToken {
+        self.shared.gone.clone()
+    }
+
+    /// Whether the client has gone away.
+    pub fn is_closed(&self) -> bool {
+        self.shared.gone.is_cancelled()
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        self.shared.update(|s| s.done = true);
+    }
+}
+
+impl<T> futures::Stream for Events<T> {
+    type Item = Item<T>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item<T>>> {
+        let mut state = self.shared.state();
+        if let Some(item) = state.first.take() {
+            return Poll::Ready(Some(item));
+        }
+        if let Some(event) = state.renewal.take() {
+            state.renewal_since = None;
+            return Poll::Ready(Some(Ok(event)));
+        }
+        if let Some(item) = state.last.take() {
+            return Poll::Ready(Some(item));
+        }
+        if state.done {
+            return Poll::Ready(None);
+        }
+        state.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// Unread renewals are replaced by newer ones; the final event replaces an unread renewal and
+    /// is always delivered, after the first event.
+    #[tokio::test]
+    async fn renewals_coalesce_and_the_final_event_always_fits() {
+        let (tx, mut rx) = channel::<u32>();
+        tx.first(Ok(1));
+        assert_eq!(tx.renewal(2), None);
+        assert!(
+            tx.renewal(3).is_some(),
+            "the unread renewal is reported waiting"
+        );
+        assert_eq!(rx.next().await.unwrap().unwrap(), 1);
+        assert_eq!(rx.next().await.unwrap().unwrap(), 3);
+        assert_eq!(tx.renewal(4), None, "read renewals are not waiting");
+        for n in 5..1000 {
+            tx.renewal(n);
+        }
+        tx.finish(Ok(0));
+        assert_eq!(rx.next().await.unwrap().unwrap(), 0);
+        assert!(rx.next().await.is_none());
+    }
+
+    /// Dropping the receiver tells the sender the client has gone; dropping the sender ends the
+    /// stream after what it sent.
+    #[tokio::test]
+    async fn either_side_ending_is_seen_by_the_other() {
+        let (tx, rx) = channel::<u32>();
+        assert!(!tx.is_closed());
+        drop(rx);
+        tx.closed().await;
+        assert!(tx.is_closed());
+
+        let (tx, mut rx) = channel::<u32>();
+        tx.first(Ok(7));
+        drop(tx);
+        assert_eq!(rx.next().await.unwrap().unwrap(), 7);
+        assert!(rx.next().await.is_none());
+    }
+}
