@@ -14,12 +14,14 @@
 //! | `PREFIX{rl-envoy:DESCRIPTOR}:ALGO` | as above, plus `aw` (hash: window start, count) | the same for Envoy's API | the same; `aw` until the aligned window ends |
 //!
 //! The gRPC handlers are in [`service`] (`baton.v1.RateLimitService`) and [`envoy`]
-//! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`].
+//! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`],
+//! through a bounded YAML reader (`yaml`).
 //! This module knows nothing of tonic.
 
 pub mod envoy;
 pub mod rules;
 pub mod service;
+mod yaml;
 
 use std::{
     sync::{Arc, Mutex},
