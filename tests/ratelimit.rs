@@ -985,6 +985,78 @@ async fn envoy_nested_wildcard_and_special_rules() {
     );
 }
 
+/// A `*` anywhere in a rule's value stands for any run of characters, none included, as in
+/// envoyproxy/ratelimit: `/api/*/action`, `*.png` and `a*b*c` limit the values they match (each
+/// value counted on its own) and no others, and an exact rule still comes first.
+#[tokio::test]
+async fn envoy_wildcards_anywhere_in_a_value() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("wild.yaml");
+    std::fs::write(
+        &file,
+        r#"domain: wild
+descriptors:
+  - key: path
+    value: /api/*/action
+    rate_limit: {name: action, unit: hour, requests_per_unit: 1}
+  - key: path
+    value: "*.png"
+    rate_limit: {name: png, unit: hour, requests_per_unit: 5}
+  - key: path
+    value: a*b*c
+    rate_limit: {name: abc, unit: hour, requests_per_unit: 5}
+  - key: path
+    value: /api/v9/action
+    rate_limit: {name: exact, unit: hour, requests_per_unit: 5}
+"#,
+    )
+    .expect("writing rules");
+    let baton = Baton::start_with(&redis, |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules_path = Some(file);
+    })
+    .await;
+    let ask = |path: &str| {
+        should_rate_limit(
+            &baton,
+            envoy_request("wild", vec![descriptor(&[("path", path)])]),
+        )
+    };
+    let limit_name = |got: &RateLimitResponse| {
+        got.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.name.clone())
+    };
+    for (path, want) in [
+        ("/api/v1/action", Some("action")),
+        ("/api//action", Some("action")),
+        ("/api/action", None),
+        ("/api/v1/action/x", None),
+        ("/api/v9/action", Some("exact")),
+        ("logo.png", Some("png")),
+        (".png", Some("png")),
+        ("logo.png.jpg", None),
+        ("abc", Some("abc")),
+        ("a-b-c", Some("abc")),
+        ("acb", None),
+    ] {
+        let got = ask(path).await;
+        assert_eq!(
+            limit_name(&got).as_deref(),
+            want,
+            "{path}: {:?}",
+            got.statuses
+        );
+    }
+    // One unit an hour for each value matched: /api/v1/action is spent, /api/v2/action is not.
+    let again = ask("/api/v1/action").await;
+    assert_eq!(codes(&again), (Code::OverLimit, vec![Code::OverLimit]));
+    let other = ask("/api/v2/action").await;
+    assert_eq!(codes(&other), (Code::Ok, vec![Code::Ok]));
+}
+
 /// `hits_addend` counts that many hits (per request, or per descriptor when it sets its own).
 #[tokio::test]
 async fn envoy_hits_addend() {

@@ -4,9 +4,10 @@
 //!
 //! A request's descriptor (a list of key/value entries) matches a rule by walking the tree one
 //! entry at a time: at each level an entry matches a rule with the same key and value first, then
-//! one whose value ends in `*` and is a prefix of the entry's value (first in file order), then
-//! one with the same key and no value (every value gets its own limit). The limit applies only
-//! when the descriptor's last entry lands on a rule that has one, as in envoyproxy/ratelimit.
+//! one with the same key whose value has `*` wildcards matching the entry's value (each `*` any
+//! run of characters, none included; the first such rule in file order), then one with the same
+//! key and no value (every value gets its own limit). The limit applies only when the
+//! descriptor's last entry lands on a rule that has one, as in envoyproxy/ratelimit.
 //!
 //! The files are untrusted input: they are read by a bounded YAML reader that stops at the first
 //! syntax error, and every problem is reported as `FILE:LINE:COLUMN: domain "…": setting: reason`.
@@ -164,13 +165,60 @@ pub struct Rule {
 struct Level {
     rule: Option<Arc<Rule>>,
     exact: HashMap<String, HashMap<String, Level>>,
-    prefixes: Vec<(String, String, Level)>,
+    wildcards: Vec<(String, Pattern, Level)>,
     any: HashMap<String, Level>,
+}
+
+/// A rule value with `*` in it: each `*` stands for any run of characters, none included
+/// (`/api/*/action`, `*.png`, `v1*`), as envoyproxy/ratelimit matches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pattern {
+    /// The value split at each `*`: at least two parts, the first and last anchored at the ends.
+    parts: Vec<String>,
+    /// The total length of the parts: the shortest value that can match.
+    fixed: usize,
+}
+
+impl Pattern {
+    /// The pattern of `value`, or `None` when it has no `*` (an exact value).
+    fn of(value: &str) -> Option<Self> {
+        if !value.contains('*') {
+            return None;
+        }
+        let parts: Vec<String> = value.split('*').map(str::to_owned).collect();
+        let fixed = parts.iter().map(String::len).sum();
+        Some(Self { parts, fixed })
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let [first, middle @ .., last] = self.parts.as_slice() else {
+            return false;
+        };
+        if value.len() < self.fixed {
+            return false;
+        }
+        let Some(rest) = value
+            .strip_prefix(first.as_str())
+            .and_then(|rest| rest.strip_suffix(last.as_str()))
+        else {
+            return false;
+        };
+        // Each middle part at its first place after the previous one: if any placement fits,
+        // the leftmost one does.
+        let mut rest = rest;
+        for part in middle {
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 impl Level {
     fn has_children(&self) -> bool {
-        !self.exact.is_empty() || !self.prefixes.is_empty() || !self.any.is_empty()
+        !self.exact.is_empty() || !self.wildcards.is_empty() || !self.any.is_empty()
     }
 
     fn next(&self, key: &str, value: &str) -> Option<&Level> {
@@ -178,10 +226,10 @@ impl Level {
             .get(key)
             .and_then(|values| values.get(value))
             .or_else(|| {
-                self.prefixes
+                self.wildcards
                     .iter()
-                    .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
-                    .map(|(_, _, node)| node)
+                    .find(|(k, pattern, _)| k == key && pattern.matches(value))
+                    .map(|(_, _, level)| level)
             })
             .or_else(|| self.any.get(key))
     }
@@ -522,6 +570,14 @@ impl Loader {
                     );
                     return;
                 }
+                if key.contains('*') {
+                    self.problem(
+                        at,
+                        n.pos,
+                        format!("{path}.key: {key:?}: a wildcard `*` belongs in the value"),
+                    );
+                    return;
+                }
                 key
             }
         };
@@ -590,15 +646,15 @@ impl Loader {
             if level.any.insert(key, child).is_some() {
                 self.problem(at, d.pos, duplicate);
             }
-        } else if let Some(prefix) = value.strip_suffix('*') {
+        } else if let Some(pattern) = Pattern::of(&value) {
             if level
-                .prefixes
+                .wildcards
                 .iter()
-                .any(|(k, p, _)| *k == key && p == prefix)
+                .any(|(k, p, _)| *k == key && *p == pattern)
             {
                 self.problem(at, d.pos, duplicate);
             } else {
-                level.prefixes.push((key, prefix.to_owned(), child));
+                level.wildcards.push((key, pattern, child));
             }
         } else if level
             .exact
@@ -988,6 +1044,9 @@ descriptors:
   - key: path
     value: /api/*
     rate_limit: {period: 1500ms, requests_per_unit: 7, algorithm: gcra, burst: 2}
+  - key: path
+    value: /v2/*/*/avatar*.png
+    rate_limit: {unit: second, requests_per_unit: 1, name: avatars}
   - key: tenant
     descriptors:
       - key: plan
@@ -1034,6 +1093,10 @@ domain: other
             ref q => panic!("{q:?}"),
         }
         assert!(find(&rules, &[("path", "/other")]).is_none());
+        let r = find(&rules, &[("path", "/v2/users/7/avatar.png")]).expect("wildcards");
+        assert_eq!(r.name, "avatars");
+        assert!(find(&rules, &[("path", "/v2/users/7/avatar.jpg")]).is_none());
+        assert!(find(&rules, &[("path", "/v2/avatar.png")]).is_none());
         // The tenant level has no limit of its own; the nested one applies at full depth only.
         assert!(find(&rules, &[("tenant", "a")]).is_none());
         let r = find(&rules, &[("tenant", "a"), ("plan", "free")]).expect("nested rule");
@@ -1079,6 +1142,8 @@ descriptors:
     shadow_mode: true
   - key: h
     rate_limit: {period: 0.5ms, requests_per_unit: 1}
+  - key: i*
+    rate_limit: {unit: second, requests_per_unit: 1}
 ---
 domain: d
 ---
@@ -1098,6 +1163,7 @@ descriptors:
             "descriptors[6].rate_limit.unlimited",
             "descriptors[7].shadow_mode",
             "descriptors[8].rate_limit.period",
+            "descriptors[9].key: \"i*\": a wildcard",
             "the domain is configured twice",
             "unknown field `rate_lmit`",
         ];
@@ -1115,6 +1181,40 @@ descriptors:
             );
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
+    }
+
+    /// Each `*` of a value matches any run of characters, none included, with the literal parts
+    /// in order and the first and last anchored at the ends; the literal parts never overlap.
+    #[test]
+    fn wildcards_match_any_run() {
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            ("v1*", &["v1", "v1/x"], &["v", "xv1"]),
+            ("*.png", &[".png", "a.png"], &["a.pngx", "png"]),
+            (
+                "bar*b",
+                &["barb", "barab", "bar123b"],
+                &["bara", "xbarb", "bar"],
+            ),
+            (
+                "foo*bar*baz",
+                &["foobarbaz", "foo1bar2baz"],
+                &["foo123baz", "bar1baz", "foobazbar"],
+            ),
+            ("aa*aa", &["aaaa", "aaxaa"], &["aaa", "aa"]),
+            ("*", &["", "anything"], &[]),
+            ("a**b", &["ab", "axb"], &["ba"]),
+            ("*x*", &["x", "axb"], &["ab"]),
+        ];
+        for (pattern, good, bad) in cases {
+            let p = Pattern::of(pattern).expect("a pattern");
+            for v in *good {
+                assert!(p.matches(v), "{pattern} should match {v:?}");
+            }
+            for v in *bad {
+                assert!(!p.matches(v), "{pattern} should not match {v:?}");
+            }
+        }
+        assert!(Pattern::of("plain").is_none());
     }
 
     /// A limit named in another matched rule's `replaces` is dropped.
