@@ -665,6 +665,69 @@ async fn invalid_arguments_name_the_field_and_write_nothing() {
     assert_eq!(keys.len(), 1, "only the valid check wrote: {keys:?}");
 }
 
+/// A GCRA bucket deeper than the key's expiry and the script's arithmetic can hold (burst ×
+/// period / limit beyond 100 years) is INVALID_ARGUMENT naming `burst` through `Check`, not an
+/// error inside the script answered by the failure mode, and writes nothing; one just inside the
+/// bound is decided by Redis. Through Envoy's API such a rule refuses the rules file.
+#[tokio::test]
+async fn gcra_bucket_deeper_than_redis_can_expire_is_refused() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let day = 86_400_000;
+    let deep = |limit, period_ms, burst| pb::RateLimitServiceCheckRequest {
+        burst,
+        ..request("deep", limit, period_ms, GCRA, None)
+    };
+    for req in [
+        // Spending the whole burst would set an expiry of 3.2e22 ms, beyond Redis's 2^63.
+        pb::RateLimitServiceCheckRequest {
+            cost: Some(1_000_000_000_000),
+            ..deep(1, 366 * day, 1_000_000_000_000)
+        },
+        deep(1, 366 * day, 1_000_000_000_000),
+        deep(1, day, 36_600),
+        deep(1_000, day, 36_600_000),
+    ] {
+        let status = client
+            .check(req.clone())
+            .await
+            .expect_err(&format!("{req:?} must be refused"));
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().starts_with("burst: "),
+            "{:?}",
+            status.message()
+        );
+    }
+    let mut conn = redis.conn().await;
+    let keys = conn.keys(&format!("{}*", baton.prefix())).await;
+    assert!(keys.is_empty(), "nothing written: {keys:?}");
+    // 36 500 days of refill (100 years) is the deepest bucket; one unit sets a one-day expiry.
+    let got = check(&mut client, deep(1, day, 36_500)).await;
+    assert!(got.allowed, "{got:?}");
+    assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis);
+    assert_eq!(got.remaining, 36_499);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("deep.yaml");
+    std::fs::write(
+        &file,
+        "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: gcra, burst: 1000}
+",
+    )
+    .expect("writing rules");
+    let errors = Rules::load(&file).expect_err("a bucket of 1000 years is refused");
+    let want = format!(
+        "{}:4:76: domain \"d\": descriptors[0].rate_limit.burst: 1000 units at 1 per 365 days take 1000 years",
+        file.display()
+    );
+    assert!(errors[0].starts_with(&want), "{errors:#?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Redis down: the failure mode
 // ---------------------------------------------------------------------------------------------
@@ -1088,6 +1151,21 @@ async fn envoy_hits_addend() {
         codes(&got).1,
         vec![Code::OverLimit],
         "a peek at an exhausted limit"
+    );
+
+    // More hits than the GCRA burst of /api/* (2) can ever allow: over the limit, reporting the
+    // time until the bucket is full (at most its 1 s depth), not a wait that never ends.
+    let mut d = descriptor(&[("path", "/api/huge")]);
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    let got = should_rate_limit(&baton, envoy_request("edge", vec![d])).await;
+    assert_eq!(codes(&got).1, vec![Code::OverLimit]);
+    let reset = got.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .map(|d| Duration::from_secs(u64::try_from(d.seconds).expect("not negative")));
+    assert!(
+        reset.is_some_and(|r| r <= Duration::from_secs(1)),
+        "{reset:?}"
     );
 }
 
