@@ -533,6 +533,46 @@ async fn keys_are_tagged_and_expire() {
     }
 }
 
+/// A fixed-window counter found without an expiry (here made by a raw INCRBY) gets the window's
+/// expiry on every path, a denied check and a peek included, so it stops denying once that window
+/// ends instead of never.
+#[tokio::test]
+async fn fixed_window_counter_without_expiry_recovers() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let mut conn = redis.conn().await;
+    for (name, cost) in [("stuck", Some(1)), ("stuck-peek", Some(0))] {
+        let key = format!("{}{{rl:{name}}}:fw", baton.prefix());
+        let _: i64 = redis::cmd("INCRBY")
+            .arg(&key)
+            .arg(5)
+            .query_async(&mut conn)
+            .await
+            .expect("INCRBY");
+        let got = check(&mut client, request(name, 5, 400, FIXED, cost)).await;
+        assert!(!got.allowed, "{name}: the full counter denies: {got:?}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(ttl > 0 && ttl <= 400, "{name}: the counter's ttl is {ttl}");
+        wait_until(
+            Duration::from_secs(10),
+            "the counter to allow again",
+            || {
+                let mut client = client.clone();
+                async move {
+                    let got = check(&mut client, request(name, 5, 400, FIXED, cost)).await;
+                    if got.allowed { Ok(()) } else { Err(got) }
+                }
+            },
+        )
+        .await;
+    }
+}
+
 /// Bad input fails with INVALID_ARGUMENT naming the field, and writes nothing.
 #[tokio::test]
 async fn invalid_arguments_name_the_field_and_write_nothing() {
