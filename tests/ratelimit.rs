@@ -1540,9 +1540,9 @@ async fn malformed_rules_on_reload_keep_the_rules_in_force() {
     .await;
 }
 
-/// A rules file beyond the loader's bounds is refused quickly with a clear reason: too large, not
-/// a regular file, aliases expanding past the node budget, nesting too deep, too many documents,
-/// too many rules, too many files in a directory.
+/// A rules file beyond the loader's bounds is refused quickly with a clear reason: not UTF-8 (with
+/// its position), too large, not a regular file, aliases expanding past the node budget, nesting
+/// too deep, too many documents, too many rules, too many files in a directory.
 #[tokio::test]
 async fn rules_beyond_the_bounds_are_refused_quickly() {
     use baton::ratelimit::rules::{MAX_DOCUMENTS, MAX_FILE_BYTES, MAX_FILES, MAX_RULES};
@@ -1589,7 +1589,13 @@ async fn rules_beyond_the_bounds_are_refused_quickly() {
         let file = dir.path().join(name);
         std::fs::write(&file, text).expect("write");
     }
+    let latin1 = dir.path().join("latin1.yaml");
+    std::fs::write(&latin1, b"domain: d\ndescriptors:\n  - key: caf\xe9\n").expect("write");
     let cases = [
+        (
+            latin1.clone(),
+            "latin1.yaml:3:13: not UTF-8 text".to_owned(),
+        ),
         (big.clone(), "larger than".to_owned()),
         (PathBuf::from("/dev/zero"), "not a regular file".to_owned()),
         (crowded.clone(), format!("more than {MAX_FILES}")),
