@@ -3,7 +3,7 @@
 //! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
 //! together before Baton exits, instead of one per attempt.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -125,6 +125,17 @@ pub struct ServeArgs {
     pub ratelimit_config_reload: String,
 }
 
+impl ServeArgs {
+    /// The rate limit rules path given (`--ratelimit-config`), if any; the file itself is read by
+    /// the rate limit module.
+    pub fn ratelimit_config_path(&self) -> Option<PathBuf> {
+        self.ratelimit_config
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    }
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -150,9 +161,8 @@ pub struct RateLimitConfig {
     pub timeout: Duration,
     /// The answer when Redis does not answer within `timeout`.
     pub failure_mode: FailureMode,
-    /// The rules of Envoy's rate limit API; the API is served only when they are set.
-    pub rules: Option<Arc<crate::ratelimit::rules::Rules>>,
-    /// Where the rules were read from, to reload them when they change.
+    /// The rules file (or directory) of Envoy's rate limit API, read by the rate limit module when
+    /// serving starts and reloaded when it changes; the API is served only when it is set.
     pub rules_path: Option<PathBuf>,
     /// How often the rules are checked for changes; zero never reloads.
     pub reload_interval: Duration,
@@ -163,7 +173,6 @@ impl Default for RateLimitConfig {
         Self {
             timeout: DEFAULT_RATELIMIT_TIMEOUT,
             failure_mode: DEFAULT_RATELIMIT_FAILURE_MODE,
-            rules: None,
             rules_path: None,
             reload_interval: DEFAULT_RATELIMIT_CONFIG_RELOAD,
         }
@@ -409,21 +418,6 @@ impl ServeConfig {
             Duration::ZERO,
             Duration::from_secs(3600),
         );
-        let ratelimit_rules = match args.ratelimit_config.as_deref().filter(|p| !p.is_empty()) {
-            None => None,
-            Some(path) => match crate::ratelimit::rules::Rules::load(std::path::Path::new(path)) {
-                Ok(rules) => Some(Arc::new(rules)),
-                Err(problems) => {
-                    errors.extend(
-                        problems
-                            .into_iter()
-                            .map(|p| format!("--ratelimit-config / BATON_RATELIMIT_CONFIG: {p}")),
-                    );
-                    None
-                }
-            },
-        };
-
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&args.log) {
             errors.push(format!(
                 "--log / BATON_LOG: {:?} is not a log filter: {e}",
@@ -455,12 +449,7 @@ impl ServeConfig {
             ratelimit: RateLimitConfig {
                 timeout: ratelimit_timeout,
                 failure_mode: ratelimit_failure_mode,
-                rules: ratelimit_rules,
-                rules_path: args
-                    .ratelimit_config
-                    .as_deref()
-                    .filter(|p| !p.is_empty())
-                    .map(PathBuf::from),
+                rules_path: args.ratelimit_config_path(),
                 reload_interval: ratelimit_reload,
             },
         })

@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use baton::{
-    config::{Cli, Command, ServeConfig},
+    config::{Cli, Command, ServeArgs, ServeConfig},
+    ratelimit::rules::Rules,
     server::{self, Listeners},
     telemetry,
 };
@@ -21,8 +22,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let config = match ServeConfig::from_args(&args) {
-                Ok(config) => config,
+            let (config, rules) = match configure(&args) {
+                Ok(configured) => configured,
                 Err(errors) => {
                     eprintln!("baton: invalid configuration:");
                     for e in errors {
@@ -42,7 +43,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(serve(config)) {
+            match runtime.block_on(serve(config, rules)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "baton failed");
@@ -53,7 +54,31 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+/// The validated configuration and the rate limit rules it names, or every problem of both (the
+/// rules file is read even when a flag is wrong, so that all are reported together).
+fn configure(args: &ServeArgs) -> Result<(ServeConfig, Option<Rules>), Vec<String>> {
+    let config = ServeConfig::from_args(args);
+    let rules = match args.ratelimit_config_path() {
+        None => Ok(None),
+        Some(path) => Rules::load(&path).map(Some).map_err(|problems| {
+            problems
+                .into_iter()
+                .map(|p| format!("--ratelimit-config / BATON_RATELIMIT_CONFIG: {p}"))
+                .collect()
+        }),
+    };
+    match (config, rules) {
+        (Ok(config), Ok(rules)) => Ok((config, rules)),
+        (config, rules) => Err(config
+            .err()
+            .into_iter()
+            .chain(rules.err())
+            .flatten()
+            .collect()),
+    }
+}
+
+async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&config).await?;
     let shutdown = CancellationToken::new();
     let mut terminate = signal(SignalKind::terminate())?;
@@ -73,5 +98,5 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });
-    server::serve(config, listeners, shutdown).await
+    server::serve_with_rules(config, rules, listeners, shutdown).await
 }

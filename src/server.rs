@@ -10,6 +10,7 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -30,7 +31,9 @@ use tonic::transport::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::proto::v1::rate_limit_service_server::RateLimitServiceServer;
-use crate::ratelimit::{RateLimiter, envoy::EnvoyRateLimitApi, service::RateLimitApi};
+use crate::ratelimit::{
+    RateLimiter, envoy::EnvoyRateLimitApi, rules::Rules, service::RateLimitApi,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer as EnvoyRateLimitServiceServer;
 
 use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
@@ -109,9 +112,36 @@ async fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
 
 /// Serves until `shutdown` is cancelled, then drains: listeners stop accepting, open streams end
 /// (releasing what they hold), and in-flight calls get up to `config.drain_timeout` to finish
-/// before the server stops hard.
+/// before the server stops hard. The rate limit rules file, if configured, is read first; one
+/// that does not validate is an error naming each problem's file, line and column.
 pub async fn serve(
     config: ServeConfig,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let rules = match config.ratelimit.rules_path.clone() {
+        None => None,
+        Some(path) => {
+            let loaded = tokio::task::spawn_blocking(move || Rules::load(&path))
+                .await
+                .context("reading the rate limit rules")?;
+            match loaded {
+                Ok(rules) => Some(rules),
+                Err(problems) => {
+                    anyhow::bail!("invalid rate limit rules:\n  {}", problems.join("\n  "))
+                }
+            }
+        }
+    };
+    serve_with_rules(config, rules, listeners, shutdown).await
+}
+
+/// [`serve`] with the rate limit rules already read (by [`Rules::load`], from
+/// `config.ratelimit.rules_path`, which is reread when it changes): Envoy's rate limit API is
+/// served when `rules` is set.
+pub async fn serve_with_rules(
+    config: ServeConfig,
+    rules: Option<Rules>,
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -134,9 +164,9 @@ pub async fn serve(
     // Rate limit decisions use their own pool, bounded by the (tighter) rate limit timeout.
     let limiter = RateLimiter::connect(&config.redis, &config.ratelimit)?;
     let ratelimit_api = RateLimitApi::new(limiter.clone());
-    let envoy_api = config.ratelimit.rules.clone().map(|rules| {
+    let envoy_api = rules.map(|rules| {
         tracing::info!(domains = ?rules.domains(), files = ?rules.sources(), "serving Envoy's rate limit API");
-        let api = EnvoyRateLimitApi::new(limiter, rules);
+        let api = EnvoyRateLimitApi::new(limiter, Arc::new(rules));
         if let Some(path) = config.ratelimit.rules_path.clone() {
             api.reload_every(path, config.ratelimit.reload_interval, shutdown.clone());
         }

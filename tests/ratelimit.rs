@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use baton::{
     config::FailureMode,
@@ -29,6 +29,7 @@ use tokio::{task::JoinSet, time::Instant};
 use tonic::transport::Channel;
 
 type Client = RateLimitServiceClient<Channel>;
+type EnvoyClient = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<Channel>;
 
 /// The rate limit timeout of tests that are not about Redis failing: long enough that a loaded
 /// CI machine running tests in parallel never falls back to the failure mode.
@@ -88,10 +89,6 @@ fn rules_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ratelimit_rules.yaml")
 }
 
-fn rules() -> Arc<Rules> {
-    Arc::new(Rules::load(&rules_path()).expect("the test rules are valid"))
-}
-
 /// A Baton with the relaxed rate limit timeout.
 async fn baton(redis: &RedisServer) -> Baton {
     Baton::start_with(redis, |c| c.ratelimit.timeout = RELAXED_TIMEOUT).await
@@ -99,10 +96,9 @@ async fn baton(redis: &RedisServer) -> Baton {
 
 /// A Baton serving Envoy's API with the test rules, and the relaxed rate limit timeout.
 async fn envoy_baton(redis: &RedisServer) -> Baton {
-    let rules = rules();
     Baton::start_with(redis, move |c| {
         c.ratelimit.timeout = RELAXED_TIMEOUT;
-        c.ratelimit.rules = Some(rules);
+        c.ratelimit.rules_path = Some(rules_path());
     })
     .await
 }
@@ -537,6 +533,46 @@ async fn keys_are_tagged_and_expire() {
     }
 }
 
+/// A fixed-window counter found without an expiry (here made by a raw INCRBY) gets the window's
+/// expiry on every path, a denied check and a peek included, so it stops denying once that window
+/// ends instead of never.
+#[tokio::test]
+async fn fixed_window_counter_without_expiry_recovers() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let mut conn = redis.conn().await;
+    for (name, cost) in [("stuck", Some(1)), ("stuck-peek", Some(0))] {
+        let key = format!("{}{{rl:{name}}}:fw", baton.prefix());
+        let _: i64 = redis::cmd("INCRBY")
+            .arg(&key)
+            .arg(5)
+            .query_async(&mut conn)
+            .await
+            .expect("INCRBY");
+        let got = check(&mut client, request(name, 5, 400, FIXED, cost)).await;
+        assert!(!got.allowed, "{name}: the full counter denies: {got:?}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(ttl > 0 && ttl <= 400, "{name}: the counter's ttl is {ttl}");
+        wait_until(
+            Duration::from_secs(10),
+            "the counter to allow again",
+            || {
+                let mut client = client.clone();
+                async move {
+                    let got = check(&mut client, request(name, 5, 400, FIXED, cost)).await;
+                    if got.allowed { Ok(()) } else { Err(got) }
+                }
+            },
+        )
+        .await;
+    }
+}
+
 /// Bad input fails with INVALID_ARGUMENT naming the field, and writes nothing.
 #[tokio::test]
 async fn invalid_arguments_name_the_field_and_write_nothing() {
@@ -669,6 +705,69 @@ async fn invalid_arguments_name_the_field_and_write_nothing() {
     assert_eq!(keys.len(), 1, "only the valid check wrote: {keys:?}");
 }
 
+/// A GCRA bucket deeper than the key's expiry and the script's arithmetic can hold (burst ×
+/// period / limit beyond 100 years) is INVALID_ARGUMENT naming `burst` through `Check`, not an
+/// error inside the script answered by the failure mode, and writes nothing; one just inside the
+/// bound is decided by Redis. Through Envoy's API such a rule refuses the rules file.
+#[tokio::test]
+async fn gcra_bucket_deeper_than_redis_can_expire_is_refused() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let day = 86_400_000;
+    let deep = |limit, period_ms, burst| pb::RateLimitServiceCheckRequest {
+        burst,
+        ..request("deep", limit, period_ms, GCRA, None)
+    };
+    for req in [
+        // Spending the whole burst would set an expiry of 3.2e22 ms, beyond Redis's 2^63.
+        pb::RateLimitServiceCheckRequest {
+            cost: Some(1_000_000_000_000),
+            ..deep(1, 366 * day, 1_000_000_000_000)
+        },
+        deep(1, 366 * day, 1_000_000_000_000),
+        deep(1, day, 36_600),
+        deep(1_000, day, 36_600_000),
+    ] {
+        let status = client
+            .check(req.clone())
+            .await
+            .expect_err(&format!("{req:?} must be refused"));
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().starts_with("burst: "),
+            "{:?}",
+            status.message()
+        );
+    }
+    let mut conn = redis.conn().await;
+    let keys = conn.keys(&format!("{}*", baton.prefix())).await;
+    assert!(keys.is_empty(), "nothing written: {keys:?}");
+    // 36 500 days of refill (100 years) is the deepest bucket; one unit sets a one-day expiry.
+    let got = check(&mut client, deep(1, day, 36_500)).await;
+    assert!(got.allowed, "{got:?}");
+    assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis);
+    assert_eq!(got.remaining, 36_499);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("deep.yaml");
+    std::fs::write(
+        &file,
+        "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: gcra, burst: 1000}
+",
+    )
+    .expect("writing rules");
+    let errors = Rules::load(&file).expect_err("a bucket of 1000 years is refused");
+    let want = format!(
+        "{}:4:76: domain \"d\": descriptors[0].rate_limit.burst: 1000 units at 1 per 365 days take 1000 years",
+        file.display()
+    );
+    assert!(errors[0].starts_with(&want), "{errors:#?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Redis down: the failure mode
 // ---------------------------------------------------------------------------------------------
@@ -685,11 +784,10 @@ async fn redis_down_fail_open_and_fail_closed_answer_within_the_timeout() {
     let mut redis = RedisServer::start_private().await;
     let timeout = Duration::from_millis(100);
     let start = |mode| {
-        let rules = rules();
         Baton::start_with(&redis, move |c| {
             c.ratelimit.timeout = timeout;
             c.ratelimit.failure_mode = mode;
-            c.ratelimit.rules = Some(rules);
+            c.ratelimit.rules_path = Some(rules_path());
         })
     };
     let open = start(FailureMode::Open).await;
@@ -990,6 +1088,78 @@ async fn envoy_nested_wildcard_and_special_rules() {
     );
 }
 
+/// A `*` anywhere in a rule's value stands for any run of characters, none included, as in
+/// envoyproxy/ratelimit: `/api/*/action`, `*.png` and `a*b*c` limit the values they match (each
+/// value counted on its own) and no others, and an exact rule still comes first.
+#[tokio::test]
+async fn envoy_wildcards_anywhere_in_a_value() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("wild.yaml");
+    std::fs::write(
+        &file,
+        r#"domain: wild
+descriptors:
+  - key: path
+    value: /api/*/action
+    rate_limit: {name: action, unit: hour, requests_per_unit: 1}
+  - key: path
+    value: "*.png"
+    rate_limit: {name: png, unit: hour, requests_per_unit: 5}
+  - key: path
+    value: a*b*c
+    rate_limit: {name: abc, unit: hour, requests_per_unit: 5}
+  - key: path
+    value: /api/v9/action
+    rate_limit: {name: exact, unit: hour, requests_per_unit: 5}
+"#,
+    )
+    .expect("writing rules");
+    let baton = Baton::start_with(&redis, |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules_path = Some(file);
+    })
+    .await;
+    let ask = |path: &str| {
+        should_rate_limit(
+            &baton,
+            envoy_request("wild", vec![descriptor(&[("path", path)])]),
+        )
+    };
+    let limit_name = |got: &RateLimitResponse| {
+        got.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.name.clone())
+    };
+    for (path, want) in [
+        ("/api/v1/action", Some("action")),
+        ("/api//action", Some("action")),
+        ("/api/action", None),
+        ("/api/v1/action/x", None),
+        ("/api/v9/action", Some("exact")),
+        ("logo.png", Some("png")),
+        (".png", Some("png")),
+        ("logo.png.jpg", None),
+        ("abc", Some("abc")),
+        ("a-b-c", Some("abc")),
+        ("acb", None),
+    ] {
+        let got = ask(path).await;
+        assert_eq!(
+            limit_name(&got).as_deref(),
+            want,
+            "{path}: {:?}",
+            got.statuses
+        );
+    }
+    // One unit an hour for each value matched: /api/v1/action is spent, /api/v2/action is not.
+    let again = ask("/api/v1/action").await;
+    assert_eq!(codes(&again), (Code::OverLimit, vec![Code::OverLimit]));
+    let other = ask("/api/v2/action").await;
+    assert_eq!(codes(&other), (Code::Ok, vec![Code::Ok]));
+}
+
 /// `hits_addend` counts that many hits (per request, or per descriptor when it sets its own).
 #[tokio::test]
 async fn envoy_hits_addend() {
@@ -1021,6 +1191,21 @@ async fn envoy_hits_addend() {
         codes(&got).1,
         vec![Code::OverLimit],
         "a peek at an exhausted limit"
+    );
+
+    // More hits than the GCRA burst of /api/* (2) can ever allow: over the limit, reporting the
+    // time until the bucket is full (at most its 1 s depth), not a wait that never ends.
+    let mut d = descriptor(&[("path", "/api/huge")]);
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    let got = should_rate_limit(&baton, envoy_request("edge", vec![d])).await;
+    assert_eq!(codes(&got).1, vec![Code::OverLimit]);
+    let reset = got.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .map(|d| Duration::from_secs(u64::try_from(d.seconds).expect("not negative")));
+    assert!(
+        reset.is_some_and(|r| r <= Duration::from_secs(1)),
+        "{reset:?}"
     );
 }
 
@@ -1105,7 +1290,7 @@ async fn envoy_invalid_requests_and_unconfigured() {
 // ---------------------------------------------------------------------------------------------
 
 /// Bad rate limit flags and a bad rules file are reported together, each naming its flag, the
-/// file, the domain and the setting, and the binary exits with code 2.
+/// file, the line and column, the domain and the setting, and the binary exits with code 2.
 #[tokio::test]
 async fn bad_ratelimit_configuration_is_reported_at_startup() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1127,13 +1312,14 @@ async fn bad_ratelimit_configuration_is_reported_at_startup() {
     command.arg(&file);
     let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
+    let at = |place: &str| format!("{}:{place}: ", file.display());
     for needle in [
-        "--ratelimit-timeout / BATON_RATELIMIT_TIMEOUT",
-        "--ratelimit-failure-mode / BATON_RATELIMIT_FAILURE_MODE",
-        "domain \"web\": descriptors[0].rate_limit.unit: \"fortnight\"",
-        "domain \"web\": descriptors[1].rate_limit.algorithm: \"leaky\"",
+        "--ratelimit-timeout / BATON_RATELIMIT_TIMEOUT".to_owned(),
+        "--ratelimit-failure-mode / BATON_RATELIMIT_FAILURE_MODE".to_owned(),
+        at("4:24") + "domain \"web\": descriptors[0].rate_limit.unit: \"fortnight\"",
+        at("6:63") + "domain \"web\": descriptors[1].rate_limit.algorithm: \"leaky\"",
     ] {
-        assert!(stderr.contains(needle), "{needle:?} missing in:\n{stderr}");
+        assert!(stderr.contains(&needle), "{needle:?} missing in:\n{stderr}");
     }
 
     let mut command = baton_command();
@@ -1175,11 +1361,9 @@ async fn envoy_rules_reload_when_the_file_changes() {
         .expect("writing rules");
     };
     write("5");
-    let loaded = Arc::new(Rules::load(&file).expect("valid"));
     let path = file.clone();
     let baton = Baton::start_with(&redis, move |c| {
         c.ratelimit.timeout = RELAXED_TIMEOUT;
-        c.ratelimit.rules = Some(loaded);
         c.ratelimit.rules_path = Some(path);
         c.ratelimit.reload_interval = Duration::from_millis(50);
     })
@@ -1210,4 +1394,386 @@ async fn envoy_rules_reload_when_the_file_changes() {
     write("lots");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(limit_now().await, Some(7));
+}
+
+/// The positions `FILE:LINE:COLUMN:` that `text` gives for `file`, in order.
+fn positions(text: &str, file: &std::path::Path) -> Vec<(u32, u32)> {
+    let needle = format!("{}:", file.display());
+    text.match_indices(&needle)
+        .filter_map(|(at, _)| {
+            let mut parts = text[at + needle.len()..].splitn(3, ':');
+            let line = parts.next()?.parse().ok()?;
+            let column = parts.next()?.parse().ok()?;
+            Some((line, column))
+        })
+        .collect()
+}
+
+/// Replaces `file`'s contents at once (write beside it, then rename), so that a reload never
+/// reads half a file.
+fn replace_file(file: &std::path::Path, text: &str) {
+    let part = file.with_extension("part");
+    std::fs::write(&part, text).expect("writing the new contents");
+    std::fs::rename(&part, file).expect("renaming into place");
+}
+
+/// A rules file with a YAML syntax error (an unclosed flow sequence, an unclosed quote) stops the
+/// binary at once with exit code 2 and the error's line and column, instead of hanging.
+#[tokio::test]
+async fn malformed_rules_file_exits_2_naming_the_position() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The block entry inside the flow list; the quote that never closes.
+    let cases = [
+        (
+            "flow.yaml",
+            "domain: x\ndescriptors: [\n  - key: a\n",
+            (3, 3),
+        ),
+        (
+            "quote.yaml",
+            "domain: \"x\ndescriptors:\n  - key: a\n",
+            (1, 9),
+        ),
+    ];
+    for (name, text, place) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("writing rules");
+        let mut command = baton_command();
+        command.args(["serve", "--ratelimit-config"]).arg(&file);
+        let started = Instant::now();
+        let (status, stderr) = run_baton(command, Duration::from_secs(20)).await;
+        assert_eq!(status.code(), Some(2), "{name}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{name}: took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            positions(&stderr, &file),
+            vec![place],
+            "{name}: FILE:LINE:COLUMN of the error in:\n{stderr}"
+        );
+    }
+}
+
+/// With reloading on, a valid rules file replaced by a malformed one leaves the rules in force and
+/// logs the refusal with the error's position, without the process growing; a later valid file is
+/// put in force.
+#[tokio::test]
+async fn malformed_rules_on_reload_keep_the_rules_in_force() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("rules.yaml");
+    let valid = |limit: u32| {
+        format!(
+            "domain: live\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"
+        )
+    };
+    replace_file(&file, &valid(5));
+    let mut args = redis.baton_args();
+    args.extend(
+        [
+            "--ratelimit-timeout",
+            "2s",
+            "--ratelimit-config-reload",
+            "50ms",
+            "--ratelimit-config",
+        ]
+        .map(String::from),
+    );
+    args.push(file.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let baton = support::BatonProcess::spawn(&args).await;
+    let client = EnvoyClient::new(support::channel(baton.addr()).await);
+    let limit_now = || {
+        let mut client = client.clone();
+        async move {
+            let got = client
+                .should_rate_limit(envoy_request("live", vec![descriptor(&[("k", "v")])]))
+                .await
+                .expect("ShouldRateLimit answers")
+                .into_inner();
+            got.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit)
+        }
+    };
+    assert_eq!(limit_now().await, Some(5));
+
+    replace_file(&file, "domain: x\ndescriptors: [\n  - key: a\n");
+    wait_until(
+        Duration::from_secs(10),
+        "the refusal of the malformed file in the log",
+        || async {
+            let stderr = baton.stderr();
+            if stderr.contains("keeping the rules in force")
+                && !positions(&stderr, &file).is_empty()
+            {
+                Ok(())
+            } else {
+                Err(stderr)
+            }
+        },
+    )
+    .await;
+    assert_eq!(limit_now().await, Some(5), "the rules in force stay");
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", baton.pid()))
+        .expect("reading the process status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in the process status");
+    assert!(rss_kib < 256 * 1024, "resident memory {rss_kib} KiB");
+
+    replace_file(&file, &valid(7));
+    wait_until(
+        Duration::from_secs(10),
+        "the next valid rules in force",
+        || async {
+            match limit_now().await {
+                Some(7) => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+}
+
+/// A rules file beyond the loader's bounds is refused quickly with a clear reason: not UTF-8 (with
+/// its position), too large, not a regular file, aliases expanding past the node budget, nesting
+/// too deep, too many documents, too many rules, too many files in a directory.
+#[tokio::test]
+async fn rules_beyond_the_bounds_are_refused_quickly() {
+    use baton::ratelimit::rules::{MAX_DOCUMENTS, MAX_FILE_BYTES, MAX_FILES, MAX_RULES};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let big = dir.path().join("big.yaml");
+    let padding = usize::try_from(MAX_FILE_BYTES).expect("fits");
+    std::fs::write(&big, format!("domain: d\n#{}\n", "x".repeat(padding))).expect("write");
+    let crowded = dir.path().join("crowded");
+    std::fs::create_dir(&crowded).expect("mkdir");
+    for i in 0..=MAX_FILES {
+        std::fs::write(
+            crowded.join(format!("{i:04}.yaml")),
+            format!("domain: d{i}\n"),
+        )
+        .expect("write");
+    }
+    let laughs = (1..8).fold(
+        "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned(),
+        |text, i| {
+            let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+            format!("{text}a{i}: &a{i} [{refs}]\n")
+        },
+    );
+    let deep = format!(
+        "domain: d\ndescriptors: {}{}\n",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let documents = "---\ndomain: d\n".repeat(MAX_DOCUMENTS + 1);
+    let rules = format!(
+        "domain: d\ndescriptors: [{}]\n",
+        (0..=MAX_RULES)
+            .map(|i| format!("{{key: k{i}}}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let texts = [
+        ("laughs.yaml", laughs),
+        ("deep.yaml", deep),
+        ("documents.yaml", documents),
+        ("rules.yaml", rules),
+    ];
+    for (name, text) in texts {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("write");
+    }
+    let latin1 = dir.path().join("latin1.yaml");
+    std::fs::write(&latin1, b"domain: d\ndescriptors:\n  - key: caf\xe9\n").expect("write");
+    let cases = [
+        (
+            latin1.clone(),
+            "latin1.yaml:3:13: not UTF-8 text".to_owned(),
+        ),
+        (big.clone(), "larger than".to_owned()),
+        (PathBuf::from("/dev/zero"), "not a regular file".to_owned()),
+        (crowded.clone(), format!("more than {MAX_FILES}")),
+        (
+            dir.path().join("laughs.yaml"),
+            "aliases count as copies".to_owned(),
+        ),
+        (dir.path().join("deep.yaml"), "nest deeper than".to_owned()),
+        (
+            dir.path().join("documents.yaml"),
+            format!("more than {MAX_DOCUMENTS} YAML documents"),
+        ),
+        (
+            dir.path().join("rules.yaml"),
+            format!("more than {MAX_RULES} rules"),
+        ),
+    ];
+    for (path, reason) in cases {
+        let started = Instant::now();
+        let loading = path.clone();
+        let errors = within(
+            Duration::from_secs(30),
+            tokio::task::spawn_blocking(move || Rules::load(&loading)),
+            "the loader to end",
+        )
+        .await
+        .expect("the loader does not panic")
+        .expect_err(&format!("{} must be refused", path.display()));
+        assert!(
+            errors.iter().any(|e| e.contains(&reason)),
+            "{}: {reason:?} missing in {errors:#?}",
+            path.display()
+        );
+        assert!(
+            errors
+                .iter()
+                .all(|e| e.starts_with(&path.display().to_string())),
+            "{errors:#?}"
+        );
+        assert!(errors.len() <= 51, "{} problems reported", errors.len());
+        eprintln!("{}: refused in {:?}", path.display(), started.elapsed());
+    }
+}
+
+/// Pieces that random rules texts are made of and mutations insert: YAML's indicators, flow and
+/// block structure, anchors and aliases, tags, quotes, documents, odd characters, and the rules'
+/// own settings.
+const YAML_PIECES: &[&str] = &[
+    "- ",
+    ": ",
+    ":",
+    "[",
+    "]",
+    "{",
+    "}",
+    ", ",
+    "\n",
+    "  ",
+    "    ",
+    "\t",
+    "'",
+    "\"",
+    "&a ",
+    "*a",
+    "&b ",
+    "*b",
+    "!!str ",
+    "!t ",
+    "|\n",
+    ">-\n",
+    "---\n",
+    "...\n",
+    "? ",
+    "# c\n",
+    "%YAML 1.2\n",
+    "\\",
+    "domain: d\n",
+    "domain: ",
+    "descriptors:\n",
+    "descriptors: ",
+    "key: k",
+    "value: v*",
+    "value: *",
+    "rate_limit: {unit: second, requests_per_unit: 1}",
+    "rate_limit:\n",
+    "requests_per_unit: ",
+    "unit: ",
+    "period: 1s",
+    "algorithm: gcra",
+    "burst: ",
+    "99999999999999999999999",
+    "0",
+    "~",
+    "null",
+    "true",
+    "é",
+    "\u{feff}",
+    "\r\n",
+    "\r",
+    "@",
+    "`",
+    "*",
+    "<<: *a",
+    "\u{0}",
+    "\u{85}",
+    "replaces: [{name: x}]",
+    "shadow_mode: true",
+];
+
+/// A text of random pieces, or a valid rules text changed by a few random edits.
+fn rules_texts() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::{prelude::*, sample::Index};
+    let seeds = vec![
+        std::fs::read_to_string(rules_path()).expect("the test rules"),
+        "domain: d\ndescriptors:\n  - key: k\n    value: a*b\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - key: j\n        rate_limit: &r {unit: minute, requests_per_unit: 2, algorithm: gcra, burst: 3}\n      - key: i\n        rate_limit: *r\n".to_owned(),
+        "domain: x\ndescriptors: [{key: a, value: '1'}, {key: b, rate_limit: {unlimited: true}}]\n---\ndomain: y\n".to_owned(),
+    ];
+    let edit = (0..4u8, any::<Index>(), any::<Index>(), any::<Index>());
+    prop_oneof![
+        prop::collection::vec(prop::sample::select(YAML_PIECES), 0..80).prop_map(|p| p.concat()),
+        (
+            prop::sample::select(seeds),
+            prop::collection::vec(edit, 1..10)
+        )
+            .prop_map(|(seed, edits)| {
+                let mut chars: Vec<char> = seed.chars().collect();
+                for (kind, at, len, piece) in edits {
+                    let at = at.index(chars.len() + 1);
+                    let end = (at + len.index(16)).min(chars.len());
+                    match kind {
+                        0 => {
+                            let piece = piece.get(YAML_PIECES);
+                            chars.splice(at..at, piece.chars());
+                        }
+                        1 => {
+                            chars.drain(at..end);
+                        }
+                        2 => {
+                            let copy: Vec<char> = chars[at..end].to_vec();
+                            chars.splice(at..at, copy);
+                        }
+                        _ => chars.truncate(at),
+                    }
+                }
+                chars.into_iter().collect()
+            }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 2000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5EED_0012),
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Random and mutated rules texts always end the loader within a time bound, without a
+    /// panic, either with rules or with problems whose first one names `FILE:LINE:COLUMN`.
+    #[test]
+    fn rules_loader_ends_on_any_text(text in rules_texts()) {
+        let (done, answer) = std::sync::mpsc::channel();
+        let input = text.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(Rules::from_yaml("fuzz.yaml", &input).map(|r| r.domains().len()));
+        });
+        let result = answer
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("the loader did not answer ({e}) for {text:?}"));
+        if let Err(problems) = result {
+            let first = problems.first().unwrap_or_else(|| panic!("no problem given for {text:?}"));
+            let place = first.strip_prefix("fuzz.yaml:").and_then(|rest| {
+                let mut parts = rest.splitn(3, ':');
+                let line: usize = parts.next()?.parse().ok()?;
+                let column: usize = parts.next()?.parse().ok()?;
+                (line >= 1 && column >= 1).then_some(())
+            });
+            proptest::prop_assert!(place.is_some(), "{first:?} for {text:?}");
+        }
+    }
 }

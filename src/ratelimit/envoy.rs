@@ -65,7 +65,9 @@ impl EnvoyRateLimitApi {
     }
 
     /// Checks the rules at `path` every `every` until `shutdown`, and puts them in force when
-    /// their files changed and are valid; invalid files are logged and the rules in force kept.
+    /// their files changed and are valid; invalid files are logged (each problem with its file,
+    /// line and column) and the rules in force kept. Files are read and parsed off the runtime's
+    /// threads, by a loader bounded in size, nesting and count, so a reload always ends.
     pub fn reload_every(&self, path: PathBuf, every: Duration, shutdown: CancellationToken) {
         if every.is_zero() {
             return;
@@ -90,28 +92,29 @@ impl EnvoyRateLimitApi {
                 if now == seen {
                     continue;
                 }
-                match &now {
-                    Err(errors) => {
+                let verdict = match &now {
+                    Err(errors) => Err(errors.clone()),
+                    Ok(files) => {
+                        let (path, files) = (path.clone(), files.clone());
+                        tokio::task::spawn_blocking(move || Rules::from_files(&path, &files))
+                            .await
+                            .unwrap_or_else(|e| Err(vec![format!("reading the rules: {e}")]))
+                    }
+                };
+                match verdict {
+                    Ok(new) => {
+                        tracing::info!(domains = ?new.domains(), "rate limit rules reloaded");
+                        match in_force.write() {
+                            Ok(mut current) => *current = Arc::new(new),
+                            Err(poisoned) => *poisoned.into_inner() = Arc::new(new),
+                        }
+                    }
+                    Err(problems) => {
                         tracing::error!(
-                            ?errors,
-                            "cannot read the rate limit rules; keeping the rules in force"
+                            problems = %problems.join("; "),
+                            "invalid rate limit rules; keeping the rules in force"
                         );
                     }
-                    Ok(files) => match Rules::from_files(&path, files) {
-                        Ok(new) => {
-                            tracing::info!(domains = ?new.domains(), "rate limit rules reloaded");
-                            match in_force.write() {
-                                Ok(mut current) => *current = Arc::new(new),
-                                Err(poisoned) => *poisoned.into_inner() = Arc::new(new),
-                            }
-                        }
-                        Err(errors) => {
-                            tracing::error!(
-                                ?errors,
-                                "invalid rate limit rules; keeping the rules in force"
-                            );
-                        }
-                    },
                 }
                 seen = now;
             }

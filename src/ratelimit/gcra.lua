@@ -11,7 +11,8 @@
 --
 -- The arithmetic is done on the TAT's distance from now, which is at most `burst` intervals, so
 -- doubles keep it to about 1e-15 of the bucket's size however small the interval: a unit of a
--- billion per second still counts.
+-- billion per second still counts. The caller bounds the bucket (`burst` intervals) to 100 years,
+-- so the stored TAT stays an exact integer of microseconds and its expiry within PX's range.
 local key = KEYS[1]
 local period, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local burst, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -44,7 +45,13 @@ end
 local after = ahead + n * interval
 local wait = after - capacity
 if wait > slack then
-  return {0, units(capacity - ahead), math.ceil(wait), math.ceil(ahead)}
+  -- More than the burst is never allowed (-1); the wait is then not a time and could be beyond
+  -- what a Redis integer reply holds.
+  local retry = -1
+  if n <= burst then
+    retry = math.ceil(wait)
+  end
+  return {0, units(capacity - ahead), retry, math.ceil(ahead)}
 end
 if cost == 0 then
   return {1, units(capacity - ahead), 0, math.ceil(ahead)}

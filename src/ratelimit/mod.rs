@@ -14,12 +14,14 @@
 //! | `PREFIX{rl-envoy:DESCRIPTOR}:ALGO` | as above, plus `aw` (hash: window start, count) | the same for Envoy's API | the same; `aw` until the aligned window ends |
 //!
 //! The gRPC handlers are in [`service`] (`baton.v1.RateLimitService`) and [`envoy`]
-//! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`].
+//! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`],
+//! through a bounded YAML reader (`yaml`).
 //! This module knows nothing of tonic.
 
 pub mod envoy;
 pub mod rules;
 pub mod service;
+mod yaml;
 
 use std::{
     sync::{Arc, Mutex},
@@ -46,6 +48,12 @@ pub const MAX_SLIDING_LIMIT: u64 = 10_000;
 pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// Longest period.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Deepest GCRA bucket: the time `burst × period / limit` a bucket takes to refill from empty,
+/// which is also the longest its key lives. The script keeps the bucket's theoretical arrival
+/// time as microseconds since the Unix epoch in a Lua double, exact below 2^53 µs (the year
+/// 2255): now plus 100 years stays below that until the year 2155, and the key's expiry (`SET`
+/// `PX`, in milliseconds) far below the 2^63 Redis accepts.
+pub const MAX_GCRA_DEPTH: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// Shortest interval between two failure-mode warnings in the log.
 const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -138,6 +146,22 @@ impl Rate {
             }
             (_, None) => limit,
         };
+        if algorithm == Algorithm::Gcra {
+            // At most 10^12 × 3.2e13 µs: no overflow in u128. Only a burst above the limit can
+            // make the bucket deeper than the period.
+            let depth_us = u128::from(burst) * period.as_micros() / u128::from(limit);
+            if depth_us > MAX_GCRA_DEPTH.as_micros() {
+                let years = depth_us / Duration::from_secs(365 * 86_400).as_micros();
+                return Err((
+                    RateField::Burst,
+                    format!(
+                        "{burst} units at {limit} per {} take {years} years to refill; at most {} years (burst × period / limit), beyond which the key's expiry and the script's exact arithmetic end",
+                        in_words(period),
+                        MAX_GCRA_DEPTH.as_secs() / (365 * 86_400)
+                    ),
+                ));
+            }
+        }
         Ok(Self {
             algorithm,
             limit,
@@ -334,6 +358,17 @@ impl RateLimiter {
     }
 }
 
+/// A period for messages: whole days as days (humantime would say `11months 30days 3h 50m 24s`
+/// for 365 days), anything else as humantime writes it.
+fn in_words(period: Duration) -> String {
+    let secs = period.as_secs();
+    if period.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(86_400) {
+        format!("{} days", secs / 86_400)
+    } else {
+        humantime::format_duration(period).to_string()
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -352,7 +387,7 @@ mod tests {
         }
     }
 
-    /// Rates are bounded, and the burst belongs to GCRA only.
+    /// Rates are bounded, the burst belongs to GCRA only, and GCRA's bucket depth is bounded.
     #[test]
     fn rate_bounds() {
         let s = Duration::from_secs(1);
@@ -388,6 +423,22 @@ mod tests {
         );
         assert_eq!(
             Rate::new(Algorithm::Gcra, 1, s, Some(0)).unwrap_err().0,
+            RateField::Burst
+        );
+        // The bucket's depth, burst × period / limit, is at most MAX_GCRA_DEPTH.
+        let day = Duration::from_secs(86_400);
+        assert!(Rate::new(Algorithm::Gcra, 1, day, Some(36_500)).is_ok());
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 1, day, Some(36_501))
+                .unwrap_err()
+                .0,
+            RateField::Burst
+        );
+        assert!(Rate::new(Algorithm::Gcra, MAX_LIMIT, MAX_PERIOD, Some(MAX_LIMIT)).is_ok());
+        assert_eq!(
+            Rate::new(Algorithm::Gcra, 1, MAX_PERIOD, Some(MAX_LIMIT))
+                .unwrap_err()
+                .0,
             RateField::Burst
         );
     }
