@@ -2,7 +2,7 @@
 //! [`Autocomplete`], and turns results back into responses. Validation errors name the proto
 //! field (`terms[3].display` for an entry of a batch).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tonic::{Request, Response, Status};
 
@@ -98,6 +98,27 @@ fn payload(field: &'static str, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>
         )),
         other => Ok(other),
     }
+}
+
+/// A recent list's ttl: absent means the default; present, it must be within bounds (zero
+/// included: it is not taken for absent).
+fn recent_ttl(value: Option<prost_types::Duration>) -> Result<Duration, Error> {
+    let field = "ttl";
+    let Some(d) = value else {
+        return Ok(DEFAULT_RECENT_TTL);
+    };
+    if wire::millis(field, Some(d))?.is_none() {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "0s is outside {} to {} (leave it unset for {})",
+                humantime::format_duration(MIN_RECENT_TTL),
+                humantime::format_duration(MAX_RECENT_TTL),
+                humantime::format_duration(DEFAULT_RECENT_TTL)
+            ),
+        ));
+    }
+    wire::bounded(field, Some(d), MIN_RECENT_TTL, MAX_RECENT_TTL)
 }
 
 fn batch_size(field: &'static str, len: usize) -> Result<(), Error> {
@@ -297,8 +318,7 @@ impl AutocompleteService for AutocompleteApi {
             DEFAULT_RECENT_ITEMS,
             MAX_RECENT_ITEMS,
         )?;
-        let ttl = wire::optional_bounded("ttl", req.ttl, MIN_RECENT_TTL, MAX_RECENT_TTL)?
-            .unwrap_or(DEFAULT_RECENT_TTL);
+        let ttl = recent_ttl(req.ttl)?;
         let recorded = self
             .autocomplete
             .record(&list, &text, payload.as_deref(), max_items, ttl)
