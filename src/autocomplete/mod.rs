@@ -2,8 +2,8 @@
 //! (short most-recent-first lists), with Unicode-correct matching and bounded work per call.
 //!
 //! Baton computes each text's matching form ([`text::Text`]: NFKC with full case folding) so
-//! that Redis only compares bytes; every change is one Lua script, and every read is a script
-//! flagged `no-writes`.
+//! that Redis only compares bytes; every change is one Lua script (a batch of terms: one per step
+//! of bounded work, see [`STEP_WORK`]), and every read is a script flagged `no-writes`.
 //!
 //! # Redis layout
 //!
@@ -25,6 +25,7 @@
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
+//! | `PREFIX{ac:NAME}:q:ID` | list | what the `Add` batch with request id `ID` did: its fingerprint, then per entry applied `a`/`u` and the score after it | [`REQUEST_MEMORY`] after its last step ([`AUTO_REQUEST_MEMORY`] for ids Baton made up) |
 //! | `PREFIX{acr:NAME}` | sorted set | item id → last recorded (µs, Redis clock) | the list's ttl, set anew by each record |
 //! | `PREFIX{acr:NAME}:items` | hash | item id → matching form, display text, payload | as above |
 //!
