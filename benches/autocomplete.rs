@@ -246,6 +246,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
                             payload: t.payload.clone(),
                         })
                         .collect(),
+                    ..Default::default()
                 })
                 .await
                 .context("Add")?;

@@ -62,6 +62,7 @@ async fn add(
         .add(pb::AutocompleteServiceAddRequest {
             dictionary: dictionary.to_owned(),
             terms,
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("Add to {dictionary:?} failed: {s:?}"))
@@ -1333,6 +1334,7 @@ async fn concurrent_adds_and_removes_never_show_partial_or_foreign_entries() {
                     .add(pb::AutocompleteServiceAddRequest {
                         dictionary: dict.into(),
                         terms,
+                        ..Default::default()
                     })
                     .await
                     .expect("Add");
@@ -1521,7 +1523,11 @@ async fn validation_failures_name_the_field_and_change_nothing() {
         let dictionary = dictionary.to_owned();
         async move {
             client
-                .add(pb::AutocompleteServiceAddRequest { dictionary, terms })
+                .add(pb::AutocompleteServiceAddRequest {
+                    dictionary,
+                    terms,
+                    ..Default::default()
+                })
                 .await
                 .expect_err("Add should fail")
         }
@@ -1541,6 +1547,15 @@ async fn validation_failures_name_the_field_and_change_nothing() {
         "terms[1].display",
     );
     invalid(&add_err(vec![term(" \t ")], d).await, "terms[0].display");
+    let status = client
+        .add(pb::AutocompleteServiceAddRequest {
+            dictionary: d.into(),
+            terms: vec![term("x")],
+            request_id: "r".repeat(129),
+        })
+        .await
+        .expect_err("Add should fail");
+    invalid(&status, "request_id");
     invalid(&add_err(vec![term("a\0b")], d).await, "terms[0].display");
     invalid(
         &add_err(vec![term(&"é".repeat(129))], d).await,
@@ -1836,6 +1851,710 @@ async fn validation_failures_name_the_field_and_change_nothing() {
         .await
         .expect_err("RemoveRecent should fail");
     invalid(&remove_recent_err, "displays");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Large writes, retries and the Cluster
+// ---------------------------------------------------------------------------------------------
+
+/// Display texts of the most work one term can ask of Redis: 256 bytes of words of fresh
+/// letters, so that nearly every 2- and 3-letter gram of every word is new (each is a set Baton
+/// writes to), the same for the same `seed`.
+fn heaviest_displays(n: usize, seed: u64) -> Vec<String> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    (0..n)
+        .map(|i| {
+            let mut s = format!("{i:04}");
+            while s.len() < 256 {
+                // Words of 1 to 60 letters; long ones have the most grams.
+                let len = 1 + (next() % 60) as usize;
+                s.push(' ');
+                for _ in 0..len {
+                    if s.len() == 256 {
+                        break;
+                    }
+                    s.push(char::from(b'a' + (next() % 26) as u8));
+                }
+            }
+            s.truncate(256);
+            s.trim_end().to_owned()
+        })
+        .collect()
+}
+
+/// The durations of the script calls SLOWLOG logged since it was reset (every node), longest
+/// first.
+async fn slow_scripts(conn: &mut support::RedisConn) -> Vec<Duration> {
+    let logs: Vec<Vec<redis::Value>> = conn
+        .on_every_node(redis::cmd("SLOWLOG").arg("GET").arg(-1))
+        .await;
+    let mut durations = Vec::new();
+    for entry in logs.into_iter().flatten() {
+        let redis::Value::Array(fields) = entry else {
+            panic!("a SLOWLOG entry: {entry:?}");
+        };
+        let micros: u64 = redis::from_redis_value_ref(&fields[2]).expect("a duration");
+        let args: Vec<Vec<u8>> = redis::from_redis_value_ref(&fields[3]).expect("arguments");
+        let command = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        if command == "evalsha" || command == "eval" {
+            durations.push(Duration::from_micros(micros));
+        }
+    }
+    durations.sort_unstable_by(|a, b| b.cmp(a));
+    durations
+}
+
+/// Script calls every node ran since the last `CONFIG RESETSTAT`, and their total duration
+/// (`INFO commandstats`).
+async fn script_stats(conn: &mut support::RedisConn) -> (u64, Duration) {
+    let stats: Vec<String> = conn
+        .on_every_node(redis::cmd("INFO").arg("commandstats"))
+        .await;
+    let (mut calls, mut micros) = (0, 0);
+    for line in stats.iter().flat_map(|s| s.lines()) {
+        let Some(fields) = line.strip_prefix("cmdstat_evalsha:") else {
+            continue;
+        };
+        let field = |name: &str| -> u64 {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .map_or(0, |n| n.trim().parse().expect("a number"))
+        };
+        calls += field("calls");
+        micros += field("usec");
+    }
+    (calls, Duration::from_micros(micros))
+}
+
+/// A 1000-term Add of the largest terms Baton takes (256 bytes of fresh words each, 1 KiB
+/// payloads, score increments) answers OK and counts each increment once, in script calls that
+/// each hold Redis a short while: on average less than an eighth of the command timeout, and
+/// each less than a quarter of it, but for at most one in a hundred (a busy machine may stall
+/// the odd call on its way).
+#[tokio::test]
+async fn largest_add_runs_in_short_script_calls() {
+    // Reads and resets node-wide logs and counters.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let mut conn = redis.conn().await;
+    let timeout = baton::config::DEFAULT_REDIS_COMMAND_TIMEOUT;
+    // Script calls of more than a tenth of the timeout are logged (logging every call would
+    // make a reply too large to read in time).
+    let logged = (timeout / 10).as_micros().to_string();
+    for (name, value) in [
+        ("slowlog-log-slower-than", logged.as_str()),
+        ("slowlog-max-len", "10000"),
+    ] {
+        let _: Vec<()> = conn
+            .on_every_node(redis::cmd("CONFIG").arg("SET").arg(name).arg(value))
+            .await;
+    }
+    let displays = heaviest_displays(1000, 12);
+    let terms: Vec<pb::AutocompleteTerm> = displays
+        .iter()
+        .map(|d| pb::AutocompleteTerm {
+            display: d.clone(),
+            score: Some(1.0),
+            increment: true,
+            payload: Some(vec![b'p'; 1024]),
+        })
+        .collect();
+    let _: Vec<()> = conn.on_every_node(redis::cmd("SLOWLOG").arg("RESET")).await;
+    conn.reset_stats().await;
+    let started = std::time::Instant::now();
+    let added = within(
+        Duration::from_secs(300),
+        client.add(pb::AutocompleteServiceAddRequest {
+            dictionary: "heavy".into(),
+            terms,
+            ..Default::default()
+        }),
+        "the Add",
+    )
+    .await
+    .unwrap_or_else(|s| panic!("the largest Add failed: {s:?}"))
+    .into_inner();
+    let took = started.elapsed();
+    let slow = slow_scripts(&mut conn).await;
+    let (calls, total) = script_stats(&mut conn).await;
+    let average = total / u32::try_from(calls.max(1)).expect("calls fit");
+    eprintln!(
+        "1000 largest terms: {took:?} in all; {calls} script calls, {total:?} of Redis time, \
+         {average:?} on average; the longest {:?}",
+        &slow[..slow.len().min(5)]
+    );
+    assert_eq!(added.added, 1000);
+    assert_eq!(added.term_count, 1000);
+    assert!(added.scores.iter().all(|s| *s == 1.0), "{:?}", added.scores);
+    assert!(
+        average < timeout / 8,
+        "script calls took {average:?} on average, more than {:?}",
+        timeout / 8
+    );
+    let long = slow.iter().filter(|d| **d >= timeout / 4).count();
+    assert!(
+        long as u64 <= calls / 100,
+        "{long} of {calls} script calls held Redis for more than {:?}: {slow:?}",
+        timeout / 4
+    );
+    // Everything is there: each term by its last word, with its score counted once.
+    for d in displays.iter().step_by(97) {
+        let last = d.rsplit(' ').next().expect("a word");
+        let got = all_pages(
+            &mut client,
+            request("heavy", last, Mode::WordPrefix, Order::Lexicographic, 100),
+        )
+        .await;
+        let hit = got
+            .iter()
+            .find(|s| &s.display == d)
+            .unwrap_or_else(|| panic!("{d:?} is not found by {last:?}"));
+        assert_eq!(hit.score, 1.0);
+        assert_eq!(hit.payload.len(), 1024);
+    }
+}
+
+/// The `request_id` a failed Add's status names (its `ErrorInfo` detail), if any.
+fn request_id_of(status: &Status) -> Option<String> {
+    status
+        .get_error_details()
+        .error_info()
+        .and_then(|info| info.metadata.get("request_id").cloned())
+}
+
+/// Terms in the batches of [`increments`].
+const INCREMENTS: usize = 200;
+
+/// A batch of [`INCREMENTS`] score increments (one per term, each term's text long enough for
+/// the batch to take many steps), sent to `dictionary`.
+fn increments(dictionary: &str) -> pb::AutocompleteServiceAddRequest {
+    pb::AutocompleteServiceAddRequest {
+        dictionary: dictionary.into(),
+        terms: (0..INCREMENTS)
+            .map(|i| pb::AutocompleteTerm {
+                display: format!(
+                    "counter {i:04}{}",
+                    &heaviest_displays(1, i as u64)[0][4..100]
+                ),
+                score: Some(1.0),
+                increment: true,
+                payload: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Sends `batch` again (as a retry) with the request id `status` names, and checks that every
+/// increment counted once and that the answer is that of one application.
+async fn retry_counts_once(
+    client: &mut Client,
+    status: &Status,
+    batch: &pb::AutocompleteServiceAddRequest,
+) {
+    let id = request_id_of(status).unwrap_or_else(|| panic!("no request id in {status:?}"));
+    assert!(
+        status.message().contains(&id),
+        "the message names the id: {status:?}"
+    );
+    let answer = client
+        .add(pb::AutocompleteServiceAddRequest {
+            request_id: id,
+            ..batch.clone()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("the retry failed: {s:?}"))
+        .into_inner();
+    assert!(
+        answer.scores.iter().all(|s| *s == 1.0),
+        "increments counted more than once: {:?}",
+        &answer.scores[..5]
+    );
+    assert_eq!(answer.added as usize, INCREMENTS, "as if applied once");
+    assert_eq!(answer.updated, 0);
+    assert_eq!(answer.term_count as usize, INCREMENTS);
+    let all = all_pages(
+        client,
+        request(
+            &batch.dictionary,
+            "counter",
+            Mode::Prefix,
+            Order::Score,
+            1000,
+        ),
+    )
+    .await;
+    assert_eq!(all.len(), INCREMENTS);
+    for s in &all {
+        assert_eq!(s.score, 1.0, "{} counted more than once", s.display);
+    }
+}
+
+/// Sends `batch` through a Baton of its own over `redis` (with `deadline` when set, and then a
+/// command timeout longer than it), stops Redis (SIGSTOP) as soon as the batch's first step has
+/// written, and returns the call's status once it failed, with Redis running again and the
+/// number of terms applied by then (or while Redis resumed).
+async fn add_stalled_mid_batch(
+    redis: &RedisServer,
+    prefix: &str,
+    batch: &pb::AutocompleteServiceAddRequest,
+    deadline: Option<Duration>,
+) -> (Status, u64) {
+    let baton = Baton::start_with(redis, |c| {
+        c.redis.key_prefix = prefix.to_owned();
+        if let Some(d) = deadline {
+            c.redis.command_timeout = 2 * d;
+        }
+    })
+    .await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    // Redis knows the scripts (a first call loads them), as it does in service.
+    let warm_up = pb::AutocompleteServiceAddRequest {
+        dictionary: "warm-up".into(),
+        terms: batch.terms[..1].to_vec(),
+        ..Default::default()
+    };
+    client.add(warm_up).await.expect("warm-up Add");
+
+    let mut conn = redis.conn().await;
+    let _: Vec<()> = conn
+        .on_every_node(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("Kh"),
+        )
+        .await;
+    let data = baton::autocomplete::DictionaryKeys::new(prefix, &batch.dictionary).data;
+    let url = match redis.cluster() {
+        Some(cluster) => cluster.node_for_key(&data).await.url(),
+        None => redis.url(),
+    };
+    let mut events = redis::Client::open(url)
+        .expect("a client")
+        .get_async_pubsub()
+        .await
+        .expect("a subscriber");
+    events
+        .subscribe(format!("__keyspace@0__:{data}"))
+        .await
+        .expect("SUBSCRIBE");
+    let mut events = events.into_on_message();
+    let mut call = tonic::Request::new(batch.clone());
+    if let Some(d) = deadline {
+        call.set_timeout(d);
+    }
+    let mut add = tokio::spawn(async move { client.add(call).await });
+    tokio::select! {
+        event = within(
+            Duration::from_secs(30),
+            futures::StreamExt::next(&mut events),
+            "the first step's write",
+        ) => {
+            event.expect("an event");
+        }
+        done = &mut add => panic!("the Add ended before its first step: {done:?}"),
+    }
+    redis.signal(nix::sys::signal::Signal::SIGSTOP);
+    let failed = within(Duration::from_secs(30), add, "the Add to a stopped Redis")
+        .await
+        .expect("the Add task");
+    redis.signal(nix::sys::signal::Signal::SIGCONT);
+    let status = failed.expect_err("Redis stopped before the batch's end");
+    let reader = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let dictionary = batch.dictionary.clone();
+    let applied = support::wait_until(Duration::from_secs(10), "Redis to answer", || {
+        let mut reader = reader.clone();
+        let dictionary = dictionary.clone();
+        async move { try_count(&mut reader, &dictionary).await }
+    })
+    .await;
+    (status, applied)
+}
+
+/// The terms of `dictionary` in Redis, or why they could not be counted.
+async fn try_count(client: &mut Client, dictionary: &str) -> Result<u64, Status> {
+    client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: dictionary.into(),
+        })
+        .await
+        .map(|d| d.into_inner().term_count)
+}
+
+/// An Add of score increments whose step timed out after it reached Redis (Redis stopped
+/// mid-batch, then resumed) answers UNAVAILABLE with its first steps applied, naming the request
+/// id Baton made up for it; retried with that id through another Baton, each increment counts
+/// once and the answer is that of one application.
+#[tokio::test]
+async fn increment_stalled_mid_batch_counts_once_when_retried() {
+    // Stops Redis and sets keyspace events.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let batch = increments("counters");
+    let (status, applied) = add_stalled_mid_batch(&redis, baton.prefix(), &batch, None).await;
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        applied > 0 && (applied as usize) < INCREMENTS,
+        "{applied} terms applied: the batch stopped midway"
+    );
+    retry_counts_once(&mut client, &status, &batch).await;
+}
+
+/// An Add still running near its caller's deadline (Redis stopped mid-batch) answers
+/// UNAVAILABLE before that deadline, naming the request id Baton made up; retried with the id,
+/// the rest is applied, each increment once.
+#[tokio::test]
+async fn add_near_the_callers_deadline_answers_in_time() {
+    // Stops Redis and sets keyspace events.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let batch = increments("deadline");
+    // Long enough for the first steps on a busy machine; the Baton's command timeout is longer,
+    // so the caller's deadline is what ends the call.
+    let deadline = Duration::from_secs(2);
+    let (status, applied) =
+        add_stalled_mid_batch(&redis, baton.prefix(), &batch, Some(deadline)).await;
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("deadline"),
+        "stopped by the deadline: {status:?}"
+    );
+    assert!(
+        applied > 0 && (applied as usize) < INCREMENTS,
+        "{applied} terms applied: the batch stopped midway"
+    );
+    retry_counts_once(&mut client, &status, &batch).await;
+}
+
+/// A client's request id makes an Add safe to send again: sent twice, one after the other or at
+/// the same time, the batch is applied once and every call answers as one application would;
+/// the id is scoped to the dictionary, and sent with another batch it is refused.
+#[tokio::test]
+async fn request_id_applies_a_batch_once() {
+    let (_redis, _baton, mut client) = setup().await;
+    let batch = |id: &str, n: u32| pb::AutocompleteServiceAddRequest {
+        dictionary: "ids".into(),
+        terms: (0..n)
+            .map(|i| pb::AutocompleteTerm {
+                display: format!("t{}", i % 150),
+                score: Some(f64::from(i % 7)),
+                increment: i % 3 != 0,
+                payload: Some(vec![u8::try_from(i % 256).unwrap()]),
+            })
+            .collect(),
+        request_id: id.into(),
+    };
+    let once = client.add(batch("r1", 400)).await.unwrap().into_inner();
+    assert_eq!(once.added, 150);
+    assert_eq!(once.updated, 250);
+    let again = client.add(batch("r1", 400)).await.unwrap().into_inner();
+    assert_eq!(again, once, "the same answer");
+    let scores = |answer: &pb::AutocompleteServiceAddResponse| -> HashMap<String, f64> {
+        let mut last = HashMap::new();
+        for (i, s) in answer.scores.iter().enumerate() {
+            last.insert(format!("t{}", i % 150), *s);
+        }
+        last
+    };
+    let expected = scores(&once);
+    let check = |got: Vec<pb::AutocompleteSuggestion>| {
+        assert_eq!(got.len(), 150);
+        for s in got {
+            assert_eq!(Some(&s.score), expected.get(&s.display), "{}", s.display);
+        }
+    };
+    check(
+        all_pages(
+            &mut client,
+            request("ids", "t", Mode::Prefix, Order::Lexicographic, 1000),
+        )
+        .await,
+    );
+
+    // At the same time, from three clients: one application.
+    let mut calls = JoinSet::new();
+    for _ in 0..3 {
+        let mut c = client.clone();
+        let b = batch("r2", 400);
+        calls.spawn(async move { c.add(b).await.map(tonic::Response::into_inner) });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = within(Duration::from_secs(30), calls.join_next(), "the calls").await {
+        answers.push(done.expect("no panic").expect("Add"));
+    }
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    assert_eq!(answers[0].updated, 400, "every term was there");
+    let doubled: HashMap<String, f64> = scores(&answers[0]);
+    for (display, score) in &expected {
+        // Each increment of the second batch counted once on top of the first's scores.
+        let set_last = (0..400u32)
+            .filter(|i| format!("t{}", i % 150) == *display)
+            .any(|i| i % 3 == 0);
+        if !set_last {
+            assert_eq!(doubled[display], 2.0 * score, "{display}");
+        }
+    }
+
+    // Another batch under a known id is refused; in another dictionary the id is free.
+    let status = client
+        .add(batch("r1", 10))
+        .await
+        .expect_err("r1 belongs to another batch");
+    invalid(&status, "request_id");
+    let elsewhere = client
+        .add(pb::AutocompleteServiceAddRequest {
+            dictionary: "other".into(),
+            ..batch("r1", 10)
+        })
+        .await
+        .expect("the id is free in another dictionary")
+        .into_inner();
+    assert_eq!(elsewhere.added, 10);
+}
+
+/// On a Redis Cluster, an Add or a Remove made while the dictionary's slot is half migrated
+/// (the lex set of its term already moved, the term data not yet) changes nothing and fails
+/// UNAVAILABLE; Adds (a batch of many steps with a request id among them) go on while the rest
+/// of the slot moves, retried when refused; afterwards every term is indexed, found by prefix,
+/// by word and by score, and every increment counted once.
+#[tokio::test]
+async fn adds_during_a_slot_migration_leave_every_term_indexed() {
+    if support::TestTopology::from_env() != support::TestTopology::Cluster {
+        eprintln!("skipped: needs BATON_TEST_TOPOLOGY=cluster");
+        return;
+    }
+    // Migrates a slot.
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let dict = "moving";
+    let base: Vec<String> = (0..600)
+        .map(|i| format!("{} base {i:03}", ["north", "south", "east", "west"][i % 4]))
+        .collect();
+    add_all(
+        &mut client,
+        dict,
+        &base.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let cluster = redis.cluster().expect("a cluster");
+    let keys = baton::autocomplete::DictionaryKeys::new(baton.prefix(), dict);
+    let slot = support::topology::key_slot(&keys.data);
+    let source = cluster.node_for_slot(slot).await;
+    let target = cluster
+        .masters()
+        .await
+        .into_iter()
+        .find(|m| m.port != source.port)
+        .expect("another master");
+    let migration = cluster.begin_migration(slot, target.port).await;
+    // The lex set of the terms starting with "n" moves ahead of the rest.
+    let mut node = cluster.node_client(source.port).await;
+    let moved: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target.port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(keys.lex(b'n'))
+        .query_async(&mut node)
+        .await
+        .expect("MIGRATE");
+    assert_eq!(moved, "OK");
+    let newcomer = |i: u32| scored(&format!("newcomer {i}"), f64::from(i));
+    let half = client
+        .add(pb::AutocompleteServiceAddRequest {
+            dictionary: dict.into(),
+            terms: vec![newcomer(0)],
+            ..Default::default()
+        })
+        .await;
+    let half_removal = client
+        .remove(pb::AutocompleteServiceRemoveRequest {
+            dictionary: dict.into(),
+            displays: vec!["north base 000".into()],
+        })
+        .await;
+    assert_eq!(count(&mut client, dict).await, 600, "nothing was applied");
+
+    // More Adds while the rest of the slot moves, each retried until it is taken.
+    let mut writer = client.clone();
+    let movers = pb::AutocompleteServiceAddRequest {
+        dictionary: dict.into(),
+        terms: (0..300)
+            .map(|i| pb::AutocompleteTerm {
+                display: format!("mover {i:03} of the many steps"),
+                score: Some(1.0),
+                increment: true,
+                payload: None,
+            })
+            .collect(),
+        request_id: "movers".into(),
+    };
+    let adds = tokio::spawn(async move {
+        loop {
+            match writer.add(movers.clone()).await {
+                Ok(_) => break,
+                Err(s) if s.code() == Code::Unavailable => continue,
+                Err(s) => panic!("Add of the movers during the migration: {s:?}"),
+            }
+        }
+        for i in 1..=30 {
+            loop {
+                let r = writer
+                    .add(pb::AutocompleteServiceAddRequest {
+                        dictionary: dict.into(),
+                        terms: vec![newcomer(i)],
+                        ..Default::default()
+                    })
+                    .await;
+                match r {
+                    Ok(_) => break,
+                    Err(s) if s.code() == Code::Unavailable => continue,
+                    Err(s) => panic!("Add of newcomer {i} during the migration: {s:?}"),
+                }
+            }
+        }
+    });
+    migration.finish().await;
+    within(
+        Duration::from_secs(60),
+        adds,
+        "the Adds during the migration",
+    )
+    .await
+    .expect("no Add panicked");
+    // The refused calls, retried.
+    add(&mut client, dict, vec![newcomer(0)]).await;
+    assert_eq!(
+        remove(&mut client, dict, &["north base 000"]).await.removed,
+        1
+    );
+    let got = all_pages(
+        &mut client,
+        request(dict, "north base 00", Mode::Prefix, Order::Score, 7),
+    )
+    .await;
+    assert_eq!(displays(&got), ["north base 004", "north base 008"]);
+    let got = all_pages(
+        &mut client,
+        request(dict, "mover", Mode::Prefix, Order::Score, 50),
+    )
+    .await;
+    assert_eq!(got.len(), 300);
+    assert!(
+        got.iter().all(|s| s.score == 1.0),
+        "an increment counted twice"
+    );
+
+    let expected: Vec<String> = (0..=30).map(|i| format!("newcomer {i}")).collect();
+    for mode in [Mode::Prefix, Mode::WordPrefix, Mode::Contains] {
+        for order in [Order::Lexicographic, Order::Score] {
+            let got = all_pages(&mut client, request(dict, "newcomer", mode, order, 7)).await;
+            let mut names = displays(&got);
+            names.sort_by_key(|d| d.trim_start_matches("newcomer ").parse::<u32>().unwrap());
+            assert_eq!(names, expected, "{mode:?} {order:?}");
+            for s in &got {
+                let i: f64 = s.display.trim_start_matches("newcomer ").parse().unwrap();
+                assert_eq!(s.score, i, "{}", s.display);
+            }
+        }
+    }
+    assert_eq!(count(&mut client, dict).await, 600 - 1 + 31 + 300);
+    let status = half.expect_err("an Add across a half-migrated slot cannot run");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let status = half_removal.expect_err("a Remove across a half-migrated slot cannot run");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recent lists
+// ---------------------------------------------------------------------------------------------
+
+/// A recent list's `ttl` present but zero, negative or malformed is refused naming `ttl`, and
+/// nothing is recorded; absent, the list lives 90 days.
+#[tokio::test]
+async fn recent_ttl_present_but_zero_is_refused() {
+    let (redis, baton, mut client) = setup().await;
+    let record = |ttl: Option<prost_types::Duration>| pb::AutocompleteServiceRecordRecentRequest {
+        list: "l".into(),
+        display: "x".into(),
+        ttl,
+        ..Default::default()
+    };
+    let bad = [
+        ms(0),
+        prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        },
+        prost_types::Duration {
+            seconds: 0,
+            nanos: -5,
+        },
+        prost_types::Duration {
+            seconds: 1,
+            nanos: 1_000_000_000,
+        },
+    ];
+    for ttl in bad {
+        let status = client
+            .record_recent(record(Some(ttl)))
+            .await
+            .expect_err(&format!("ttl {ttl:?} should be refused"));
+        invalid(&status, "ttl");
+    }
+    let listed = client
+        .list_recent(pb::AutocompleteServiceListRecentRequest {
+            list: "l".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListRecent")
+        .into_inner();
+    assert!(
+        listed.items.is_empty(),
+        "a refused call recorded {listed:?}"
+    );
+    let key = baton::autocomplete::RecentKeys::new(baton.prefix(), "l").order;
+    let mut conn = redis.conn().await;
+    client
+        .record_recent(record(None))
+        .await
+        .expect("RecordRecent");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ninety_days = 90 * 24 * 3600 * 1000;
+    assert!(
+        pttl > ninety_days - 60_000 && pttl <= ninety_days,
+        "absent ttl: {pttl} ms"
+    );
+    client
+        .record_recent(record(Some(ms(5000))))
+        .await
+        .expect("RecordRecent");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 5000, "5 s ttl: {pttl} ms");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
--- Add: insert or update a batch of dictionary terms, atomically. Every entry is checked before
--- anything is written, so a rejected batch changes nothing. The work of the batch is grouped by
--- key: one command per key (in chunks of CHUNK arguments), however many entries touch it.
+-- Add: one step of a batch of dictionary terms: a few entries, in batch order, applied
+-- atomically. Baton cuts a batch into steps small enough for each call to hold Redis for a few
+-- milliseconds at most, and sends them one after the other. Every entry of the step is checked
+-- and every key it needs is looked up before anything is written, so a step that refuses
+-- (answers other than 0 below) changes nothing. The work of the step is grouped by key: one
+-- command per key (in chunks of CHUNK arguments), however many entries touch it.
 --
 -- KEYS[1] data   hash: id -> "<score>\0<display, '' when equal to id>\0<payload>"; its length
 --                is the number of terms
@@ -8,6 +11,13 @@
 -- KEYS[3] heavy  hash: set name -> 1 for every lex set (lex_name) and ranked set (set_name)
 --                there is, or its bound for a deep set ('t:' .. prefix); '' -> 1 while the
 --                first-byte ranked sets exist (the dictionary is ranked)
+-- KEYS[4] top    (below)
+-- KEYS[5] record list: the batch's fingerprint, then one item per entry applied so far, in
+--                batch order ('a' or 'u' for added or updated, then the score after it); only
+--                when ARGV[8] is not ''
+-- KEYS[..] every other key the step may touch (`declared`): those of the entries' lex sets,
+--          words, grams of words, ranked and deep sets, and with ARGV[7] every lex set and
+--          first-byte ranked set
 -- ARGV[1] base: the dictionary's other keys, which share the hash tag of KEYS, are
 --         <base>:l:<hex>     sorted set, every score 0: the lex members "<key>\0<id>" of the
 --                            terms whose matching form starts with that byte
@@ -33,36 +43,86 @@
 -- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set
 -- ARGV[5] top: the size the top set is cut back to
 -- ARGV[6] deep: the size a deep set is cut back to
--- ARGV[7..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
+-- ARGV[7] '1' when every lex set and first-byte ranked set is declared, else ''
+-- ARGV[8] the batch's fingerprint when it is recorded (KEYS[5]), else ''
+-- ARGV[9] the batch position of the step's first entry (0 for the first)
+-- ARGV[10] how long the record is kept after its last step (ms)
+-- ARGV[11] the most members a step of more than one entry may copy into ranked sets it creates
+-- ARGV[12..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
---           Entries of one term come in the order they were sent.
 --
--- Returns {0, added, updated, term count, score of each entry (as text)...}, or {1, entry number}
--- when an entry's resulting score would be out of range.
+-- Returns
+--   {0, term count, then per entry of the step 'a' or 'u' (added or updated) and the score
+--   after it}: applied (entries the record shows as applied already are not applied again:
+--   their recorded outcome is returned)
+--   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
+--   {2}: the step would make the dictionary ranked: send it again with every first-byte set
+--   {3}: the step would copy more than ARGV[11] members: send fewer entries
+--   {4, n}: the record shows the batch's first n entries applied, fewer than the step's
+--   position: send the entries from n on
+--   {5}: the record belongs to another batch
 local argv, call = ARGV, redis.call
-local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
+local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
 local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
-local top = base .. ':top'
+local wide, fingerprint, first = argv[7] == '1', argv[8], tonumber(argv[9])
+local record_ttl, copy_budget = argv[10], tonumber(argv[11])
+local record = fingerprint ~= '' and KEYS[5]
 
--- The entries (their first argument's index); terms: one state per distinct id, in order of
--- first entry.
-local entries, terms, state = {}, {}, {}
-local at = 7
+-- The entries (their first argument's index).
+local entries = {}
+local at = 12
 while at <= #argv do
   entries[#entries + 1] = at
-  local id = argv[at]
-  if state[id] == nil then
-    state[id] = { at = at }
-    terms[#terms + 1] = id
-  end
   at = at + 7 + tonumber(argv[at + 6])
 end
 
--- Pass 1: the value every term ends with, and the score after each entry; reject the whole batch
--- on one out of range. An entry adds a term unless the term was there before it. Scores keep
--- the text they came in (Baton's, which reads back exactly) unless added to here.
+-- What the record says of this step: the outcome of its entries applied already.
+local done_before, fresh = {}, false
+if record then
+  local n = call('LLEN', record)
+  fresh = n == 0
+  if fresh then
+    if first > 0 then
+      return { 4, 0 }
+    end
+  else
+    if call('LINDEX', record, 0) ~= fingerprint then
+      return { 5 }
+    end
+    if n - 1 < first then
+      return { 4, n - 1 }
+    end
+    local skip = math.min(n - 1 - first, #entries)
+    if skip > 0 then
+      done_before = call('LRANGE', record, first + 1, first + skip)
+    end
+  end
+end
+local skip = #done_before
+
+-- terms: one state per distinct id of the entries to apply, in order of first entry.
+local terms, state = {}, {}
+for e = skip + 1, #entries do
+  local id = argv[entries[e]]
+  if state[id] == nil then
+    state[id] = { at = entries[e] }
+    terms[#terms + 1] = id
+  end
+end
+if #terms == 0 then
+  local reply = { 0, call('HLEN', data) }
+  for i = 1, #done_before do
+    reply[#reply + 1] = done_before[i]
+  end
+  return reply
+end
+
+-- Pass 1: the value every term ends with, and the score after each entry; refuse the step on one
+-- out of range. An entry adds a term unless the term was there before it. Scores keep the text
+-- they came in (Baton's, which reads back exactly) unless added to here.
 local old = hash_values(data, terms)
+local new_terms = 0
 for _, id in ipairs(terms) do
   local t = state[id]
   local v = old[id]
@@ -75,16 +135,16 @@ for _, id in ipairs(terms) do
     t.score, t.payload = t.old_score, sub(v, b + 1)
   else
     t.score, t.text, t.payload = 0, '0', ''
+    new_terms = new_terms + 1
   end
 end
-local scores, added, updated = {}, 0, 0
-for i, at in ipairs(entries) do
+local outcomes = {}
+for e = skip + 1, #entries do
+  local at = entries[e]
   local t = state[argv[at]]
-  if t.there then
-    updated = updated + 1
-  else
-    added = added + 1
-    t.there = true
+  local how = 'u'
+  if not t.there then
+    how, t.there = 'a', true
   end
   local op, score, text = argv[at + 3], t.score, t.text
   if op == 's' then
@@ -93,7 +153,7 @@ for i, at in ipairs(entries) do
     score, text = score + tonumber(argv[at + 4]), nil
   end
   if not (score >= -max_score and score <= max_score) then
-    return { 1, i }
+    return { 1, e }
   end
   if score == 0 then
     score, text = 0, '0' -- not -0
@@ -103,7 +163,7 @@ for i, at in ipairs(entries) do
   if argv[at + 5] ~= '' then
     t.payload = sub(argv[at + 5], 2)
   end
-  scores[i] = t.text
+  outcomes[#outcomes + 1] = how .. t.text
 end
 
 -- What to write, grouped by key: the data of every term; lex members and words of the new ones;
@@ -122,8 +182,8 @@ for _, id in ipairs(terms) do
     local lex = lex_name(key)
     group(lex_members, lex_order, lex, '0')
     group(lex_members, lex_order, lex, member)
-    local first = t.at + 7
-    for w = first, first + tonumber(argv[t.at + 6]) - 1 do
+    local first_word = t.at + 7
+    for w = first_word, first_word + tonumber(argv[t.at + 6]) - 1 do
       group(word_members, word_order, argv[w], '0')
       group(word_members, word_order, argv[w], member)
     end
@@ -137,7 +197,9 @@ for _, id in ipairs(terms) do
       local p = list[l]
       local g = groups[p]
       if g == nil then
-        g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {} }
+        g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {},
+          new = 0 }
+        g.key = declared(base, g.name)
         groups[p] = g
         levels[l] = levels[l] or {}
         levels[l][#levels[l] + 1] = g
@@ -146,25 +208,71 @@ for _, id in ipairs(terms) do
       g.adds[#g.adds + 1] = new_ranked
       if old_ranked then
         g.removes[#g.removes + 1] = old_ranked
+      else
+        g.new = g.new + 1
       end
     end
     local p = first_chars(key, max_depth + 1)
     if p then
       local d = deeps[p]
       if d == nil then
-        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {} }
+        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {}, new = 0 }
+        d.key = declared(base, d.name)
         deeps[p] = d
         deep_order[#deep_order + 1] = d
       end
       d.adds[#d.adds + 1] = new_ranked
       if old_ranked then
         d.removes[#d.removes + 1] = old_ranked
+      else
+        d.new = d.new + 1
       end
     end
   end
 end
+-- The key of lex set `name`.
+local lex_keys = {}
+local function lex_key(name)
+  local k = lex_keys[name]
+  if k == nil then
+    k = declared(base, name)
+    lex_keys[name] = k
+  end
+  return k
+end
+for _, name in ipairs(lex_order) do
+  lex_key(name)
+end
+local word_keys = {}
+for _, word in ipairs(word_order) do
+  word_keys[word] = declared(base, 'w:' .. word)
+end
 
--- Which of these sets exist.
+-- The words new to the vocabulary, and the sets of their grams.
+local new_words, gram_order, gram_words = {}, {}, {}
+for first_word = 1, #word_order, CHUNK do
+  local last = math.min(first_word + CHUNK - 1, #word_order)
+  local known = call('ZMSCORE', vocab, unpack(word_order, first_word, last))
+  for i = first_word, last do
+    if not known[i - first_word + 1] then
+      local word = word_order[i]
+      new_words[#new_words + 1] = '0'
+      new_words[#new_words + 1] = word
+      local grams = grams_of(utf8_chars(word))
+      for g = 1, #grams do
+        group(gram_words, gram_order, grams[g], word)
+      end
+    end
+  end
+end
+local gram_keys = {}
+for _, gram in ipairs(gram_order) do
+  gram_keys[gram] = declared(base, 'vg:' .. gram)
+end
+
+-- Which sets exist, and which this step creates: the first-byte sets and the top set when the
+-- dictionary passes `heavy` terms (`ranks`), the set of a prefix of 2 or more characters, or its
+-- deep set, when the prefix passes `heavy` terms while its parent has a set.
 local fields = { '' }
 for _, name in ipairs(lex_order) do
   fields[#fields + 1] = name
@@ -178,196 +286,211 @@ for _, d in ipairs(deep_order) do
   fields[#fields + 1] = d.name
 end
 local has = hash_values(heavy_set, fields)
+local count = call('HLEN', data) + new_terms
+local ranks = levels[1] and not has[''] and count > heavy
+local created, copies = {}, 0
+local first_bytes
+if ranks then
+  if not wide then
+    return { 2 }
+  end
+  -- Every lex set there is (or this step creates) is copied into its first byte's ranked set.
+  local lex_names, ranked_names = all_first_byte_names()
+  local exists = call('HMGET', heavy_set, unpack(lex_names))
+  first_bytes = {}
+  for i, name in ipairs(lex_names) do
+    if exists[i] or lex_members[name] then
+      first_bytes[#first_bytes + 1] = { lex = lex_key(name), ranked = ranked_names[i] }
+      declared(base, ranked_names[i])
+    end
+  end
+  for _, g in ipairs(levels[1]) do
+    created[g.prefix] = true
+  end
+end
+-- The terms of prefix p (in its lex set) once this step's new terms are in.
+local function prefix_count(p, new)
+  return call('ZLEXCOUNT', lex_key(lex_name(p)), '[' .. p, '(' .. p .. '\255') + new
+end
+for l, level in ipairs(levels) do
+  for _, g in ipairs(level) do
+    if l > 1 and not has[g.name] and (has[groups[g.parent].name] or created[g.parent]) then
+      -- Without a set, the prefix had at most `heavy` terms (its parent has a set, else the
+      -- parent had at most `heavy` terms and so had the prefix): it may pass it now.
+      local n = prefix_count(g.prefix, g.new)
+      if n > heavy then
+        g.create, created[g.prefix] = true, true
+        copies = copies + n
+      end
+    end
+  end
+end
+for _, d in ipairs(deep_order) do
+  if not has[d.name] and (has[groups[d.parent].name] or created[d.parent]) then
+    local n = prefix_count(d.prefix, d.new)
+    if n > heavy then
+      d.create = true
+      copies = copies + n
+    end
+  end
+end
+if copies > copy_budget and #entries - skip > 1 then
+  return { 3 }
+end
+local last_top = has[''] and call('ZRANGE', top, -1, -1)[1]
+check_declared()
+
+-- Writes.
 local marks = {}
-local function mark(name)
-  if not has[name] then
-    has[name] = '1'
+local function mark(name, value)
+  if not has[name] or value then
+    has[name] = value or '1'
     marks[#marks + 1] = name
-    marks[#marks + 1] = '1'
+    marks[#marks + 1] = value or '1'
   end
 end
 
 batched('HSET', data, values, 2)
 for _, name in ipairs(lex_order) do
-  batched('ZADD', base .. ':' .. name, lex_members[name], 2)
+  batched('ZADD', lex_keys[name], lex_members[name], 2)
   mark(name)
 end
+for _, word in ipairs(word_order) do
+  batched('ZADD', word_keys[word], word_members[word], 2)
+end
+if #new_words > 0 then
+  batched('ZADD', vocab, new_words, 2)
+  for _, gram in ipairs(gram_order) do
+    batched('SADD', gram_keys[gram], gram_words[gram], 1)
+  end
+end
 
--- Words: each posting once; new words into the vocabulary and the sets of their grams.
-if #word_order > 0 then
-  local new_words, gram_order, gram_words = {}, {}, {}
-  for first = 1, #word_order, CHUNK do
-    local last = math.min(first + CHUNK - 1, #word_order)
-    local known = call('ZMSCORE', vocab, unpack(word_order, first, last))
-    for i = first, last do
-      if not known[i - first + 1] then
-        local word = word_order[i]
-        new_words[#new_words + 1] = '0'
-        new_words[#new_words + 1] = word
-        local grams = grams_of(utf8_chars(word))
-        for g = 1, #grams do
-          group(gram_words, gram_order, grams[g], word)
-        end
+-- Copies the lex members `members` into ranked set `key` (and the top set when `and_top`), with
+-- the scores just written.
+local function copy_ranked(members, key, and_top)
+  if #members == 0 then
+    return
+  end
+  local ids = {}
+  for i = 1, #members do
+    ids[i] = id_of(members[i])
+  end
+  local value = hash_values(data, ids)
+  local ranked = {}
+  for i = 1, #members do
+    ranked[#ranked + 1] = '0'
+    ranked[#ranked + 1] = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
+  end
+  batched('ZADD', key, ranked, 2)
+  if and_top then
+    batched('ZADD', top, ranked, 2)
+  end
+end
+
+-- The lex members of prefix p (this step's new terms included).
+local function prefix_members(p)
+  return call('ZRANGE', lex_key(lex_name(p)), '[' .. p, '(' .. p .. '\255', 'BYLEX')
+end
+
+if first_bytes then
+  -- The dictionary just passed `heavy` terms (it has at most `heavy` + a step): every term into
+  -- the ranked set of its first byte, lex set by lex set, and into the top set.
+  for _, f in ipairs(first_bytes) do
+    copy_ranked(call('ZRANGE', f.lex, 0, -1), base .. ':' .. f.ranked, true)
+    mark(f.ranked)
+  end
+  mark('')
+end
+
+-- Deep sets: every term of their prefix ranked at or before their bound. One is created (with
+-- every term of its prefix, at most `heavy` + a step) when its prefix passes `heavy` terms.
+for _, d in ipairs(deep_order) do
+  local bound = has[d.name]
+  if bound then
+    local joins, leaves = {}, {}
+    for _, r in ipairs(d.removes) do
+      if not lt(bound, r) then
+        leaves[#leaves + 1] = r
       end
     end
-  end
-  for _, word in ipairs(word_order) do
-    batched('ZADD', base .. ':w:' .. word, word_members[word], 2)
-  end
-  if #new_words > 0 then
-    batched('ZADD', vocab, new_words, 2)
-    for _, gram in ipairs(gram_order) do
-      batched('SADD', base .. ':vg:' .. gram, gram_words[gram], 1)
+    for _, r in ipairs(d.adds) do
+      if lt(r, bound) then
+        joins[#joins + 1] = '0'
+        joins[#joins + 1] = r
+      end
+    end
+    local size
+    if #joins > 0 then
+      batched('ZADD', d.key, joins, 2)
+      size = call('ZCARD', d.key)
+    end
+    if #leaves > 0 then
+      local removed = batched('ZREM', d.key, leaves, 1)
+      size = size and size - removed
+    end
+    if size and size > 2 * deep_size then
+      local cut = call('ZRANGE', d.key, deep_size - 1, deep_size - 1)[1]
+      call('ZREMRANGEBYLEX', d.key, '(' .. cut, '+')
+      mark(d.name, cut)
+    end
+  elseif d.create then
+    local members = prefix_members(d.prefix)
+    copy_ranked(members, d.key)
+    if #members > 2 * deep_size then
+      local cut = call('ZRANGE', d.key, deep_size - 1, deep_size - 1)[1]
+      call('ZREMRANGEBYLEX', d.key, '(' .. cut, '+')
+      mark(d.name, cut)
+    else
+      mark(d.name, '\255')
     end
   end
 end
 
--- Ranked sets.
-local count = call('HLEN', data)
-if levels[1] then
-  local created = {}
+if last_top then
+  -- The top set holds every term ranked at or before its last member: a term joins it when
+  -- ranked before that, leaves it when it goes or moves past it.
+  local joins, leaves = {}, {}
+  for _, move in ipairs(moves) do
+    if move[2] and not lt(last_top, move[2]) then
+      leaves[#leaves + 1] = move[2]
+    end
+    if lt(move[1], last_top) then
+      joins[#joins + 1] = '0'
+      joins[#joins + 1] = move[1]
+    end
+  end
+  if #joins > 0 then
+    batched('ZADD', top, joins, 2)
+    local size = call('ZCARD', top)
+    if #leaves > 0 then
+      size = size - batched('ZREM', top, leaves, 1)
+    end
+    if size > 2 * top_size then
+      local cut = call('ZRANGE', top, top_size - 1, top_size - 1)[1]
+      call('ZREMRANGEBYLEX', top, '(' .. cut, '+')
+    end
+  elseif #leaves > 0 then
+    batched('ZREM', top, leaves, 1)
+  end
+end
 
-  -- Copies the lex members `members` into the ranked sets of their prefixes (prefix_of),
-  -- creating them, with the scores just written; and into the top set when `and_top`.
-  local function materialize(members, prefix_of, and_top)
-    local ids = {}
-    for i = 1, #members do
-      ids[i] = id_of(members[i])
-    end
-    local value = hash_values(data, ids)
-    local order, by_prefix = {}, {}
-    for i = 1, #members do
-      local ranked = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
-      group(by_prefix, order, prefix_of(members[i]), '0')
-      group(by_prefix, order, prefix_of(members[i]), ranked)
-    end
-    for _, p in ipairs(order) do
-      batched('ZADD', base .. ':' .. set_name(p), by_prefix[p], 2)
-      created[p] = true
-      mark(set_name(p))
-      if and_top then
-        batched('ZADD', top, by_prefix[p], 2)
-      end
-    end
-  end
-
-  local ranked_before = has['']
-  if not has[''] and count > heavy then
-    -- The dictionary just passed `heavy` terms (it has at most `heavy` + a batch): every term
-    -- into the ranked set of its first byte, lex set by lex set, and into the top set.
-    local names = all_lex_names()
-    local exists = call('HMGET', heavy_set, unpack(names))
-    for i, name in ipairs(names) do
-      if exists[i] or has[name] then
-        materialize(call('ZRANGE', base .. ':' .. name, 0, -1), function(m)
-          return sub(m, 1, 1)
-        end, true)
-      end
-    end
-    mark('')
-  end
-  -- Deep sets: every term of their prefix ranked at or before their bound. One is created (with
-  -- every term of its prefix, at most `heavy` + a batch) when its prefix passes `heavy` terms.
-  for _, d in ipairs(deep_order) do
-    local key = base .. ':' .. d.name
-    local bound = has[d.name]
-    if bound then
-      local joins, leaves = {}, {}
-      for _, r in ipairs(d.removes) do
-        if not lt(bound, r) then
-          leaves[#leaves + 1] = r
-        end
-      end
-      for _, r in ipairs(d.adds) do
-        if lt(r, bound) then
-          joins[#joins + 1] = '0'
-          joins[#joins + 1] = r
-        end
-      end
-      if #leaves > 0 then
-        batched('ZREM', key, leaves, 1)
-      end
-      if #joins > 0 then
-        batched('ZADD', key, joins, 2)
-      end
-    elseif has[groups[d.parent].name] or created[d.parent] then
-      local lex = base .. ':' .. lex_name(d.prefix)
-      local p = d.prefix
-      if call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') > heavy then
-        local members = call('ZRANGE', lex, '[' .. p, '(' .. p .. '\255', 'BYLEX')
-        local ids = {}
-        for i = 1, #members do
-          ids[i] = id_of(members[i])
-        end
-        local value = hash_values(data, ids)
-        local ranked = {}
-        for i = 1, #members do
-          ranked[#ranked + 1] = '0'
-          ranked[#ranked + 1] = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
-        end
-        batched('ZADD', key, ranked, 2)
-        bound = '\255'
-        marks[#marks + 1] = d.name
-        marks[#marks + 1] = bound
-      end
-    end
-    if bound and call('ZCARD', key) > 2 * deep_size then
-      local cut = call('ZRANGE', key, deep_size - 1, deep_size - 1)[1]
-      call('ZREMRANGEBYLEX', key, '(' .. cut, '+')
-      marks[#marks + 1] = d.name
-      marks[#marks + 1] = cut
-    end
-  end
-
-  if ranked_before then
-    -- The top set holds every term ranked at or before its last member: a term joins it when
-    -- ranked before that, leaves it when it goes or moves past it.
-    local last = call('ZRANGE', top, -1, -1)[1]
-    if last then
-      local joins, leaves = {}, {}
-      for _, move in ipairs(moves) do
-        if move[2] and not lt(last, move[2]) then
-          leaves[#leaves + 1] = move[2]
-        end
-        if lt(move[1], last) then
-          joins[#joins + 1] = '0'
-          joins[#joins + 1] = move[1]
-        end
-      end
-      if #leaves > 0 then
-        batched('ZREM', top, leaves, 1)
-      end
-      if #joins > 0 then
-        batched('ZADD', top, joins, 2)
-        if call('ZCARD', top) > 2 * top_size then
-          local cut = call('ZRANGE', top, top_size - 1, top_size - 1)[1]
-          call('ZREMRANGEBYLEX', top, '(' .. cut, '+')
-        end
-      end
-    end
-  end
-  for l, level in ipairs(levels) do
-    for _, g in ipairs(level) do
-      local p = g.prefix
-      if created[p] then
-        -- Copied whole.
-      elseif has[g.name] or (l == 1 and has['']) then
-        -- (A first byte without a set while the dictionary is ranked: only new terms have it.)
-        if #g.removes > 0 then
-          batched('ZREM', base .. ':' .. g.name, g.removes, 1)
-        end
-        batched('ZADD', base .. ':' .. g.name, g.adds, 2)
+for l, level in ipairs(levels) do
+  for _, g in ipairs(level) do
+    if created[g.prefix] and (l == 1 or g.create) then
+      if g.create then
+        copy_ranked(prefix_members(g.prefix), g.key)
         mark(g.name)
-      elseif l > 1 and (has[groups[g.parent].name] or created[g.parent]) then
-        -- Without a set, the prefix had at most `heavy` terms (its parent has a set, else the
-        -- parent had at most `heavy` terms and so had the prefix): it may have just passed it.
-        local lex = base .. ':' .. lex_name(p)
-        if call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') > heavy then
-          materialize(call('ZRANGE', lex, '[' .. p, '(' .. p .. '\255', 'BYLEX'), function()
-            return p
-          end)
-        end
       end
+      -- (A first byte's set was copied whole above.)
+    elseif has[g.name] or (l == 1 and has['']) then
+      -- (A first byte without a set while the dictionary is ranked: only new terms have it.)
+      -- New members first: removing old ones first could empty the set, and a Cluster refuses
+      -- a command on a key the script deleted while the slot migrates.
+      batched('ZADD', g.key, g.adds, 2)
+      if #g.removes > 0 then
+        batched('ZREM', g.key, g.removes, 1)
+      end
+      mark(g.name)
     end
   end
 end
@@ -375,8 +498,18 @@ if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)
 end
 
-local reply = { 0, added, updated, count }
-for i = 1, #scores do
-  reply[#reply + 1] = scores[i]
+local reply = { 0, count }
+for i = 1, #done_before do
+  reply[#reply + 1] = done_before[i]
+end
+for i = 1, #outcomes do
+  reply[#reply + 1] = outcomes[i]
+end
+if record then
+  if fresh then
+    call('RPUSH', record, fingerprint)
+  end
+  batched('RPUSH', record, outcomes, 1)
+  call('PEXPIRE', record, record_ttl)
 end
 return reply

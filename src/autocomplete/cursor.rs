@@ -117,21 +117,21 @@ pub fn decode(
 }
 
 /// FNV-1a, 64 bits: a fixed, portable hash (tokens must survive a Baton upgrade or restart).
-struct Fnv(u64);
+pub(super) struct Fnv(u64);
 
 impl Fnv {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(0xcbf2_9ce4_8422_2325)
     }
 
-    fn write(&mut self, bytes: &[u8]) {
+    pub(super) fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
             self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
 
-    fn finish(&self) -> u64 {
+    pub(super) fn finish(&self) -> u64 {
         self.0
     }
 }

@@ -2,8 +2,8 @@
 //! (short most-recent-first lists), with Unicode-correct matching and bounded work per call.
 //!
 //! Baton computes each text's matching form ([`text::Text`]: NFKC with full case folding) so
-//! that Redis only compares bytes; every change is one Lua script, and every read is a script
-//! flagged `no-writes`.
+//! that Redis only compares bytes; every change is one Lua script (a batch of terms: one per step
+//! of bounded work, see [`STEP_WORK`]), and every read is a script flagged `no-writes`.
 //!
 //! # Redis layout
 //!
@@ -25,6 +25,7 @@
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
+//! | `PREFIX{ac:NAME}:q:ID` | list | what the `Add` batch with request id `ID` did: its fingerprint, then per entry applied `a`/`u` and the score after it | [`REQUEST_MEMORY`] after its last step ([`AUTO_REQUEST_MEMORY`] for ids Baton made up) |
 //! | `PREFIX{acr:NAME}` | sorted set | item id → last recorded (µs, Redis clock) | the list's ttl, set anew by each record |
 //! | `PREFIX{acr:NAME}:items` | hash | item id → matching form, display text, payload | as above |
 //!
@@ -41,7 +42,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
+use tokio::time::Instant;
 
 use crate::{error::Error, redis::Redis};
 use cursor::{Cursor, Scope};
@@ -102,6 +104,24 @@ pub const DEFAULT_RECENT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 pub const MIN_RECENT_TTL: Duration = Duration::from_secs(1);
 /// Longest recent list ttl.
 pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// The work one step of a write batch may do, in units of about one member written or read by
+/// a script (12 per entry, 4 per word, 3 per ranked set, 1 per gram of a word): a step is one
+/// script call, and this keeps each call to a few milliseconds of Redis time, so that a large
+/// batch neither runs into Baton's command timeout nor holds up the other clients of the Redis.
+pub const STEP_WORK: usize = 1000;
+/// Most entries in one step of a write batch, which also bounds what a step copies when it
+/// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
+pub const STEP_ENTRIES: usize = 64;
+/// Most members a step of more than one entry may copy into the ranked sets it creates; a step
+/// that would copy more is sent again in smaller steps.
+pub const STEP_COPIES: usize = 4 * HEAVY_PREFIX;
+/// Longest request id, in bytes.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+/// How long Redis remembers what an `Add` with a client's request id did.
+pub const REQUEST_MEMORY: Duration = Duration::from_secs(24 * 3600);
+/// How long Redis remembers what an `Add` with score increments and without a client's request
+/// id did, under the id Baton made up for it (named in the `UNAVAILABLE` status, for a retry).
+pub const AUTO_REQUEST_MEMORY: Duration = Duration::from_secs(10 * 60);
 
 /// The Redis keys of one dictionary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +181,62 @@ impl DictionaryKeys {
     pub fn vocab_gram(&self, gram: &str) -> String {
         format!("{}:vg:{gram}", self.base)
     }
+
+    /// The best-ranked terms of the dictionary.
+    pub fn top(&self) -> String {
+        format!("{}:top", self.base)
+    }
+
+    /// The deep set of `prefix` ([`MAX_RANKED_DEPTH`] + 1 characters).
+    pub fn deep(&self, prefix: &str) -> String {
+        format!("{}:t:{prefix}", self.base)
+    }
+
+    /// What the `Add` batch with request id `id` did so far.
+    pub fn record(&self, id: &str) -> String {
+        format!("{}:q:{id}", self.base)
+    }
+
+    /// The ranked sets a term with matching form `key` (not empty) can be in: its first byte's,
+    /// then those of its prefixes of 1 to [`MAX_RANKED_DEPTH`] characters longer than a byte.
+    pub fn ranked_sets_of(&self, key: &str) -> Vec<String> {
+        let mut sets = vec![self.first_byte(key.as_bytes().first().copied().unwrap_or(0))];
+        for (n, end) in key
+            .char_indices()
+            .map(|(i, _)| i)
+            .skip(1)
+            .chain(std::iter::once(key.len()))
+            .enumerate()
+        {
+            if end > 1 {
+                sets.push(self.ranked(&key[..end]));
+            }
+            if n + 1 >= MAX_RANKED_DEPTH {
+                break;
+            }
+        }
+        sets
+    }
+
+    /// The deep set a term with matching form `key` can be in: that of its first
+    /// [`MAX_RANKED_DEPTH`] + 1 characters, when it has that many.
+    pub fn deep_set_of(&self, key: &str) -> Option<String> {
+        let end = key
+            .char_indices()
+            .map(|(i, _)| i)
+            .chain(std::iter::once(key.len()))
+            .nth(MAX_RANKED_DEPTH + 1)?;
+        Some(self.deep(&key[..end]))
+    }
+
+    /// Every lex set and first-byte ranked set there can be (a matching form starts with an
+    /// ASCII byte or the first byte of a multi-byte character).
+    pub fn first_byte_sets(&self) -> Vec<String> {
+        (1u8..=244)
+            .filter(|b| *b < 128 || *b >= 194)
+            .flat_map(|b| [self.lex(b), self.first_byte(b)])
+            .collect()
+    }
 }
 
 /// The Redis keys of one recent list.
@@ -216,6 +292,212 @@ pub struct NewTerm {
     pub score: ScoreChange,
     /// The payload to set; `None` keeps the current one.
     pub payload: Option<Vec<u8>>,
+}
+
+/// Where Redis remembers what an `Add` batch did, so that the batch sent again (a retry) is
+/// applied once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The request id: the client's, or one Baton made up.
+    pub id: String,
+    /// How long the record is kept after the batch's last step.
+    pub memory: Duration,
+}
+
+/// An `Add` batch, ready to be sent in steps.
+struct AddBatch<'a> {
+    keys: DictionaryKeys,
+    terms: &'a [NewTerm],
+    words: Vec<Vec<&'a str>>,
+    planned: Vec<Planned>,
+    record_key: Option<String>,
+    fingerprint: Option<String>,
+    memory_ms: u64,
+}
+
+impl<'a> AddBatch<'a> {
+    fn new(keys: DictionaryKeys, terms: &'a [NewTerm], record: Option<&Record>) -> Self {
+        let words: Vec<Vec<&str>> = terms.iter().map(|t| text::words(&t.text.key)).collect();
+        let planned = terms
+            .iter()
+            .zip(&words)
+            .map(|(t, w)| Planned::new(&keys, &t.text.key, w))
+            .collect();
+        Self {
+            record_key: record.map(|r| keys.record(&r.id)),
+            fingerprint: record.map(|_| batch_fingerprint(terms)),
+            memory_ms: record.map_or(0, |r| {
+                u64::try_from(r.memory.as_millis()).unwrap_or(u64::MAX)
+            }),
+            keys,
+            terms,
+            words,
+            planned,
+        }
+    }
+
+    /// The call of add.lua for the entries `at..end`, declaring every first-byte set when `wide`.
+    fn step<'s>(
+        &self,
+        script: &'s Script,
+        at: usize,
+        end: usize,
+        wide: bool,
+    ) -> ScriptInvocation<'s> {
+        let keys = &self.keys;
+        let mut invocation = script.key(&keys.data);
+        invocation.key(&keys.vocab).key(&keys.heavy).key(keys.top());
+        if let Some(k) = &self.record_key {
+            invocation.key(k);
+        }
+        declare(
+            &mut invocation,
+            &self.planned[at..end],
+            wide.then(|| keys.first_byte_sets()),
+        );
+        invocation
+            .arg(&keys.base)
+            .arg(HEAVY_PREFIX)
+            .arg(MAX_ABS_SCORE)
+            .arg(MAX_RANKED_DEPTH)
+            .arg(TOP_RANKED)
+            .arg(DEEP_RANKED)
+            .arg(if wide { "1" } else { "" })
+            .arg(self.fingerprint.as_deref().unwrap_or(""))
+            .arg(at)
+            .arg(self.memory_ms)
+            .arg(STEP_COPIES);
+        for (term, words) in self.terms[at..end].iter().zip(&self.words[at..end]) {
+            let (op, value) = score_op(term.score);
+            invocation
+                .arg(&term.text.id)
+                .arg(&term.text.key)
+                .arg(term.text.stored_display())
+                .arg(op)
+                .arg(score_arg(value))
+                .arg(payload_arg(term.payload.as_deref()))
+                .arg(words.len())
+                .arg(words);
+        }
+        invocation
+    }
+}
+
+/// A score change as the scripts take it: an op ('' keep, 's' set, 'i' add) and a value.
+fn score_op(change: ScoreChange) -> (&'static str, f64) {
+    match change {
+        ScoreChange::Keep => ("", 0.0),
+        ScoreChange::Set(v) => ("s", v),
+        ScoreChange::Increment(v) => ("i", v),
+    }
+}
+
+/// One entry of a write batch, planned: the keys its step may touch and the work it may cost.
+struct Planned {
+    keys: Vec<String>,
+    work: usize,
+}
+
+impl Planned {
+    /// The plan of a term with matching form `key` and words `words` in the dictionary `keys`.
+    fn new(keys: &DictionaryKeys, key: &str, words: &[&str]) -> Self {
+        let mut planned = Vec::with_capacity(4 + 2 * words.len());
+        planned.push(keys.lex_of(key));
+        let mut grams = 0;
+        for word in words {
+            planned.push(keys.word(word));
+            for gram in text::grams(word) {
+                planned.push(keys.vocab_gram(gram));
+                grams += 1;
+            }
+        }
+        let ranked = keys.ranked_sets_of(key);
+        let sets = ranked.len();
+        planned.extend(ranked);
+        planned.extend(keys.deep_set_of(key));
+        Self {
+            keys: planned,
+            work: entry_work(words.len(), grams, sets),
+        }
+    }
+}
+
+/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units: reading and
+/// writing its data, lex, ranked and deep members (a few units each), its words' postings and
+/// vocabulary entries, and, for a word new to the vocabulary, one set per gram.
+fn entry_work(words: usize, grams: usize, ranked_sets: usize) -> usize {
+    12 + 4 * words + grams + 3 * ranked_sets
+}
+
+/// How many of `planned` (at least one) the next step takes: at most `most`, within
+/// [`STEP_WORK`].
+fn next_step(planned: &[Planned], most: usize) -> usize {
+    let mut work = 0;
+    for (n, p) in planned.iter().take(most).enumerate() {
+        work += p.work;
+        if work > STEP_WORK {
+            return n.max(1);
+        }
+    }
+    planned.len().min(most).max(1)
+}
+
+/// Declares the keys of a step's entries (each once), and every first-byte set when `wide`
+/// holds them.
+fn declare(invocation: &mut ScriptInvocation<'_>, step: &[Planned], wide: Option<Vec<String>>) {
+    let mut seen = std::collections::HashSet::new();
+    for key in step
+        .iter()
+        .flat_map(|p| &p.keys)
+        .chain(wide.iter().flatten())
+    {
+        if seen.insert(key.as_str()) {
+            invocation.key(key);
+        }
+    }
+}
+
+/// A fingerprint of an `Add` batch, kept in its record: the same request id sent with another
+/// batch is refused instead of answered with the other batch's outcome.
+fn batch_fingerprint(terms: &[NewTerm]) -> String {
+    let mut h = cursor::Fnv::new();
+    for term in terms {
+        let (op, value) = match term.score {
+            ScoreChange::Keep => (0u8, 0.0),
+            ScoreChange::Set(v) => (1, v),
+            ScoreChange::Increment(v) => (2, v),
+        };
+        h.write(&(term.text.id.len() as u64).to_be_bytes());
+        h.write(term.text.id.as_bytes());
+        h.write(&(term.text.display.len() as u64).to_be_bytes());
+        h.write(term.text.display.as_bytes());
+        h.write(&[op]);
+        h.write(&value.to_bits().to_be_bytes());
+        match &term.payload {
+            None => h.write(&[0]),
+            Some(p) => {
+                h.write(&[1]);
+                h.write(&(p.len() as u64).to_be_bytes());
+                h.write(p);
+            }
+        }
+    }
+    format!("{:016x}:{}", h.finish(), terms.len())
+}
+
+/// An entry's outcome as a step reports it: whether it added the term, and the score after it.
+fn outcome(v: &Value) -> Result<(bool, f64), Error> {
+    let raw = bytes(v)?;
+    let (how, score) = raw.split_first().ok_or_else(|| unexpected("outcome"))?;
+    let score = std::str::from_utf8(score)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or_else(|| unexpected("score"))?;
+    match how {
+        b'a' => Ok((true, score)),
+        b'u' => Ok((false, score)),
+        _ => Err(unexpected("outcome")),
+    }
 }
 
 /// What an `Add` did.
@@ -377,6 +659,7 @@ pub struct Autocomplete {
 struct Inner {
     redis: Redis,
     add: Script,
+    scores: Script,
     remove: Script,
     complete: Script,
     prefix: Script,
@@ -397,6 +680,10 @@ impl Autocomplete {
                     include_str!("rank.lua"),
                     include_str!("write.lua"),
                     include_str!("add.lua")
+                )),
+                scores: Script::new(concat!(
+                    "#!lua flags=no-writes\n",
+                    include_str!("scores.lua")
                 )),
                 remove: Script::new(concat!(
                     include_str!("rank.lua"),
@@ -443,78 +730,214 @@ impl Autocomplete {
         RecentKeys::new(self.inner.redis.key_prefix(), name)
     }
 
-    /// Adds or updates `terms` in one atomic step; nothing changes when one entry's resulting
-    /// score would be out of range (`InvalidArgument` on `terms[i].score`).
-    pub async fn add(&self, dictionary: &str, terms: &[NewTerm]) -> Result<Added, Error> {
-        let keys = self.dictionary_keys(dictionary);
-        let mut invocation = self.inner.add.key(&keys.data);
-        invocation
-            .key(&keys.vocab)
-            .key(&keys.heavy)
-            .arg(&keys.base)
-            .arg(HEAVY_PREFIX)
-            .arg(MAX_ABS_SCORE)
-            .arg(MAX_RANKED_DEPTH)
-            .arg(TOP_RANKED)
-            .arg(DEEP_RANKED);
-        for term in terms {
-            let (op, value) = match term.score {
-                ScoreChange::Keep => ("", 0.0),
-                ScoreChange::Set(v) => ("s", v),
-                ScoreChange::Increment(v) => ("i", v),
+    /// Adds or updates `terms`, in order, in steps of a few entries ([`STEP_WORK`]), each one
+    /// atomic script call. Nothing changes when one entry's resulting score would be out of range
+    /// (`InvalidArgument` on `terms[i].score`), unless a concurrent change pushes it out of range
+    /// after the check made before the first step: then the steps before it stay applied.
+    ///
+    /// With a `record`, Redis remembers what each step did under the request id for the
+    /// record's lifetime: the same batch sent again with the same id (after an error, or while
+    /// the first call still runs) applies only what no call applied yet, and answers as one
+    /// application would.
+    ///
+    /// Nothing is sent to Redis at or after `stop_by` (the caller's deadline, less a margin), nor
+    /// is a step's answer awaited past it: the batch then fails `Unavailable` with its first
+    /// steps applied (the one in flight perhaps too), in time for the caller to hear it.
+    pub async fn add(
+        &self,
+        dictionary: &str,
+        terms: &[NewTerm],
+        record: Option<&Record>,
+        stop_by: Option<Instant>,
+    ) -> Result<Added, Error> {
+        let batch = AddBatch::new(self.dictionary_keys(dictionary), terms, record);
+        if terms
+            .iter()
+            .any(|t| matches!(t.score, ScoreChange::Increment(_)))
+        {
+            self.check_scores(&batch, stop_by).await?;
+        }
+        let mut outcomes: Vec<Option<(bool, f64)>> = vec![None; terms.len()];
+        let mut term_count = 0;
+        let (mut at, mut most, mut wide) = (0, STEP_ENTRIES, false);
+        while at < terms.len() {
+            let end = next_step(&batch.planned[at..], most) + at;
+            let invocation = batch.step(&self.inner.add, at, end, wide);
+            let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, terms.len()).await?;
+            let [status, rest @ ..] = reply.as_slice() else {
+                return Err(unexpected("add reply"));
             };
-            invocation
-                .arg(&term.text.id)
-                .arg(&term.text.key)
-                .arg(term.text.stored_display())
-                .arg(op)
-                .arg(score_arg(value))
-                .arg(payload_arg(term.payload.as_deref()));
-            let words = text::words(&term.text.key);
-            invocation.arg(words.len()).arg(words);
-        }
-        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
-        match reply.as_slice() {
-            [status, index] if int(status)? == 1 => {
-                let i = usize::try_from(int(index)? - 1).map_err(|_| unexpected("entry"))?;
-                Err(Error::invalid(
-                    term_field(i, TermPart::Score),
-                    format!("the resulting score would be outside ±{MAX_ABS_SCORE:e}"),
-                ))
+            match (int(status)?, rest) {
+                (0, [count, results @ ..]) if results.len() == end - at => {
+                    term_count = count_u64(count)?;
+                    for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
+                        *slot = Some(outcome(result)?);
+                    }
+                    (at, most, wide) = (end, STEP_ENTRIES, false);
+                }
+                (1, [entry]) => {
+                    let i =
+                        at + usize::try_from(int(entry)? - 1).map_err(|_| unexpected("entry"))?;
+                    let applied = if at == 0 {
+                        String::new()
+                    } else {
+                        format!(" (a concurrent change; the first {at} entries were applied)")
+                    };
+                    return Err(Error::invalid(
+                        term_field(i, TermPart::Score),
+                        format!("the resulting score would be outside ±{MAX_ABS_SCORE:e}{applied}"),
+                    ));
+                }
+                (2, []) => wide = true,
+                (3, []) => most = ((end - at) / 2).max(1),
+                (4, [done]) => {
+                    at = usize::try_from(int(done)?).map_err(|_| unexpected("record"))?;
+                    at = at.min(terms.len());
+                }
+                (5, []) => {
+                    return Err(Error::invalid(
+                        "request_id",
+                        format!(
+                            "was used with another batch for this dictionary (ids are remembered \
+                             for {})",
+                            humantime::format_duration(record.map_or(REQUEST_MEMORY, |r| r.memory))
+                        ),
+                    ));
+                }
+                _ => return Err(unexpected("add reply")),
             }
-            [status, added, updated, count, scores @ ..] if int(status)? == 0 => Ok(Added {
-                added: count_u32(added)?,
-                updated: count_u32(updated)?,
-                scores: scores.iter().map(score).collect::<Result<_, _>>()?,
-                term_count: count_u64(count)?,
-            }),
-            _ => Err(unexpected("add reply")),
         }
+        let mut added = Added {
+            added: 0,
+            updated: 0,
+            scores: Vec::with_capacity(terms.len()),
+            term_count,
+        };
+        for o in outcomes {
+            let (new, score) = o.ok_or_else(|| unexpected("add outcome"))?;
+            if new {
+                added.added += 1;
+            } else {
+                added.updated += 1;
+            }
+            added.scores.push(score);
+        }
+        Ok(added)
     }
 
-    /// Removes the terms with these texts' ids; returns how many were there and the terms left.
+    /// Runs a script of a batch whose first `applied` of `entries` entries are applied, waiting
+    /// for its answer until `stop_by` at most.
+    async fn eval_by<T: redis::FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        stop_by: Option<Instant>,
+        applied: usize,
+        entries: usize,
+    ) -> Result<T, Error> {
+        let Some(stop_by) = stop_by else {
+            return self.inner.redis.eval(invocation).await;
+        };
+        // Checked first: a timeout already past would still send the call on its first poll.
+        if Instant::now() < stop_by
+            && let Ok(reply) =
+                tokio::time::timeout_at(stop_by, self.inner.redis.eval(invocation)).await
+        {
+            return reply;
+        }
+        Err(Error::Unavailable(format!(
+            "the batch did not end before the caller's deadline ({applied} of {entries} entries \
+             applied, and perhaps the step in flight)"
+        )))
+    }
+
+    /// Checks, before the first step of a batch with increments, that no resulting score would
+    /// be out of range.
+    async fn check_scores(
+        &self,
+        batch: &AddBatch<'_>,
+        stop_by: Option<Instant>,
+    ) -> Result<(), Error> {
+        let terms = batch.terms;
+        let incremented: std::collections::HashSet<&str> = terms
+            .iter()
+            .filter(|t| matches!(t.score, ScoreChange::Increment(_)))
+            .map(|t| t.text.id.as_str())
+            .collect();
+        let mut invocation = self.inner.scores.key(&batch.keys.data);
+        if let Some(k) = &batch.record_key {
+            invocation.key(k);
+        }
+        invocation
+            .arg(batch.fingerprint.as_deref().unwrap_or(""))
+            .arg(MAX_ABS_SCORE);
+        let mut checked = Vec::new();
+        for (i, term) in terms.iter().enumerate() {
+            if incremented.contains(term.text.id.as_str()) {
+                let (op, value) = score_op(term.score);
+                invocation.arg(&term.text.id).arg(op).arg(score_arg(value));
+                checked.push(i);
+            }
+        }
+        let reply: i64 = self.eval_by(&invocation, stop_by, 0, terms.len()).await?;
+        if reply == 0 {
+            return Ok(());
+        }
+        let i = usize::try_from(reply - 1)
+            .ok()
+            .and_then(|n| checked.get(n))
+            .ok_or_else(|| unexpected("score check"))?;
+        Err(Error::invalid(
+            term_field(*i, TermPart::Score),
+            format!("the resulting score would be outside ±{MAX_ABS_SCORE:e}"),
+        ))
+    }
+
+    /// Removes the terms with these texts' ids, in steps of a few terms ([`STEP_WORK`]), each one
+    /// atomic script call; returns how many were there and the terms left. A batch cut short by
+    /// an error leaves its first steps applied: removing the same terms again is harmless.
     pub async fn remove(&self, dictionary: &str, texts: &[Text]) -> Result<(u32, u64), Error> {
         let keys = self.dictionary_keys(dictionary);
-        let mut invocation = self.inner.remove.key(&keys.data);
-        invocation
-            .key(&keys.vocab)
-            .key(&keys.heavy)
-            .arg(&keys.base)
-            .arg(LIGHT_PREFIX)
-            .arg(MAX_RANKED_DEPTH);
-        for text in texts {
-            let words = text::words(&text.key);
+        let words: Vec<Vec<&str>> = texts.iter().map(|t| text::words(&t.key)).collect();
+        let planned: Vec<Planned> = texts
+            .iter()
+            .zip(&words)
+            .map(|(t, w)| Planned::new(&keys, &t.key, w))
+            .collect();
+        let (mut removed, mut term_count) = (0, 0);
+        let (mut at, mut wide) = (0, false);
+        while at < texts.len() {
+            let end = next_step(&planned[at..], STEP_ENTRIES) + at;
+            let mut invocation = self.inner.remove.key(&keys.data);
+            invocation.key(&keys.vocab).key(&keys.heavy).key(keys.top());
+            declare(
+                &mut invocation,
+                &planned[at..end],
+                wide.then(|| keys.first_byte_sets()),
+            );
             invocation
-                .arg(&text.id)
-                .arg(&text.key)
-                .arg(words.len())
-                .arg(words);
+                .arg(&keys.base)
+                .arg(LIGHT_PREFIX)
+                .arg(MAX_RANKED_DEPTH)
+                .arg(if wide { "1" } else { "" });
+            for (text, words) in texts[at..end].iter().zip(&words[at..end]) {
+                invocation
+                    .arg(&text.id)
+                    .arg(&text.key)
+                    .arg(words.len())
+                    .arg(words);
+            }
+            let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+            match reply.as_slice() {
+                [status, gone, count] if int(status)? == 0 => {
+                    removed += count_u32(gone)?;
+                    term_count = count_u64(count)?;
+                    (at, wide) = (end, false);
+                }
+                [status] if int(status)? == 2 => wide = true,
+                _ => return Err(unexpected("remove reply")),
+            }
         }
-        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
-        match reply.as_slice() {
-            [removed, count] => Ok((count_u32(removed)?, count_u64(count)?)),
-            _ => Err(unexpected("remove reply")),
-        }
+        Ok((removed, term_count))
     }
 
     /// The number of terms in a dictionary (0 when it does not exist).
@@ -948,14 +1371,6 @@ fn bytes(v: &Value) -> Result<Vec<u8>, Error> {
     }
 }
 
-fn score(v: &Value) -> Result<f64, Error> {
-    let raw = bytes(v)?;
-    std::str::from_utf8(&raw)
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .ok_or_else(|| unexpected("score"))
-}
-
 fn count_u32(v: &Value) -> Result<u32, Error> {
     u32::try_from(int(v)?).map_err(|_| unexpected("count"))
 }
@@ -1006,6 +1421,68 @@ mod tests {
         assert_ne!(
             DictionaryKeys::new("p:", "a}b").base,
             DictionaryKeys::new("p:", "a%7Db").base
+        );
+    }
+
+    /// The ranked and deep sets of a term are those the scripts find (`ranked_prefixes` and
+    /// `first_chars` in rank.lua): first byte, then prefixes of 1 and 2 characters longer than a
+    /// byte; the deep set of the first 3 characters.
+    #[test]
+    fn sets_of_a_term() {
+        let keys = DictionaryKeys::new("p:", "d");
+        let names = |v: Vec<String>| -> Vec<String> {
+            v.into_iter()
+                .map(|k| k.trim_start_matches("p:{ac:d}:").to_owned())
+                .collect()
+        };
+        assert_eq!(names(keys.ranked_sets_of("a")), ["b:61"]);
+        assert_eq!(names(keys.ranked_sets_of("ab")), ["b:61", "r:ab"]);
+        assert_eq!(names(keys.ranked_sets_of("abc")), ["b:61", "r:ab"]);
+        assert_eq!(names(keys.ranked_sets_of("\u{436}")), ["b:d0", "r:\u{436}"]);
+        assert_eq!(
+            names(keys.ranked_sets_of("\u{436}xy")),
+            ["b:d0", "r:\u{436}", "r:\u{436}x"]
+        );
+        assert_eq!(keys.deep_set_of("ab"), None);
+        assert_eq!(keys.deep_set_of("abc"), Some("p:{ac:d}:t:abc".to_owned()));
+        assert_eq!(
+            keys.deep_set_of("\u{436}xyz"),
+            Some("p:{ac:d}:t:\u{436}xy".to_owned())
+        );
+        assert_eq!(keys.first_byte_sets().len(), 2 * (127 + 51));
+    }
+
+    /// A step takes entries within the work budget, at least one, at most `most`.
+    #[test]
+    fn steps_stay_within_the_budget() {
+        let planned = |works: &[usize]| -> Vec<Planned> {
+            works
+                .iter()
+                .map(|w| Planned {
+                    keys: Vec::new(),
+                    work: *w,
+                })
+                .collect()
+        };
+        assert_eq!(next_step(&planned(&[400, 400, 400]), 64), 2);
+        assert_eq!(next_step(&planned(&[5000, 1]), 64), 1);
+        assert_eq!(next_step(&planned(&[10; 100]), 64), 64);
+        assert_eq!(next_step(&planned(&[10; 100]), 3), 3);
+        assert_eq!(next_step(&planned(&[10; 5]), 64), 5);
+        // One word of 256 pseudo-random letters: about as many grams as a term can have.
+        let mut x = 1u32;
+        let long_word: String = (0..256)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                char::from(b'a' + u8::try_from((x >> 16) % 26).unwrap())
+            })
+            .collect();
+        let heaviest = Planned::new(&DictionaryKeys::new("p:", "d"), &long_word, &[&long_word]);
+        assert!(heaviest.work > 400, "{}", heaviest.work);
+        assert!(
+            heaviest.work <= STEP_WORK,
+            "a step of one: {}",
+            heaviest.work
         );
     }
 

@@ -1,23 +1,29 @@
--- Remove: delete a batch of dictionary terms from every index, atomically, one command per key
--- (as add.lua). Unknown terms are skipped. When the last term goes, no key of the dictionary is
--- left.
+-- Remove: one step of a batch of dictionary terms to delete from every index: a few terms,
+-- applied atomically, one command per key (as add.lua, which says how a batch is cut into
+-- steps). Unknown terms are skipped. When the last term goes, no key of the dictionary is left.
+-- Sizes are read before anything is removed (write.lua says why).
 --
--- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   (as in add.lua)
+-- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   (as in add.lua)
+-- KEYS[..] every other key the step may touch (as in add.lua: the terms' lex sets, words, grams
+--          of words, ranked and deep sets, and with ARGV[4] every first-byte ranked set)
 -- ARGV[1] base (as in add.lua)
 -- ARGV[2] low: a prefix's ranked or deep set is dropped once the prefix has this many terms or
 --         fewer;
 --         the first-byte ranked sets and the top set all go once the dictionary has this many
 --         terms or fewer
 -- ARGV[3] max depth (as in add.lua)
--- ARGV[4..] per term: id, key, word count, the words
+-- ARGV[4] '1' when every lex set and first-byte ranked set is declared, else ''
+-- ARGV[5..] per term: id, key, word count, the words
 --
--- Returns {removed, term count}.
-local data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3]
-local base, low, max_depth = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Returns {0, removed, term count}, or {2} (nothing removed) when the step would leave the
+-- dictionary with `low` terms or fewer while it is ranked: send it again with every first-byte
+-- set declared.
+local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 
 -- The terms, each once, and the values of those there are.
 local terms, seen, ids = {}, {}, {}
-local at = 4
+local at = 5
 while at <= #ARGV do
   local id = ARGV[at]
   if not seen[id] then
@@ -55,6 +61,7 @@ for i, at in ipairs(terms) do
       local g = groups[list[l]]
       if g == nil then
         g = { name = set_name(list[l]), members = {} }
+        g.key = declared(base, g.name)
         groups[list[l]] = g
         levels[l] = levels[l] or {}
         levels[l][#levels[l] + 1] = g
@@ -66,6 +73,7 @@ for i, at in ipairs(terms) do
       local d = deeps[p]
       if d == nil then
         d = { prefix = p, name = 't:' .. p, members = {} }
+        d.key = declared(base, d.name)
         deeps[p] = d
         deep_order[#deep_order + 1] = d
       end
@@ -74,40 +82,18 @@ for i, at in ipairs(terms) do
   end
 end
 if #gone_ids == 0 then
-  return { 0, redis.call('HLEN', data) }
+  return { 0, 0, redis.call('HLEN', data) }
 end
-local unmark = {}
-batched('HDEL', data, gone_ids)
+local lex_keys, word_keys = {}, {}
 for _, name in ipairs(lex_order) do
-  local lk = base .. ':' .. name
-  batched('ZREM', lk, lex_members[name])
-  if redis.call('EXISTS', lk) == 0 then
-    unmark[#unmark + 1] = name
-  end
+  lex_keys[name] = declared(base, name)
 end
-
--- Words no term has any more leave the vocabulary and their grams' sets.
-local gone_words, gram_order, gram_words = {}, {}, {}
 for _, word in ipairs(word_order) do
-  local wk = base .. ':w:' .. word
-  batched('ZREM', wk, word_members[word])
-  if redis.call('EXISTS', wk) == 0 then
-    gone_words[#gone_words + 1] = word
-    local grams = grams_of(utf8_chars(word))
-    for g = 1, #grams do
-      group(gram_words, gram_order, grams[g], word)
-    end
-  end
-end
-if #gone_words > 0 then
-  batched('ZREM', vocab, gone_words)
-  for _, gram in ipairs(gram_order) do
-    batched('SREM', base .. ':vg:' .. gram, gram_words[gram])
-  end
+  word_keys[word] = declared(base, 'w:' .. word)
 end
 
--- Ranked sets: out of every set of the terms' prefixes; a prefix's set goes once it has `low`
--- terms or fewer, a first byte's once it is empty.
+-- Sizes before anything goes: which sets this step empties or shrinks past `low`.
+local count = redis.call('HLEN', data) - #gone_ids
 local fields = { '' }
 for _, level in ipairs(levels) do
   for _, g in ipairs(level) do
@@ -118,15 +104,89 @@ for _, d in ipairs(deep_order) do
   fields[#fields + 1] = d.name
 end
 local has = hash_values(heavy_set, fields)
+local unranks = has[''] and count <= low
+if unranks and not wide then
+  return { 2 }
+end
 for l, level in ipairs(levels) do
   for _, g in ipairs(level) do
     if has[g.name] then
-      local rk = base .. ':' .. g.name
-      batched('ZREM', rk, g.members)
-      local size = redis.call('ZCARD', rk)
-      if size == 0 or (l > 1 and size <= low) then
-        redis.call('DEL', rk)
+      g.size = redis.call('ZCARD', g.key)
+    end
+  end
+end
+for _, d in ipairs(deep_order) do
+  if has[d.name] then
+    local p = d.prefix
+    local lex = lex_keys[lex_name(p)]
+    d.left = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') - #d.members
+  end
+end
+local last_top = has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
+local first_byte_sets
+if unranks then
+  local _, names = all_first_byte_names()
+  local exists = redis.call('HMGET', heavy_set, unpack(names))
+  first_byte_sets = {}
+  for i, name in ipairs(names) do
+    if exists[i] then
+      first_byte_sets[#first_byte_sets + 1] = name
+      declared(base, name)
+    end
+  end
+end
+local gram_keys = {}
+for _, word in ipairs(word_order) do
+  for _, gram in ipairs(grams_of(utf8_chars(word))) do
+    gram_keys[gram] = gram_keys[gram] or declared(base, 'vg:' .. gram)
+  end
+end
+check_declared()
+
+-- Writes.
+local unmark, gone = {}, {}
+batched('HDEL', data, gone_ids)
+for _, name in ipairs(lex_order) do
+  local lk = lex_keys[name]
+  local size = redis.call('ZCARD', lk)
+  if batched('ZREM', lk, lex_members[name]) == size then
+    unmark[#unmark + 1] = name
+  end
+end
+
+-- Words no term has any more leave the vocabulary and their grams' sets.
+local gone_words, gram_order, gram_words = {}, {}, {}
+for _, word in ipairs(word_order) do
+  local wk = word_keys[word]
+  local size = redis.call('ZCARD', wk)
+  if batched('ZREM', wk, word_members[word]) == size then
+    gone_words[#gone_words + 1] = word
+    local grams = grams_of(utf8_chars(word))
+    for g = 1, #grams do
+      group(gram_words, gram_order, grams[g], word)
+    end
+  end
+end
+if #gone_words > 0 then
+  batched('ZREM', vocab, gone_words)
+  for _, gram in ipairs(gram_order) do
+    batched('SREM', gram_keys[gram], gram_words[gram])
+  end
+end
+
+-- Ranked sets: out of every set of the terms' prefixes; a prefix's set goes once it has `low`
+-- terms or fewer, a first byte's once it is empty.
+for l, level in ipairs(levels) do
+  for _, g in ipairs(level) do
+    if g.size then
+      local left = g.size - batched('ZREM', g.key, g.members)
+      if left == 0 then
         unmark[#unmark + 1] = g.name
+        gone[g.name] = true
+      elseif l > 1 and left <= low then
+        redis.call('DEL', g.key)
+        unmark[#unmark + 1] = g.name
+        gone[g.name] = true
       end
     end
   end
@@ -134,54 +194,42 @@ end
 -- Deep sets: out of them the terms ranked at or before their bound; gone once their prefix has
 -- `low` terms or fewer.
 for _, d in ipairs(deep_order) do
-  local bound = has[d.name]
-  if bound then
-    local key = base .. ':' .. d.name
-    local leaves = {}
-    for _, r in ipairs(d.members) do
-      if not lt(bound, r) then
-        leaves[#leaves + 1] = r
-      end
-    end
-    if #leaves > 0 then
-      batched('ZREM', key, leaves)
-    end
-    local p = d.prefix
-    local lex = base .. ':' .. lex_name(p)
-    if redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') <= low then
-      redis.call('DEL', key)
+  if d.left then
+    if d.left <= low then
+      redis.call('DEL', d.key)
       unmark[#unmark + 1] = d.name
+    else
+      local bound = has[d.name]
+      local leaves = {}
+      for _, r in ipairs(d.members) do
+        if not lt(bound, r) then
+          leaves[#leaves + 1] = r
+        end
+      end
+      if #leaves > 0 then
+        batched('ZREM', d.key, leaves)
+      end
     end
   end
 end
-local count = redis.call('HLEN', data)
-local top = base .. ':top'
-if has[''] and count > low then
+if last_top then
   -- Out of the top set (add.lua): the terms ranked at or before its last member.
-  local last = redis.call('ZRANGE', top, -1, -1)[1]
   local leaves = {}
   for _, ranked in ipairs(gone_ranked) do
-    if last and not lt(last, ranked) then
+    if not lt(last_top, ranked) then
       leaves[#leaves + 1] = ranked
     end
   end
   if #leaves > 0 then
     batched('ZREM', top, leaves)
   end
-elseif has[''] then
+elseif unranks then
   -- Few terms left: no more first-byte ranked sets nor top set (the other ranked sets go as
   -- their prefixes shrink).
   redis.call('DEL', top)
   unmark[#unmark + 1] = ''
-  local names = {}
-  for b = 1, 244 do
-    if b < 128 or b >= 194 then
-      names[#names + 1] = set_name(string.char(b))
-    end
-  end
-  local exists = redis.call('HMGET', heavy_set, unpack(names))
-  for i, name in ipairs(names) do
-    if exists[i] then
+  for _, name in ipairs(first_byte_sets) do
+    if not gone[name] then
       redis.call('DEL', base .. ':' .. name)
       unmark[#unmark + 1] = name
     end
@@ -190,4 +238,4 @@ end
 if #unmark > 0 then
   batched('HDEL', heavy_set, unmark)
 end
-return { #gone_ids, count }
+return { 0, #gone_ids, count }

@@ -2,22 +2,31 @@
 //! [`Autocomplete`], and turns results back into responses. Validation errors name the proto
 //! field (`terms[3].display` for an entry of a batch).
 
-use std::time::SystemTime;
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime},
+};
 
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
-    Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECENT_ITEMS,
-    DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_BATCH, MAX_FORM_BYTES, MAX_LIMIT, MAX_NAME_BYTES,
-    MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind,
-    MatchMode, NewTerm, Order, RecentItem, ScoreChange, Suggestion, TermPart, Text, term_field,
-    text,
+    AUTO_REQUEST_MEMORY, Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT,
+    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_BATCH, MAX_FORM_BYTES, MAX_LIMIT,
+    MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_REQUEST_ID_BYTES,
+    MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind, MatchMode, NewTerm, Order, REQUEST_MEMORY,
+    RecentItem, Record, ScoreChange, Suggestion, TermPart, Text, term_field, text,
 };
 use crate::{
-    error::Error,
+    error::{Error, UNAVAILABLE_RETRY_AFTER},
     proto::v1::{self as pb, autocomplete_service_server::AutocompleteService},
     wire,
 };
+
+/// The `ErrorInfo` reason of an `Add` that failed after it may have applied part of its batch.
+pub const ADD_MAY_BE_PARTIAL: &str = "ADD_MAY_BE_PARTIAL";
+/// The `ErrorInfo` domain of the service's errors.
+pub const ERROR_DOMAIN: &str = "baton.v1.AutocompleteService";
 
 /// The AutocompleteService implementation.
 #[derive(Clone)]
@@ -98,6 +107,78 @@ fn payload(field: &'static str, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>
         )),
         other => Ok(other),
     }
+}
+
+/// A recent list's ttl: absent means the default; present, it must be within bounds (zero
+/// included: it is not taken for absent).
+fn recent_ttl(value: Option<prost_types::Duration>) -> Result<Duration, Error> {
+    let field = "ttl";
+    let Some(d) = value else {
+        return Ok(DEFAULT_RECENT_TTL);
+    };
+    if wire::millis(field, Some(d))?.is_none() {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "0s is outside {} to {} (leave it unset for {})",
+                humantime::format_duration(MIN_RECENT_TTL),
+                humantime::format_duration(MAX_RECENT_TTL),
+                humantime::format_duration(DEFAULT_RECENT_TTL)
+            ),
+        ));
+    }
+    wire::bounded(field, Some(d), MIN_RECENT_TTL, MAX_RECENT_TTL)
+}
+
+/// The record of an `Add`: under the client's request id, or for a batch with an increment,
+/// under one made up here (the client learns it from the status if the call fails).
+fn record(request_id: &str, terms: &[NewTerm]) -> Result<Option<Record>, Error> {
+    wire::optional_text("request_id", request_id, MAX_REQUEST_ID_BYTES)?;
+    if !request_id.is_empty() {
+        return Ok(Some(Record {
+            id: request_id.to_owned(),
+            memory: REQUEST_MEMORY,
+        }));
+    }
+    let increments = terms
+        .iter()
+        .any(|t| matches!(t.score, ScoreChange::Increment(_)));
+    Ok(increments.then(|| Record {
+        id: format!("baton-{}", uuid::Uuid::new_v4()),
+        memory: AUTO_REQUEST_MEMORY,
+    }))
+}
+
+/// The status of an `Add` that failed. One that may have left its batch applied in part
+/// (`UNAVAILABLE`, or `INTERNAL` after an unexpected Redis error) names the request id to retry
+/// with, in its message and in an `ErrorInfo` detail.
+fn add_failed(error: Error, record: Option<&Record>) -> Status {
+    let code = match error {
+        Error::Unavailable(_) => Code::Unavailable,
+        Error::Internal(_) => Code::Internal,
+        _ => return error.into(),
+    };
+    let Some(record) = record else {
+        return error.into();
+    };
+    let mut details = ErrorDetails::new();
+    if code == Code::Unavailable {
+        details.set_retry_info(Some(UNAVAILABLE_RETRY_AFTER));
+    }
+    details.set_error_info(
+        ADD_MAY_BE_PARTIAL,
+        ERROR_DOMAIN,
+        HashMap::from([("request_id".to_owned(), record.id.clone())]),
+    );
+    Status::with_error_details(
+        code,
+        format!(
+            "{error}; the batch may be applied in part: send it again with request_id {:?} to \
+             apply the rest once",
+            record.id
+        ),
+        details,
+    )
 }
 
 fn batch_size(field: &'static str, len: usize) -> Result<(), Error> {
@@ -219,6 +300,11 @@ impl AutocompleteService for AutocompleteApi {
         &self,
         request: Request<pb::AutocompleteServiceAddRequest>,
     ) -> Result<Response<pb::AutocompleteServiceAddResponse>, Status> {
+        // Steps run only while the caller can still hear how far the batch went: until a fifth
+        // (at most a second) before its deadline.
+        let stop_by = wire::deadline(request.metadata()).and_then(|d| {
+            tokio::time::Instant::now().checked_add(d - (d / 5).min(Duration::from_secs(1)))
+        });
         let req = request.into_inner();
         let dictionary = name("dictionary", &req.dictionary)?;
         batch_size("terms", req.terms.len())?;
@@ -228,7 +314,12 @@ impl AutocompleteService for AutocompleteApi {
             .enumerate()
             .map(|(i, t)| term(i, t))
             .collect::<Result<Vec<_>, _>>()?;
-        let added = self.autocomplete.add(&dictionary, &terms).await?;
+        let record = record(&req.request_id, &terms)?;
+        let added = self
+            .autocomplete
+            .add(&dictionary, &terms, record.as_ref(), stop_by)
+            .await
+            .map_err(|e| add_failed(e, record.as_ref()))?;
         Ok(Response::new(pb::AutocompleteServiceAddResponse {
             added: added.added,
             updated: added.updated,
@@ -297,8 +388,7 @@ impl AutocompleteService for AutocompleteApi {
             DEFAULT_RECENT_ITEMS,
             MAX_RECENT_ITEMS,
         )?;
-        let ttl = wire::optional_bounded("ttl", req.ttl, MIN_RECENT_TTL, MAX_RECENT_TTL)?
-            .unwrap_or(DEFAULT_RECENT_TTL);
+        let ttl = recent_ttl(req.ttl)?;
         let recorded = self
             .autocomplete
             .record(&list, &text, payload.as_deref(), max_items, ttl)

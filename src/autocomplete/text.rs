@@ -38,6 +38,33 @@ pub fn words(form: &str) -> Vec<&str> {
     out
 }
 
+/// The grams of a vocabulary word, as the scripts index them (`grams_of` in rank.lua): every
+/// character outside ASCII and every sequence of 2 and 3 characters, each once, in order.
+pub fn grams(word: &str) -> Vec<&str> {
+    let bounds: Vec<usize> = word
+        .char_indices()
+        .map(|(i, _)| i)
+        .chain(std::iter::once(word.len()))
+        .collect();
+    let chars = bounds.len() - 1;
+    let mut seen = std::collections::HashSet::with_capacity(3 * chars);
+    let mut out = Vec::with_capacity(3 * chars);
+    for i in 0..chars {
+        let single = &word[bounds[i]..bounds[i + 1]];
+        let candidates = [
+            (single.len() > 1).then_some(single),
+            bounds.get(i + 2).map(|&end| &word[bounds[i]..end]),
+            bounds.get(i + 3).map(|&end| &word[bounds[i]..end]),
+        ];
+        for gram in candidates.into_iter().flatten() {
+            if seen.insert(gram) {
+                out.push(gram);
+            }
+        }
+    }
+    out
+}
+
 /// A query's words (runs of non-separators, in order, repeats kept) and whether it starts and
 /// ends with a separator.
 pub fn query_words(form: &str) -> (Vec<&str>, bool, bool) {
@@ -246,6 +273,17 @@ mod tests {
         assert_eq!(query_words("anna "), (vec!["anna"], false, true));
         assert_eq!(query_words("-x y"), (vec!["x", "y"], true, false));
         assert_eq!(query_words("--"), (vec![], true, true));
+    }
+
+    /// Grams are the non-ASCII characters and the 2- and 3-character sequences, each once.
+    #[test]
+    fn grams_of_words() {
+        assert_eq!(grams("a"), Vec::<&str>::new());
+        assert_eq!(grams("ab"), ["ab"]);
+        assert_eq!(grams("abcd"), ["ab", "abc", "bc", "bcd", "cd"]);
+        assert_eq!(grams("aaaa"), ["aa", "aaa"]);
+        assert_eq!(grams("жx"), ["ж", "жx"]);
+        assert_eq!(grams("王伟王"), ["王", "王伟", "王伟王", "伟", "伟王"]);
     }
 
     /// Every separator is outside ASCII and survives normalization as itself.

@@ -1,15 +1,28 @@
 -- Helpers shared by the scripts that change a dictionary (prepended, after rank.lua, to add.lua
--- and remove.lua): commands over many members are sent in chunks, one command per key.
+-- and remove.lua): commands over many members are sent in chunks, one command per key, and every
+-- key is checked against the declared ones before anything is written.
+--
+-- Two rules keep a write script whole on a Redis Cluster whose slot is being migrated:
+-- - Every key it touches is one of its KEYS. Redis checks declared keys before the script runs
+--   (TRYAGAIN or ASK, nothing written, when some are on the other node), but checks an undeclared
+--   key only when the script reaches it: the script would stop there with its first writes made.
+--   `declared` below finds an undeclared key while the script is still only reading.
+-- - No command touches a key after a command of the same script may have emptied (and so
+--   deleted) it: on the migrating node a missing key is "on the other node", and the command
+--   would fail mid-script. Sizes are read before removals, and members are added before the old
+--   ones are removed from the same set.
 
 -- Arguments per command at most (Lua's unpack and Redis's argument vector stay small).
 local CHUNK = 1000
 
--- Runs `cmd key args...` in chunks (args holds `width`-argument groups, 1 when not given).
+-- Runs `cmd key args...` in chunks (args holds `width`-argument groups, 1 when not given);
+-- returns the sum of the integer replies.
 local function batched(cmd, key, args, width)
-  local step = CHUNK * (width or 1)
+  local step, sum = CHUNK * (width or 1), 0
   for first = 1, #args, step do
-    redis.call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
+    sum = sum + redis.call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
   end
+  return sum
 end
 
 -- The values of `fields` in hash `key`, as a table field -> value (false when missing).
@@ -34,4 +47,42 @@ local function group(lists, order, name, item)
     order[#order + 1] = name
   end
   list[#list + 1] = item
+end
+
+-- The declared keys, and the first key named through `declared` that is not one of them.
+local DECLARED, UNDECLARED = {}, nil
+for i = 1, #KEYS do
+  DECLARED[KEYS[i]] = true
+end
+
+-- The key <base>:<name>, noting it when it is not declared (the script then refuses to run,
+-- before its first write: see `check_declared`).
+local function declared(base, name)
+  local k = base .. ':' .. name
+  if not DECLARED[k] then
+    UNDECLARED = UNDECLARED or k
+  end
+  return k
+end
+
+-- Raises when a key named so far is not declared. Called after the reads that decide what to
+-- write, before the first write: a bug in Baton's list of keys fails the call with nothing
+-- written instead of a Cluster failing it halfway.
+local function check_declared()
+  if UNDECLARED then
+    error('the script would touch the undeclared key ' .. UNDECLARED)
+  end
+end
+
+-- The names of every lex set and first-byte ranked set there can be, in byte order, which a
+-- step declares only when it asks for every one (`wide`).
+local function all_first_byte_names()
+  local lex, ranked = {}, {}
+  for b = 1, 244 do
+    if b < 128 or b >= 194 then
+      lex[#lex + 1] = lex_name(string.char(b))
+      ranked[#ranked + 1] = set_name(string.char(b))
+    end
+  end
+  return lex, ranked
 end
