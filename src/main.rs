@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use baton::{
     config::{Cli, Command, ServeConfig},
     server::{self, Listeners},
-    telemetry,
+    telemetry::{self, say},
 };
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
@@ -24,9 +24,9 @@ fn main() -> ExitCode {
             let config = match ServeConfig::from_args(&args) {
                 Ok(config) => config,
                 Err(errors) => {
-                    eprintln!("baton: invalid configuration:");
+                    say("baton: invalid configuration:");
                     for e in errors {
-                        eprintln!("  - {e}");
+                        say(&format!("  - {e}"));
                     }
                     return ExitCode::from(2);
                 }
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("baton: cannot start the runtime: {e}");
+                    say(&format!("baton: cannot start the runtime: {e}"));
                     return ExitCode::FAILURE;
                 }
             };
@@ -59,17 +59,20 @@ async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let trigger = shutdown.clone();
+    // Act first, log after: a log line that cannot be written must not stop the drain.
     tokio::spawn(async move {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
-            _ = interrupt.recv() => tracing::info!("SIGINT received"),
-        }
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
         trigger.cancel();
+        tracing::info!(signal = name, "signal received; draining");
         // A second signal means the operator does not want to wait for the drain.
         tokio::select! {
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
         }
+        // Logging cannot fail a task (see `telemetry`), so this line cannot keep Baton alive.
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });

@@ -191,15 +191,15 @@ pub async fn serve(
     let result = tokio::select! {
         biased;
         () = shutdown.cancelled() => {
-            tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
+            tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             match tokio::time::timeout(config.drain_timeout, first_failure(&mut servers)).await {
                 Ok(r) => r,
                 Err(_) => {
-                    tracing::warn!("drain deadline passed; stopping hard");
                     servers.abort_all();
+                    tracing::warn!("drain deadline passed; stopping hard");
                     Ok(())
                 }
             }
@@ -228,6 +228,9 @@ async fn first_failure(
 }
 
 /// Keeps readiness in step with Redis: SERVING while `PING` answers within the command timeout.
+///
+/// Each change is made before it is logged: a log line that cannot be written (a closed stderr)
+/// must not keep readiness from following Redis.
 async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: CancellationToken) {
     let mut ticks = tokio::time::interval(READINESS_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -237,26 +240,26 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let status = match redis.ping().await {
-            Ok(()) => ServingStatus::Serving,
-            Err(e) => {
-                if last != Some(ServingStatus::NotServing) {
-                    tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING");
-                }
-                ServingStatus::NotServing
-            }
-        };
+        let pinged = redis.ping().await;
         if shutdown.is_cancelled() {
             return;
         }
-        if last != Some(status) {
-            if status == ServingStatus::Serving {
-                tracing::info!("redis answers; readiness is SERVING");
+        let status = match pinged {
+            Ok(()) => ServingStatus::Serving,
+            Err(_) => ServingStatus::NotServing,
+        };
+        if last == Some(status) {
+            continue;
+        }
+        for name in READY_NAMES {
+            reporter.set_service_status(name, status).await;
+        }
+        last = Some(status);
+        match pinged {
+            Ok(()) => tracing::info!("redis answers; readiness is SERVING"),
+            Err(e) => {
+                tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING")
             }
-            for name in READY_NAMES {
-                reporter.set_service_status(name, status).await;
-            }
-            last = Some(status);
         }
     }
 }
