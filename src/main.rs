@@ -1,10 +1,14 @@
 //! The `baton` command: parse the configuration, set up logging, bind, serve, and drain on
 //! SIGTERM or SIGINT with a deadline.
+//!
+//! Exit codes: 0 after a drain, 2 for a configuration Baton cannot run with (invalid flags, or a
+//! Redis older than 7.0 found at start), 1 for any other failure, 130 on a second signal.
 
 use std::process::ExitCode;
 
 use baton::{
     config::{Cli, Command, ServeConfig},
+    redis::UnsupportedServer,
     server::{self, Listeners},
     telemetry::{self, say},
 };
@@ -44,6 +48,11 @@ fn main() -> ExitCode {
             };
             match runtime.block_on(serve(config)) {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.downcast_ref::<UnsupportedServer>().is_some() => {
+                    tracing::error!(error = %e, "baton cannot use this Redis");
+                    say(&format!("baton: {e}"));
+                    ExitCode::from(2)
+                }
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "baton failed");
                     ExitCode::FAILURE

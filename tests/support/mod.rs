@@ -296,6 +296,12 @@ impl RedisServer {
         }
     }
 
+    /// Starts one `redis-server` of this test's own whatever the topology the suite runs on, for
+    /// tests of how Baton meets a single server's replies (its configuration changed under it).
+    pub async fn start_standalone() -> Self {
+        Self::start_node().await
+    }
+
     /// Starts one `redis-server` on a free port, ready to answer `PING`.
     async fn start_node() -> Self {
         let dir = tempfile::Builder::new()
