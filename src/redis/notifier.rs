@@ -380,8 +380,8 @@ enum Event {
     Message { channel: String, payload: Vec<u8> },
     /// The server dropped the subscription of `channel` (its slot moved to another node).
     Dropped { channel: String },
-    /// Messages may have been missed and subscriptions lost (a node connection dropped);
-    /// redis-rs reconnects.
+    /// Messages may have been missed and subscriptions lost (a master connection dropped or
+    /// was given up); the next subscription to that master opens a new one.
     Gap,
 }
 
@@ -812,9 +812,10 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
                     }
                 }
                 Some(Event::Gap) => {
-                    // A node connection dropped (a failover, a restart). redis-rs reconnects but
-                    // does not reliably subscribe again, so every waiter subscribes afresh (a
-                    // repeated SSUBSCRIBE is harmless) and checks the state again.
+                    // A master connection dropped (a failover, a restart, a dead master) or was
+                    // given up. Which channels it carried is not tracked, so every waiter
+                    // subscribes afresh (a repeated SSUBSCRIBE is harmless; one on a dead master
+                    // fails that waiter only) and checks the state again.
                     for ch in inner.channels().values_mut() {
                         ch.subscribed = false;
                     }
