@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use bb8_redis::redis::{ErrorKind, RedisError};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -52,26 +53,77 @@ impl Error {
     }
 }
 
-impl From<bb8_redis::redis::RedisError> for Error {
-    fn from(e: bb8_redis::redis::RedisError) -> Self {
-        if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_unrecoverable_error()
-        {
-            Self::Unavailable(e.to_string())
+/// Codes of Redis error replies that mean "not now", never "never": the call changed nothing and
+/// may succeed when retried, so they are reported UNAVAILABLE with a retry delay.
+///
+/// - `LOADING`: the server is loading its dataset after a restart.
+/// - `BUSY`: a script has run longer than `busy-reply-threshold` and blocks the server.
+/// - `OOM`: `maxmemory` is reached and the eviction policy frees nothing for this write.
+/// - `NOREPLICAS`: fewer replicas than `min-replicas-to-write` are connected.
+/// - `MISCONF`: the server refuses writes because it cannot persist (`stop-writes-on-bgsave-error`).
+/// - `NOAUTH`, `WRONGPASS`, `NOPERM`: the password or ACL changed under a running Baton (a
+///   rotation); they last until Baton's credentials and the server's agree again.
+/// - `READONLY`, `MASTERDOWN`: the node is (or follows) a replica, during a failover.
+/// - `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK`: a Cluster resharding or failover in progress
+///   (answered after Baton's own retries and redirections ran out).
+pub const RETRYABLE_REDIS_CODES: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "OOM",
+    "NOREPLICAS",
+    "MISCONF",
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "READONLY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+];
+
+/// Whether a Redis error is worth retrying (see [`RETRYABLE_REDIS_CODES`]): connection trouble,
+/// a refused or failed authentication, Sentinels that cannot name a master, or one of the codes.
+pub fn retryable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::AuthenticationFailed
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
+        )
+        || e.code()
+            .is_some_and(|code| RETRYABLE_REDIS_CODES.contains(&code))
+}
+
+/// A Redis error as the cause of a failed call: an error reply as Redis wrote it (`CODE detail`),
+/// anything else as redis-rs describes it.
+pub fn describe(e: &RedisError) -> String {
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        // redis-rs keeps only its own words for a refused AUTH; Redis answered WRONGPASS.
+        return "WRONGPASS: Redis refused Baton's user name and password (changed since they were \
+                configured?)"
+            .to_owned();
+    }
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) if e.kind() != ErrorKind::Parse => format!("{code} {detail}"),
+        (Some(code), None) => code.to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+impl From<RedisError> for Error {
+    fn from(e: RedisError) -> Self {
+        if retryable(&e) {
+            Self::Unavailable(describe(&e))
         } else {
-            match e.kind() {
-                bb8_redis::redis::ErrorKind::Server(
-                    bb8_redis::redis::ServerErrorKind::BusyLoading
-                    | bb8_redis::redis::ServerErrorKind::TryAgain
-                    | bb8_redis::redis::ServerErrorKind::ClusterDown
-                    | bb8_redis::redis::ServerErrorKind::MasterDown
-                    | bb8_redis::redis::ServerErrorKind::ReadOnly,
-                ) => Self::Unavailable(e.to_string()),
-                _ => Self::Internal(e.to_string()),
-            }
+            Self::Internal(describe(&e))
         }
     }
 }
@@ -110,6 +162,58 @@ mod tests {
         let details = status.get_error_details();
         let bad = details.bad_request().expect("bad request detail");
         assert_eq!(bad.field_violations[0].field, "ttl");
+    }
+
+    /// The Redis error of a reply written as Redis writes it (`-CODE detail`).
+    fn reply_error(reply: &str) -> RedisError {
+        bb8_redis::redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
+            .and_then(|v| v.extract_error())
+            .expect_err("an error reply")
+    }
+
+    /// The replies that mean "not now" become UNAVAILABLE with the reply as the cause; script
+    /// errors and unknown codes stay INTERNAL.
+    #[test]
+    fn retryable_replies_are_unavailable() {
+        for reply in [
+            "NOREPLICAS Not enough good replicas to write.",
+            "OOM command not allowed when used memory > 'maxmemory'. script: abc, on @user_script:80.",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "READONLY You can't write against a read only replica.",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "MOVED 3999 127.0.0.1:6381",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+        ] {
+            match Error::from(reply_error(reply)) {
+                Error::Unavailable(cause) => assert_eq!(cause, reply),
+                other => panic!("{reply}: {other:?}"),
+            }
+        }
+        for reply in [
+            "ERR Error running script (call to f_abc): @user_script:1: boom",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "NOSCRIPT No matching script.",
+        ] {
+            assert!(
+                matches!(Error::from(reply_error(reply)), Error::Internal(ref c) if c == reply),
+                "{reply}"
+            );
+        }
+    }
+
+    /// A refused AUTH (which redis-rs reports without Redis's words) is UNAVAILABLE and says so.
+    #[test]
+    fn refused_credentials_are_unavailable() {
+        let e = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert!(matches!(Error::from(e), Error::Unavailable(ref c) if c.contains("WRONGPASS")));
     }
 
     /// Redis trouble maps to UNAVAILABLE with retry info.

@@ -1,13 +1,17 @@
 //! The `baton` command: parse the configuration, set up logging, bind, serve, and drain on
 //! SIGTERM or SIGINT with a deadline.
+//!
+//! Exit codes: 0 after a drain, 2 for a configuration Baton cannot run with (invalid flags, or a
+//! Redis older than 7.0 found at start), 1 for any other failure, 130 on a second signal.
 
 use std::process::ExitCode;
 
 use baton::{
     config::{Cli, Command, ServeArgs, ServeConfig},
     ratelimit::rules::Rules,
+    redis::UnsupportedServer,
     server::{self, Listeners},
-    telemetry,
+    telemetry::{self, say},
 };
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
@@ -25,9 +29,9 @@ fn main() -> ExitCode {
             let (config, rules) = match configure(&args) {
                 Ok(configured) => configured,
                 Err(errors) => {
-                    eprintln!("baton: invalid configuration:");
+                    say("baton: invalid configuration:");
                     for e in errors {
-                        eprintln!("  - {e}");
+                        say(&format!("  - {e}"));
                     }
                     return ExitCode::from(2);
                 }
@@ -39,12 +43,17 @@ fn main() -> ExitCode {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("baton: cannot start the runtime: {e}");
+                    say(&format!("baton: cannot start the runtime: {e}"));
                     return ExitCode::FAILURE;
                 }
             };
             match runtime.block_on(serve(config, rules)) {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.downcast_ref::<UnsupportedServer>().is_some() => {
+                    tracing::error!(error = %e, "baton cannot use this Redis");
+                    say(&format!("baton: {e}"));
+                    ExitCode::from(2)
+                }
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "baton failed");
                     ExitCode::FAILURE
@@ -84,17 +93,20 @@ async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> 
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let trigger = shutdown.clone();
+    // Act first, log after: a log line that cannot be written must not stop the drain.
     tokio::spawn(async move {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
-            _ = interrupt.recv() => tracing::info!("SIGINT received"),
-        }
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
         trigger.cancel();
+        tracing::info!(signal = name, "signal received; draining");
         // A second signal means the operator does not want to wait for the drain.
         tokio::select! {
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
         }
+        // Logging cannot fail a task (see `telemetry`), so this line cannot keep Baton alive.
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });

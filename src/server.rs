@@ -2,8 +2,10 @@
 //! drain bounded by a deadline.
 //!
 //! Health answers for `""` and `liveness` (SERVING while the process serves) and for `readiness`
-//! and each Baton service (SERVING only while Redis answers `PING`). On shutdown everything turns
-//! NOT_SERVING first, so probes stop routing traffic while streams drain.
+//! and each Baton service (SERVING while Baton can serve: a single Redis answers `PING`; on a
+//! Cluster, at least one master answers with `cluster_state:ok`, see [`Redis::health`]). On
+//! shutdown everything turns NOT_SERVING first, so probes stop routing traffic while streams
+//! drain.
 
 use std::{
     io,
@@ -49,7 +51,7 @@ use crate::{
             semaphore_service_server::SemaphoreServiceServer,
         },
     },
-    redis::{Notifier, Redis},
+    redis::{Health, Notifier, Redis},
     semaphore::{Semaphores, service::SemaphoreApi},
 };
 
@@ -146,6 +148,13 @@ pub async fn serve_with_rules(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let redis = Redis::new(&config.redis)?;
+    // A Redis that answers but is too old stops Baton here; one that does not answer yet is
+    // checked again on every connection, and readiness says whether it answers.
+    match redis.check_server().await {
+        Err(unsupported) => return Err(unsupported.into()),
+        Ok(Err(e)) => tracing::warn!(error = %e, "redis does not answer yet; serving, not ready"),
+        Ok(Ok(())) => {}
+    }
     let notifier = Notifier::start(
         redis.pubsub_source(),
         redis.command_timeout(),
@@ -232,15 +241,15 @@ pub async fn serve_with_rules(
     let result = tokio::select! {
         biased;
         () = shutdown.cancelled() => {
-            tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
+            tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             match tokio::time::timeout(config.drain_timeout, first_failure(&mut servers)).await {
                 Ok(r) => r,
                 Err(_) => {
-                    tracing::warn!("drain deadline passed; stopping hard");
                     servers.abort_all();
+                    tracing::warn!("drain deadline passed; stopping hard");
                     Ok(())
                 }
             }
@@ -268,37 +277,56 @@ async fn first_failure(
     Ok(())
 }
 
-/// Keeps readiness in step with Redis: SERVING while `PING` answers within the command timeout.
+/// Keeps readiness in step with Redis: SERVING while Baton can serve ([`Redis::health`], asked
+/// every [`READINESS_INTERVAL`]). A Cluster with some masters down stays SERVING (the names on the
+/// other masters are served) and says which are down in the log.
+///
+/// Each change is made before it is logged: a log line that cannot be written (a closed stderr)
+/// must not keep readiness from following Redis.
 async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: CancellationToken) {
     let mut ticks = tokio::time::interval(READINESS_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = None;
+    let mut last: Option<ServingStatus> = None;
+    let mut last_partial: Option<String> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let status = match redis.ping().await {
-            Ok(()) => ServingStatus::Serving,
-            Err(e) => {
-                if last != Some(ServingStatus::NotServing) {
-                    tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING");
-                }
-                ServingStatus::NotServing
-            }
-        };
+        let health = redis.health().await;
         if shutdown.is_cancelled() {
             return;
         }
-        if last != Some(status) {
-            if status == ServingStatus::Serving {
-                tracing::info!("redis answers; readiness is SERVING");
-            }
+        let status = match health {
+            Health::Up | Health::Partial(_) => ServingStatus::Serving,
+            Health::Down(_) => ServingStatus::NotServing,
+        };
+        let changed = last != Some(status);
+        if changed {
             for name in READY_NAMES {
                 reporter.set_service_status(name, status).await;
             }
             last = Some(status);
         }
+        match &health {
+            Health::Down(e) if changed => {
+                tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING")
+            }
+            Health::Up if changed || last_partial.is_some() => {
+                tracing::info!("redis answers; readiness is SERVING")
+            }
+            Health::Partial(down) if last_partial.as_ref() != Some(down) => {
+                tracing::warn!(
+                    down = %down,
+                    "part of the cluster cannot serve: calls for the names on its slots fail; readiness is SERVING"
+                )
+            }
+            _ => {}
+        }
+        last_partial = match health {
+            Health::Partial(down) => Some(down),
+            _ => None,
+        };
     }
 }
 

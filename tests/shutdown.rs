@@ -350,3 +350,74 @@ async fn json_logs_are_one_object_per_line() {
         "fields are structured: {stderr}"
     );
 }
+
+/// With stdout and stderr pipes whose reader has gone (as `baton serve … | head -3` leaves them),
+/// readiness still follows Redis (NOT_SERVING once it dies, SERVING once it is back: each change
+/// is logged to the closed stderr), and SIGTERM still stops Baton within the drain deadline with
+/// exit code 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_stops_neither_readiness_nor_the_drain() {
+    use std::io::BufRead;
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+    let mut redis = RedisServer::start_private().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn_piped(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--drain-timeout",
+        "5s",
+    ])
+    .await;
+    drop(baton.take_stdout());
+    // `head`: read the first lines, up to the one saying Baton is ready, then go away.
+    let stderr = baton.take_stderr();
+    let head = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let ready = line.contains("readiness is SERVING");
+            seen.push(line);
+            if ready {
+                break;
+            }
+        }
+        seen
+    });
+    let head = within(Duration::from_secs(10), head, "the first log lines")
+        .await
+        .expect("the reading task");
+    assert!(
+        head.last()
+            .is_some_and(|l| l.contains("readiness is SERVING")),
+        "the log said Baton is ready: {head:?}"
+    );
+
+    let mut health = HealthClient::new(support::channel(baton.addr()).await);
+    let limit = Duration::from_secs(10);
+    support::wait_for_health(&mut health, "readiness", ServingStatus::Serving, limit).await;
+    redis.kill();
+    support::wait_for_health(&mut health, "readiness", ServingStatus::NotServing, limit).await;
+    redis.restart().await;
+    support::wait_for_health(&mut health, "readiness", ServingStatus::Serving, limit).await;
+
+    let mut client = baton.client().await;
+    let mut held = hold(&mut client, "piped", 30_000).await;
+    let signalled = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 15 s after SIGTERM"));
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM, past the 5 s drain deadline"
+    );
+    let (events, end) = rest_of_hold(&mut held).await;
+    assert_lost_for_shutdown("piped", &events, &end);
+}

@@ -1,15 +1,22 @@
 //! The Redis layer: script calls bounded by the command timeout over the configured
 //! [`Topology`] (a bb8 pool of multiplexed connections to a standalone Redis or to the master the
-//! Sentinels name; redis-rs's cluster connection on a Cluster), and the shared pub/sub subscriber
-//! that wakes local waiters.
+//! Sentinels name; on a Cluster, such a pool per master, with Baton routing each script to the
+//! master that owns its slot: see `cluster.rs`), and the shared pub/sub subscriber that wakes
+//! local waiters.
 //!
 //! Every state change Baton makes is one Lua script (a `.lua` file beside the service that owns
 //! it, wrapped once in a [`Script`], called by SHA with a `NOSCRIPT` fallback). Scripts read the
 //! time from Redis (`TIME`), never from this process.
+//!
+//! Every connection Baton opens for commands first checks the server's version (`INFO server`):
+//! a Redis older than 7.0 is refused with [`Error::FailedPrecondition`] naming it (see
+//! [`version`]).
 
+mod cluster;
 mod notifier;
 pub mod reply;
 mod topology;
+pub mod version;
 
 use std::{
     sync::{
@@ -22,11 +29,8 @@ use std::{
 use bb8_redis::{
     bb8,
     redis::{
-        self, AsyncConnectionConfig, FromRedisValue, ProtocolVersion, RedisError, ScriptInvocation,
+        self, AsyncConnectionConfig, FromRedisValue, RedisError, ScriptInvocation,
         aio::MultiplexedConnection,
-        cluster::{ClusterClient, ClusterClientBuilder},
-        cluster_async::ClusterConnection,
-        cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr},
     },
 };
 use tokio::time::{Instant, timeout_at};
@@ -36,21 +40,6 @@ pub use notifier::{ADDRESSED, Notifier, Source, Subscription, Wake};
 pub use topology::{Endpoint, Topology};
 
 use crate::{config::RedisConfig, error::Error};
-
-/// Shortest pause before redis-rs's cluster connection retries a command the cluster asked it to
-/// retry (`TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), in milliseconds.
-///
-/// Redis answers `TRYAGAIN` to every multi-key command, so to every Baton script, whose slot is
-/// being migrated unless all its keys exist on one side: each step of a live resharding refuses
-/// them for a few milliseconds. redis-rs's default pause (1.28 s at least) is longer than the
-/// command timeout, so every call that met a resharding step failed `UNAVAILABLE` although the
-/// slot was stable again milliseconds later; with these pauses it is retried within its timeout.
-const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 2;
-/// Longest pause between two such retries, in milliseconds.
-const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 100;
-/// Retry `n` pauses up to `CLUSTER_RETRY_FACTOR_MS * 2^n` milliseconds (10, 20, 40, 80, then the
-/// longest), jittered from [`CLUSTER_RETRY_MIN_WAIT_MS`]. The command timeout bounds the whole.
-const CLUSTER_RETRY_FACTOR_MS: u64 = 5;
 
 /// A pooled multiplexed connection, marked broken after an I/O error or a timeout so that the pool
 /// drops it and opens a fresh one instead of handing the dead one out again.
@@ -68,9 +57,14 @@ impl Conn {
     fn mark_broken(&self) {
         self.broken.store(true, Ordering::Relaxed);
     }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
 }
 
-/// Opens connections with Baton's connect and response timeouts.
+/// Opens connections with Baton's connect and response timeouts, and refuses servers older than
+/// Redis 7.0.
 ///
 /// `bb8_redis::RedisConnectionManager` opens connections with the redis crate's defaults and never
 /// reports one as broken, which would keep a dead connection in the pool after Redis restarts
@@ -78,32 +72,61 @@ impl Conn {
 pub struct Manager {
     endpoint: Endpoint,
     connect_timeout: Duration,
+    command_timeout: Duration,
     config: AsyncConnectionConfig,
 }
 
 impl bb8::ManageConnection for Manager {
     type Connection = Conn;
-    type Error = RedisError;
+    type Error = Error;
 
-    async fn connect(&self) -> Result<Conn, RedisError> {
+    async fn connect(&self) -> Result<Conn, Error> {
         // With Sentinel this asks for the current master, so a failover is followed by the next
         // connection opened after the old one broke.
         let client = self.endpoint.client(self.connect_timeout).await?;
-        let conn = client
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        let addr = client.get_connection_info().addr().to_string();
+        let info = tokio::time::timeout(
+            self.command_timeout,
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut conn),
+        )
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "{addr} did not answer INFO within {}",
+                humantime::format_duration(self.command_timeout)
+            ))
+        })?;
+        match info {
+            Ok(info) => {
+                if let Some(refusal) = version::refusal(&info, &addr) {
+                    return Err(Error::FailedPrecondition(refusal));
+                }
+            }
+            // A server that does not let Baton read INFO (an ACL without it) is taken as it is:
+            // the calls themselves tell whether it can run Baton's scripts.
+            Err(e) if e.code() == Some("NOPERM") => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(Conn {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    async fn is_valid(&self, conn: &mut Conn) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async(&mut conn.conn).await
+    async fn is_valid(&self, conn: &mut Conn) -> Result<(), Error> {
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn.conn)
+            .await
+            .map_err(Error::from)
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.is_broken()
     }
 }
 
@@ -113,7 +136,7 @@ impl bb8::ManageConnection for Manager {
 /// waiting `get` to run into its timeout; with this sink a refused connection fails the waiting
 /// calls at once with the real cause.
 #[derive(Clone)]
-struct ConnectFailures(tokio::sync::broadcast::Sender<Arc<str>>);
+struct ConnectFailures(tokio::sync::broadcast::Sender<Error>);
 
 impl std::fmt::Debug for ConnectFailures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,16 +144,111 @@ impl std::fmt::Debug for ConnectFailures {
     }
 }
 
-impl bb8::ErrorSink<RedisError> for ConnectFailures {
-    fn sink(&self, error: RedisError) {
+impl bb8::ErrorSink<Error> for ConnectFailures {
+    fn sink(&self, error: Error) {
         tracing::debug!(error = %error, "redis connection failed");
         // No receiver just means nobody is waiting for a connection right now.
-        let _ = self.0.send(error.to_string().into());
+        let _ = self.0.send(error);
     }
 
-    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<Error>> {
         Box::new(self.clone())
     }
+}
+
+/// How the pools of one Baton open connections.
+#[derive(Clone, Copy, Debug)]
+struct PoolSettings {
+    /// Connections per pool.
+    size: u32,
+    /// Time to open one connection.
+    connect_timeout: Duration,
+    /// Time for one command.
+    command_timeout: Duration,
+}
+
+/// A pool of multiplexed connections to one node (a standalone Redis, the Sentinels' master, or
+/// one Cluster master). Cheap to clone.
+#[derive(Clone)]
+struct NodePool {
+    pool: bb8::Pool<Manager>,
+    connect_failures: ConnectFailures,
+    command_timeout: Duration,
+}
+
+impl NodePool {
+    /// A pool for `endpoint` that connects only when asked for a connection.
+    fn new(endpoint: Endpoint, settings: PoolSettings) -> Self {
+        let manager = Manager {
+            endpoint,
+            connect_timeout: settings.connect_timeout,
+            command_timeout: settings.command_timeout,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(settings.connect_timeout))
+                .set_response_timeout(Some(settings.command_timeout)),
+        };
+        let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
+        let pool = bb8::Pool::builder()
+            .max_size(settings.size)
+            .connection_timeout(settings.command_timeout)
+            .test_on_check_out(false)
+            // A refused connection is reported at once instead of being retried until the
+            // timeout.
+            .retry_connection(false)
+            .error_sink(Box::new(connect_failures.clone()))
+            .build_unchecked(manager);
+        Self {
+            pool,
+            connect_failures,
+            command_timeout: settings.command_timeout,
+        }
+    }
+
+    /// A handle on one of the pooled connections, by `deadline`; the pool slot itself is given
+    /// back at once.
+    async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
+        let mut failures = self.connect_failures.0.subscribe();
+        let checkout = tokio::select! {
+            r = timeout_at(deadline, self.pool.get()) => r,
+            Ok(cause) = failures.recv() => return Err(cause),
+        };
+        match checkout {
+            Ok(Ok(pooled)) => Ok(Conn::clone(&pooled)),
+            Ok(Err(bb8::RunError::User(e))) => Err(e),
+            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(Error::Unavailable(format!(
+                "no connection within {}",
+                humantime::format_duration(self.command_timeout)
+            ))),
+        }
+    }
+}
+
+/// Whether a connection that returned `e` can no longer be trusted: an I/O error, a dropped
+/// connection, a node that is no longer the master (`READONLY`), or one that no longer accepts
+/// Baton's credentials (`NOAUTH`, `WRONGPASS`), which a fresh connection may.
+fn breaks_connection(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || matches!(e.code(), Some("READONLY" | "NOAUTH" | "WRONGPASS"))
+}
+
+/// A Redis that answers but cannot run Baton (older than 7.0), found at start: `baton serve` exits
+/// with code 2 and this message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct UnsupportedServer(pub String);
+
+/// What a readiness check found.
+#[derive(Debug, Clone)]
+pub enum Health {
+    /// Every node Baton uses answers.
+    Up,
+    /// Some masters of the Cluster answer and serve their slots; the others, named in the text
+    /// with their cause, do not, and calls for the names on their slots fail `UNAVAILABLE`.
+    Partial(String),
+    /// Baton cannot serve: no node answers, or the server cannot run Baton.
+    Down(Error),
 }
 
 /// The hash tag Redis Cluster hashes `key` by: what lies between the first `{` and the first `}`
@@ -146,19 +264,28 @@ pub fn hash_tag(key: &str) -> Option<&str> {
 #[derive(Clone)]
 enum Backend {
     /// A pool of multiplexed connections to one node (standalone, or the Sentinels' master).
-    Node {
-        pool: bb8::Pool<Manager>,
-        connect_failures: ConnectFailures,
-    },
-    /// redis-rs's cluster connection: one multiplexed connection per node, routing each command
-    /// by its first key's slot and following `MOVED`/`ASK`.
-    Cluster { conn: ClusterConnection },
+    Node { pool: NodePool },
+    /// A pool per master, each script sent to the master owning its slot.
+    Cluster { cluster: cluster::Cluster },
 }
 
 /// The Redis Cluster hash slot of `key` (CRC16 of its hash tag, or of the whole key, mod 16384).
 pub fn slot(key: &str) -> u16 {
-    let hashed = hash_tag(key).unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+    slot_of(key.as_bytes())
+}
+
+/// [`slot`] of a key given as bytes.
+fn slot_of(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let len = rest.iter().position(|&b| b == b'}')?;
+            (len > 0).then(|| &rest[..len])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
 }
 
 /// Whether replicas acknowledged a write (`--min-replicas-ack`).
@@ -192,50 +319,27 @@ impl Redis {
     /// Sets up the connections without connecting yet, so Baton starts (and reports not ready)
     /// while Redis is down.
     pub fn new(config: &RedisConfig) -> Result<Self, Error> {
+        let settings = PoolSettings {
+            size: config.pool_size,
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+        };
         let (backend, source) = match &config.topology {
             Topology::Cluster { seeds } => {
-                let client = |protocol| {
-                    ClusterClientBuilder::new(seeds.iter().map(String::as_str))
-                        .connection_timeout(config.connect_timeout)
-                        .response_timeout(config.command_timeout)
-                        .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
-                        .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
-                        .retry_wait_formula(CLUSTER_RETRY_FACTOR_MS, 2)
-                        .use_protocol(protocol)
-                        .build()
-                        .map_err(|e| Error::Internal(format!("redis cluster: {e}")))
-                };
-                let commands: ClusterClient = client(ProtocolVersion::RESP2)?;
-                let conn = commands
-                    .get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new());
-                // Sharded pub/sub arrives as RESP3 pushes.
-                let source = Source::Cluster(Box::new(client(ProtocolVersion::RESP3)?));
-                (Backend::Cluster { conn }, source)
+                let cluster = cluster::Cluster::new(seeds, settings)?;
+                (
+                    Backend::Cluster {
+                        cluster: cluster.clone(),
+                    },
+                    Source::Cluster(cluster),
+                )
             }
             topology => {
                 let endpoint = Endpoint::new(topology)?
                     .ok_or_else(|| Error::Internal("a node topology without an endpoint".into()))?;
-                let manager = Manager {
-                    endpoint: endpoint.clone(),
-                    connect_timeout: config.connect_timeout,
-                    config: AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(config.connect_timeout))
-                        .set_response_timeout(Some(config.command_timeout)),
-                };
-                let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
-                let pool = bb8::Pool::builder()
-                    .max_size(config.pool_size)
-                    .connection_timeout(config.command_timeout)
-                    .test_on_check_out(false)
-                    // A refused connection is reported at once instead of being retried until
-                    // the timeout.
-                    .retry_connection(false)
-                    .error_sink(Box::new(connect_failures.clone()))
-                    .build_unchecked(manager);
                 (
                     Backend::Node {
-                        pool,
-                        connect_failures,
+                        pool: NodePool::new(endpoint.clone(), settings),
                     },
                     Source::Node(endpoint),
                 )
@@ -302,30 +406,31 @@ impl Redis {
     }
 
     /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) within the command timeout, counted from
-    /// the moment a connection is requested.
+    /// the moment a connection is requested. On a Cluster it goes to the master owning the slot
+    /// of its first key, following `MOVED` and `ASK` and retrying `TRYAGAIN` within that time.
     pub async fn eval<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
         let deadline = Instant::now() + self.command_timeout;
         match &self.backend {
-            Backend::Node { .. } => {
-                let mut conn = self.checkout(deadline).await?;
+            Backend::Node { pool } => {
+                let mut conn = pool.checkout(deadline).await?;
                 let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
-                self.settle(Some(&conn), outcome)
+                self.settle(&conn, outcome)
             }
-            Backend::Cluster { conn } => {
-                let outcome =
-                    timeout_at(deadline, invocation.invoke_async(&mut conn.clone())).await;
-                self.settle(None, outcome)
+            Backend::Cluster { cluster } => {
+                let mut routed = cluster.route(deadline, None);
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut routed)).await;
+                routed.settle(outcome)
             }
         }
     }
 
     /// Runs a script like [`eval`](Self::eval) and, when `--min-replicas-ack` is set and `wrote`
-    /// says the reply reports a grant, sends `WAIT` on the same connection to the node owning
-    /// `key`, so that it covers the script's writes. The caller rolls the grant back when the
-    /// answer is [`Ack::Missing`].
+    /// says the reply reports a grant, sends `WAIT` on the same connection (to the node that ran
+    /// the script, which owns `key`), so that it covers the script's writes. The caller rolls the
+    /// grant back when the answer is [`Ack::Missing`].
     ///
     /// `WAIT` holds up the other calls multiplexed on that connection for up to the ack timeout.
     pub async fn eval_acked<T: FromRedisValue>(
@@ -343,31 +448,28 @@ impl Redis {
         let deadline = Instant::now() + self.command_timeout;
         let wait_deadline = deadline + self.replica_ack_timeout;
         match &self.backend {
-            Backend::Node { .. } => {
-                let mut conn = self.checkout(deadline).await?;
+            Backend::Node { pool } => {
+                let mut conn = pool.checkout(deadline).await?;
                 let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
-                let value: T = self.settle(Some(&conn), outcome)?;
+                let value: T = self.settle(&conn, outcome)?;
                 if !wrote(&value) {
                     return Ok((value, Ack::NotAsked));
                 }
                 let acked =
                     timeout_at(wait_deadline, wait.query_async::<i64>(&mut conn.conn)).await;
-                Ok((value, self.ack(self.settle(Some(&conn), acked))))
+                Ok((value, self.ack(self.settle(&conn, acked))))
             }
-            Backend::Cluster { conn } => {
-                let mut conn = conn.clone();
-                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn)).await;
-                let value: T = self.settle(None, outcome)?;
+            Backend::Cluster { cluster } => {
+                let mut routed = cluster.route(deadline, Some(slot(key)));
+                let outcome = timeout_at(deadline, invocation.invoke_async(&mut routed)).await;
+                let value: T = routed.settle(outcome)?;
                 if !wrote(&value) {
                     return Ok((value, Ack::NotAsked));
                 }
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot(key), SlotAddr::Master),
-                ));
-                let acked = timeout_at(wait_deadline, conn.route_command(wait, route))
-                    .await
-                    .map(|r| r.and_then(|v| Ok(redis::from_redis_value::<i64>(v)?)));
-                Ok((value, self.ack(self.settle(None, acked))))
+                // WAIT names no key: it follows the script to the connection that ran it.
+                routed.extend(wait_deadline);
+                let acked = timeout_at(wait_deadline, wait.query_async::<i64>(&mut routed)).await;
+                Ok((value, self.ack(routed.settle(acked))))
             }
         }
     }
@@ -386,18 +488,20 @@ impl Redis {
         }
     }
 
-    /// Sends one plain command within the command timeout.
+    /// Sends one plain command within the command timeout (on a Cluster: a command with a key
+    /// to the master owning it, one without to any master that answers).
     pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
         let deadline = Instant::now() + self.command_timeout;
         match &self.backend {
-            Backend::Node { .. } => {
-                let mut conn = self.checkout(deadline).await?;
+            Backend::Node { pool } => {
+                let mut conn = pool.checkout(deadline).await?;
                 let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
-                self.settle(Some(&conn), outcome)
+                self.settle(&conn, outcome)
             }
-            Backend::Cluster { conn } => {
-                let outcome = timeout_at(deadline, cmd.query_async(&mut conn.clone())).await;
-                self.settle(None, outcome)
+            Backend::Cluster { cluster } => {
+                let mut routed = cluster.route(deadline, None);
+                let outcome = timeout_at(deadline, cmd.query_async(&mut routed)).await;
+                routed.settle(outcome)
             }
         }
     }
@@ -407,59 +511,57 @@ impl Redis {
         self.command::<String>(&redis::cmd("PING")).await.map(drop)
     }
 
-    /// Turns a bounded call's outcome into a result, marking a pooled connection broken when it
-    /// can no longer be trusted (an I/O error, a dropped connection, a node that is no longer the
-    /// master, or no answer in time). The cluster connection repairs itself.
+    /// Whether Baton can serve, within the command timeout: on a single node, whether it answers
+    /// `PING`; on a Cluster, which masters answer `CLUSTER INFO` with `cluster_state:ok`.
+    pub async fn health(&self) -> Health {
+        match &self.backend {
+            Backend::Node { .. } => match self.ping().await {
+                Ok(()) => Health::Up,
+                Err(e) => Health::Down(e),
+            },
+            Backend::Cluster { cluster } => cluster.health(self.command_timeout).await,
+        }
+    }
+
+    /// Checks at start that the server answers and is recent enough, within the connect and
+    /// command timeouts: `Err(UnsupportedServer)` for a Redis that cannot run Baton (older than
+    /// 7.0); `Ok(Err(why))` when it does not answer now (Baton starts anyway and reports not
+    /// ready; the check is made again on every connection).
+    pub async fn check_server(&self) -> Result<Result<(), Error>, UnsupportedServer> {
+        let deadline = Instant::now() + self.connect_timeout + self.command_timeout;
+        let checked = match &self.backend {
+            Backend::Node { pool } => pool.checkout(deadline).await.map(drop),
+            Backend::Cluster { cluster } => cluster.check_masters(deadline).await,
+        };
+        match checked {
+            Err(Error::FailedPrecondition(refusal)) => Err(UnsupportedServer(refusal)),
+            other => Ok(other),
+        }
+    }
+
+    /// Turns a bounded call's outcome on a pooled connection into a result, marking the
+    /// connection broken when it can no longer be trusted (see [`breaks_connection`]) or gave no
+    /// answer in time.
     fn settle<T>(
         &self,
-        conn: Option<&Conn>,
+        conn: &Conn,
         outcome: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, Error> {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                let demoted =
-                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
-                if e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-                    || demoted
-                {
-                    conn.map(Conn::mark_broken);
+                if breaks_connection(&e) {
+                    conn.mark_broken();
                 }
                 Err(e.into())
             }
             Err(_) => {
-                conn.map(Conn::mark_broken);
+                conn.mark_broken();
                 Err(Error::Unavailable(format!(
                     "no answer within {}",
                     humantime::format_duration(self.command_timeout)
                 )))
             }
-        }
-    }
-
-    /// A handle on one of the pooled connections; the pool slot itself is given back at once.
-    async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
-        let Backend::Node {
-            pool,
-            connect_failures,
-        } = &self.backend
-        else {
-            return Err(Error::Internal("no pool on a cluster".into()));
-        };
-        let mut failures = connect_failures.0.subscribe();
-        let checkout = tokio::select! {
-            r = timeout_at(deadline, pool.get()) => r,
-            Ok(cause) = failures.recv() => return Err(Error::Unavailable(cause.to_string())),
-        };
-        match checkout {
-            Ok(Ok(pooled)) => Ok(Conn::clone(&pooled)),
-            Ok(Err(bb8::RunError::User(e))) => Err(e.into()),
-            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => Err(Error::Unavailable(format!(
-                "no connection within {}",
-                humantime::format_duration(self.command_timeout)
-            ))),
         }
     }
 }

@@ -14,16 +14,18 @@
 //! waiter that leaves with a wake it has not acted on passes it to the next.
 //!
 //! On a single Redis (standalone, or the master Sentinel names) this is one plain pub/sub
-//! connection (`SUBSCRIBE`); on a Cluster it is redis-rs's cluster connection in RESP3 with sharded
-//! pub/sub (`SSUBSCRIBE`), which reaches the node owning each channel's slot: scripts publish with
-//! `SPUBLISH` there (see [`super::Redis::script`]).
+//! connection (`SUBSCRIBE`); on a Cluster it is one RESP3 connection per master with sharded
+//! pub/sub (`SSUBSCRIBE`), opened when a channel of that master's slots is first subscribed, each
+//! channel subscribed on the master owning its slot in Baton's slot map: scripts publish with
+//! `SPUBLISH` there (see [`super::Redis::script`]). A master that cannot be reached fails the
+//! subscriptions of its own channels only, and is not tried again for [`NODE_RETRY_AFTER`].
 //!
 //! When the connection drops, every waiter is woken (messages may have been missed while it was
 //! down) and the connection task reconnects with a capped backoff, subscribing again to every
 //! channel that still has waiters. On a Cluster, a channel whose slot moved to another node is
-//! reported by the server (`sunsubscribe`), and a dropped node connection by redis-rs; neither is
-//! repaired by redis-rs 1.8, so the waiters concerned are woken, check the state again, and
-//! subscribe again (on the slot's current owner).
+//! reported by the server (`sunsubscribe`), and a dropped master connection by redis-rs; then the
+//! waiters are woken, check the state again, and subscribe again (on the slot's current owner,
+//! through a new connection when the old one dropped).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -32,10 +34,8 @@ use std::{
 };
 
 use bb8_redis::redis::{
-    self, PushInfo, PushKind, RedisResult, Value,
-    aio::{PubSubSink, PubSubStream},
-    cluster::ClusterClient,
-    cluster_async::ClusterConnection,
+    self, AsyncConnectionConfig, Client, PushInfo, PushKind, Value,
+    aio::{MultiplexedConnection, PubSubSink, PubSubStream},
 };
 use futures::StreamExt;
 use tokio::{
@@ -44,13 +44,17 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::topology::Endpoint;
-use crate::error::Error;
+use super::{cluster::Cluster, slot, topology::Endpoint};
+use crate::error::{Error, describe};
 
 /// Shortest wait before reconnecting the pub/sub connection.
 const RECONNECT_MIN: Duration = Duration::from_millis(20);
 /// Longest wait before reconnecting the pub/sub connection.
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// How long a Cluster master that refused the subscriber's connection is not tried again: its
+/// channels' subscriptions fail at once meanwhile, instead of holding up the others' with one
+/// connection attempt each.
+const NODE_RETRY_AFTER: Duration = Duration::from_millis(250);
 /// Marks a message addressed to one waiter: `@` followed by its id.
 pub const ADDRESSED: char = '@';
 
@@ -74,8 +78,8 @@ pub enum Wake<'a> {
 pub enum Source {
     /// One Redis server (standalone, or the Sentinels' current master): `SUBSCRIBE`.
     Node(Endpoint),
-    /// A Redis Cluster: `SSUBSCRIBE` through a RESP3 cluster connection.
-    Cluster(Box<ClusterClient>),
+    /// A Redis Cluster: `SSUBSCRIBE` on the master owning each channel's slot.
+    Cluster(Cluster),
 }
 
 /// The shared subscriber. Cheap to clone.
@@ -152,28 +156,221 @@ pub struct Subscription {
 /// The command half of the pub/sub connection.
 enum Sink {
     Node(PubSubSink),
-    Cluster(ClusterConnection),
+    Cluster(ClusterSink),
 }
 
 impl Sink {
-    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+    async fn subscribe(&mut self, channels: &[String]) -> Result<(), Error> {
         match self {
-            Self::Node(sink) => sink.subscribe(channels).await,
+            Self::Node(sink) => Ok(sink.subscribe(channels).await?),
             // Channels of different slots may live on different nodes: one command each.
-            Self::Cluster(conn) => {
+            Self::Cluster(sink) => {
                 for channel in channels {
-                    conn.ssubscribe(channel).await?;
+                    sink.subscribe(channel).await?;
                 }
                 Ok(())
             }
         }
     }
 
-    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+    async fn unsubscribe(&mut self, channel: &str) -> Result<(), Error> {
         match self {
-            Self::Node(sink) => sink.unsubscribe(channel).await,
-            Self::Cluster(conn) => conn.sunsubscribe(channel).await,
+            Self::Node(sink) => Ok(sink.unsubscribe(channel).await?),
+            Self::Cluster(sink) => sink.unsubscribe(channel).await,
         }
+    }
+
+    /// Whether the channels that have waiters are subscribed again by the connection task when
+    /// it connects (one command on a single node), or each by its waiters when woken (a Cluster,
+    /// where a channel whose master is down must not hold up the others).
+    fn resubscribes_on_connect(&self) -> bool {
+        matches!(self, Self::Node(_))
+    }
+}
+
+/// One subscriber connection to a Cluster master.
+struct NodeConn {
+    conn: MultiplexedConnection,
+    /// Set when redis-rs reports the connection dropped.
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The command half of a Cluster's subscriber: a RESP3 connection per master, all sending their
+/// pushes to one channel (the message half).
+///
+/// RESP3 answers `SSUBSCRIBE` and `SUNSUBSCRIBE` with a push that redis-rs takes as the reply of
+/// the oldest command in flight, so commands go one at a time (the notifier holds its sink lock
+/// across each) with one channel each, and a reply that is not the confirmation of the command
+/// sent (a `sunsubscribe` the server sent on its own as a slot moved) drops the connection.
+struct ClusterSink {
+    cluster: Cluster,
+    timeout: Duration,
+    pushes: mpsc::UnboundedSender<PushInfo>,
+    conns: HashMap<Arc<str>, NodeConn>,
+    /// Masters whose connection failed, until when they are not tried, and why.
+    refused: HashMap<Arc<str>, (Instant, Error)>,
+}
+
+impl ClusterSink {
+    /// Gives up the connection to `addr`, whose next replies cannot be trusted: the
+    /// subscriptions made on it go with it, so every waiter is told to look again and subscribe
+    /// afresh, as when a connection drops.
+    fn discard(&mut self, addr: &str) {
+        if self.conns.remove(addr).is_some() {
+            let _ = self.pushes.send(PushInfo {
+                kind: PushKind::Disconnection,
+                data: Vec::new(),
+            });
+        }
+    }
+
+    /// The live subscriber connection to `node`, opened if need be.
+    async fn conn(&mut self, node: &super::cluster::Node) -> Result<MultiplexedConnection, Error> {
+        let addr: Arc<str> = Arc::from(node.addr());
+        if let Some(c) = self.conns.get(&addr) {
+            if !c.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(c.conn.clone());
+            }
+            self.conns.remove(&addr);
+        }
+        if let Some((until, why)) = self.refused.get(&addr) {
+            if Instant::now() < *until {
+                return Err(why.clone());
+            }
+            self.refused.remove(&addr);
+        }
+        let info = node.connection_info().clone();
+        let redis = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(redis);
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, pushes) = (closed.clone(), self.pushes.clone());
+        let forward = move |push: PushInfo| {
+            if push.kind == PushKind::Disconnection {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            pushes.send(push)
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_push_sender(forward);
+        let opened = async {
+            let client = Client::open(info).map_err(|e| describe(&e))?;
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|e| describe(&e))
+        };
+        match tokio::time::timeout(self.timeout, opened).await {
+            Ok(Ok(conn)) => {
+                self.conns.insert(
+                    addr,
+                    NodeConn {
+                        conn: conn.clone(),
+                        closed,
+                    },
+                );
+                Ok(conn)
+            }
+            failed => {
+                let cause = match failed {
+                    Ok(Err(e)) => e,
+                    _ => "timed out".to_owned(),
+                };
+                let why = Error::Unavailable(format!(
+                    "the pub/sub connection to cluster node {addr} failed: {cause}"
+                ));
+                self.refused
+                    .insert(addr, (Instant::now() + NODE_RETRY_AFTER, why.clone()));
+                self.cluster.request_refresh();
+                Err(why)
+            }
+        }
+    }
+
+    /// `SSUBSCRIBE channel` on the master owning its slot, following one `MOVED`.
+    async fn subscribe(&mut self, channel: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + self.timeout;
+        let mut node = self.cluster.owner(slot(channel), deadline).await?;
+        for attempt in 0..2 {
+            let mut conn = self.conn(&node).await?;
+            let reply = tokio::time::timeout_at(
+                deadline,
+                redis::cmd("SSUBSCRIBE")
+                    .arg(channel)
+                    .query_async::<Value>(&mut conn),
+            )
+            .await;
+            match reply {
+                Ok(Ok(reply)) if confirms(&reply, PushKind::SSubscribe, channel) => return Ok(()),
+                Ok(Err(e)) if attempt == 0 && e.redirect_node().is_some() => {
+                    self.cluster.request_refresh();
+                    let (addr, _) = e.redirect_node().unwrap_or_default();
+                    node = self.cluster.node(addr)?;
+                }
+                other => {
+                    // Not the confirmation: whatever the connection answers next is suspect.
+                    self.discard(node.addr());
+                    let cause = match other {
+                        Ok(Ok(reply)) => format!("unexpected reply {reply:?}"),
+                        Ok(Err(e)) => describe(&e),
+                        Err(_) => "no answer in time".to_owned(),
+                    };
+                    if attempt == 0 && !cause.starts_with("MOVED") {
+                        continue;
+                    }
+                    return Err(Error::Unavailable(format!(
+                        "SSUBSCRIBE on cluster node {}: {cause}",
+                        node.addr()
+                    )));
+                }
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "SSUBSCRIBE {channel:?} was not confirmed"
+        )))
+    }
+
+    /// `SUNSUBSCRIBE channel` on the master owning its slot, if a connection to it is open (a
+    /// dropped one took its subscriptions with it).
+    async fn unsubscribe(&mut self, channel: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + self.timeout;
+        let node = self.cluster.owner(slot(channel), deadline).await?;
+        let Some(c) = self.conns.get(node.addr()) else {
+            return Ok(());
+        };
+        let mut conn = c.conn.clone();
+        let reply = tokio::time::timeout_at(
+            deadline,
+            redis::cmd("SUNSUBSCRIBE")
+                .arg(channel)
+                .query_async::<Value>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok(reply)) if confirms(&reply, PushKind::SUnsubscribe, channel) => Ok(()),
+            _ => {
+                self.discard(node.addr());
+                Err(Error::Unavailable(format!(
+                    "SUNSUBSCRIBE on cluster node {} was not confirmed",
+                    node.addr()
+                )))
+            }
+        }
+    }
+}
+
+/// Whether `reply` is the `kind` confirmation (a RESP3 push) of `channel`.
+fn confirms(reply: &Value, kind: PushKind, channel: &str) -> bool {
+    match reply {
+        Value::Push { kind: k, data } => {
+            *k == kind
+                && matches!(data.first(), Some(Value::BulkString(c)) if c.as_slice() == channel.as_bytes())
+        }
+        _ => false,
     }
 }
 
@@ -183,8 +380,8 @@ enum Event {
     Message { channel: String, payload: Vec<u8> },
     /// The server dropped the subscription of `channel` (its slot moved to another node).
     Dropped { channel: String },
-    /// Messages may have been missed and subscriptions lost (a node connection dropped);
-    /// redis-rs reconnects.
+    /// Messages may have been missed and subscriptions lost (a master connection dropped or
+    /// was given up); the next subscription to that master opens a new one.
     Gap,
 }
 
@@ -363,17 +560,17 @@ impl Inner {
                 let (sink, stream) = pubsub.split();
                 Ok((Sink::Node(sink), Messages::Node(stream)))
             }
-            Source::Cluster(client) => {
+            // Master connections open as channels are subscribed: nothing to wait for here.
+            Source::Cluster(cluster) => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                let config = redis::cluster::ClusterConfig::new().set_push_sender(tx);
-                let conn = tokio::time::timeout(
-                    self.timeout,
-                    client.get_async_connection_with_config(config),
-                )
-                .await
-                .map_err(|_| "timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
-                Ok((Sink::Cluster(conn), Messages::Cluster(rx)))
+                let sink = ClusterSink {
+                    cluster: cluster.clone(),
+                    timeout: self.timeout,
+                    pushes: tx,
+                    conns: HashMap::new(),
+                    refused: HashMap::new(),
+                };
+                Ok((Sink::Cluster(sink), Messages::Cluster(rx)))
             }
         }
     }
@@ -569,7 +766,11 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
 
         {
             let mut live = inner.sink.lock().await;
-            let wanted: Vec<String> = inner.channels().keys().cloned().collect();
+            let wanted: Vec<String> = if sink.resubscribes_on_connect() {
+                inner.channels().keys().cloned().collect()
+            } else {
+                Vec::new()
+            };
             if !wanted.is_empty() {
                 match tokio::time::timeout(inner.timeout, sink.subscribe(&wanted)).await {
                     Ok(Ok(())) => {
@@ -614,9 +815,10 @@ async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
                     }
                 }
                 Some(Event::Gap) => {
-                    // A node connection dropped (a failover, a restart). redis-rs reconnects but
-                    // does not reliably subscribe again, so every waiter subscribes afresh (a
-                    // repeated SSUBSCRIBE is harmless) and checks the state again.
+                    // A master connection dropped (a failover, a restart, a dead master) or was
+                    // given up. Which channels it carried is not tracked, so every waiter
+                    // subscribes afresh (a repeated SSUBSCRIBE is harmless; one on a dead master
+                    // fails that waiter only) and checks the state again.
                     for ch in inner.channels().values_mut() {
                         ch.subscribed = false;
                     }

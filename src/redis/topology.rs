@@ -4,8 +4,8 @@
 //! - **Sentinel**: a master found through Sentinels; every new connection asks them for the
 //!   current master (and checks its `ROLE`), so after a failover the next connection goes to the
 //!   promoted replica.
-//! - **Cluster**: seed nodes of a Redis Cluster; redis-rs's cluster client follows `MOVED`/`ASK`
-//!   and refreshes the slot map itself.
+//! - **Cluster**: seed nodes of a Redis Cluster; Baton reads the slot map from them and routes
+//!   each script to the master owning its slot (see `cluster.rs`).
 
 use std::{sync::Arc, time::Duration};
 

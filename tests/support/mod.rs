@@ -296,6 +296,12 @@ impl RedisServer {
         }
     }
 
+    /// Starts one `redis-server` of this test's own whatever the topology the suite runs on, for
+    /// tests of how Baton meets a single server's replies (its configuration changed under it).
+    pub async fn start_standalone() -> Self {
+        Self::start_node().await
+    }
+
     /// Starts one `redis-server` on a free port, ready to answer `PING`.
     async fn start_node() -> Self {
         let dir = tempfile::Builder::new()
@@ -990,6 +996,32 @@ impl BatonProcess {
     /// Runs `baton serve --listen 127.0.0.1:PORT --socket DIR/baton.sock` followed by `args`, and
     /// waits until it answers gRPC health checks.
     pub async fn spawn(args: &[&str]) -> Self {
+        Self::spawn_with(args, false).await
+    }
+
+    /// Like [`BatonProcess::spawn`], with stdout and stderr pipes the test reads (and may close)
+    /// through [`BatonProcess::take_stderr`] and [`BatonProcess::take_stdout`].
+    pub async fn spawn_piped(args: &[&str]) -> Self {
+        Self::spawn_with(args, true).await
+    }
+
+    /// The reading end of the process's stderr pipe (see [`BatonProcess::spawn_piped`]).
+    pub fn take_stderr(&mut self) -> std::process::ChildStderr {
+        self.child
+            .as_mut()
+            .and_then(|c| c.stderr.take())
+            .expect("spawned with piped stderr")
+    }
+
+    /// The reading end of the process's stdout pipe (see [`BatonProcess::spawn_piped`]).
+    pub fn take_stdout(&mut self) -> std::process::ChildStdout {
+        self.child
+            .as_mut()
+            .and_then(|c| c.stdout.take())
+            .expect("spawned with piped stdout")
+    }
+
+    async fn spawn_with(args: &[&str], piped: bool) -> Self {
         let mut failures = Vec::new();
         for _ in 0..3 {
             let dir = tempfile::Builder::new()
@@ -1001,12 +1033,17 @@ impl BatonProcess {
                 .expect("address");
             let socket = dir.path().join("baton.sock");
             let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
+            let (stdout, stderr) = if piped {
+                (Stdio::piped(), Stdio::piped())
+            } else {
+                (Stdio::null(), Stdio::from(stderr))
+            };
             let child = baton_command()
                 .args(["serve", "--listen", &addr.to_string(), "--socket"])
                 .arg(&socket)
                 .args(args)
                 .stdin(Stdio::null())
-                .stdout(Stdio::null())
+                .stdout(stdout)
                 .stderr(stderr)
                 .spawn()
                 .expect("spawning the baton binary");

@@ -813,6 +813,20 @@ impl RedisCluster {
         self.process(port).pid()
     }
 
+    /// Sets `parameter` to `value` (`CONFIG SET`) on every running node, e.g.
+    /// `cluster-require-full-coverage no` so that the masters keep serving their own slots while
+    /// another master is down.
+    pub async fn config_set(&self, parameter: &str, value: &str) {
+        for port in self.running_ports() {
+            let _: () = query(
+                port,
+                redis::cmd("CONFIG").arg("SET").arg(parameter).arg(value),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("CONFIG SET {parameter} {value}: {e}"));
+        }
+    }
+
     /// Kills the node on `port` (SIGKILL, as a crash would).
     pub fn kill(&mut self, port: u16) {
         self.process_mut(port).kill();
