@@ -1,0 +1,29 @@
+"""Baton's Python client: distributed locks, semaphores, rate limits and autocomplete.
+
+    import baton
+
+    client = baton.Baton.connect()          # BATON_ADDR, or 127.0.0.1:50051
+    with client.lock("orders", ttl=10) as lease:
+        write(fencing_token=lease.fencing_token)
+        lease.check()                       # raises LeaseLost once the lease is gone
+
+`baton.aio` has the same API for asyncio, where a lost lease cancels the block. The generated
+stubs are in `baton.v1` (`baton.v1.lock_pb2_grpc`, ...).
+"""
+
+from ._address import DEFAULT_ADDR
+from ._lease import Lease
+from ._sync import Autocomplete, Baton, Held, RateLimits
+from ._types import (AddResult, Completions, LockGrant, LockState, PermitGrant, RateLimitDecision,
+                     RecentItem, RecentPage, RecordResult, SemaphoreHolder, SemaphoreState,
+                     SharedHolder, Suggestion, Term)
+from .errors import (BatonError, DeadlineExceeded, FailedPrecondition, InvalidArgument, LeaseLost,
+                     NotAcquired, ResourceExhausted, Unavailable)
+
+__all__ = [
+    "DEFAULT_ADDR", "AddResult", "Autocomplete", "Baton", "BatonError", "Completions",
+    "DeadlineExceeded", "FailedPrecondition", "Held", "InvalidArgument", "Lease", "LeaseLost",
+    "LockGrant", "LockState", "NotAcquired", "PermitGrant", "RateLimitDecision", "RateLimits",
+    "RecentItem", "RecentPage", "RecordResult", "ResourceExhausted", "SemaphoreHolder",
+    "SemaphoreState", "SharedHolder", "Suggestion", "Term", "Unavailable",
+]

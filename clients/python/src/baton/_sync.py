@@ -1,0 +1,386 @@
+"""The blocking client: `Baton.connect()`, `with client.lock(...) as lease:` and plain calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterable, Optional, Sequence, Union
+
+import grpc
+
+from . import _types as t
+from ._address import resolve
+from ._lease import Lease
+from .errors import BatonError, DeadlineExceeded, NotAcquired, Unavailable, from_rpc_error
+from .v1 import autocomplete_pb2 as ac_pb
+from .v1 import autocomplete_pb2_grpc as ac_rpc
+from .v1 import lock_pb2 as lock_pb
+from .v1 import lock_pb2_grpc as lock_rpc
+from .v1 import ratelimit_pb2_grpc as rl_rpc
+from .v1 import semaphore_pb2 as sem_pb
+from .v1 import semaphore_pb2_grpc as sem_rpc
+
+#: Attempts of a call that fails `UNAVAILABLE` (Redis slow, Baton restarting) before giving up.
+RETRIES = 4
+#: Delay before retrying `UNAVAILABLE` when Baton suggested none (no connection), and the most.
+DEFAULT_RETRY_DELAY = 0.1
+MAX_RETRY_DELAY = 2.0
+
+
+def retry_delay(err: Unavailable) -> float:
+    """How long to wait before retrying after `err`: Baton's `RetryInfo`, bounded."""
+    return min(err.retry_after if err.retry_after is not None else DEFAULT_RETRY_DELAY,
+               MAX_RETRY_DELAY)
+
+
+class Baton:
+    """A connection to Baton. Cheap to share between threads; close it (or use `with`) when done.
+
+    `addr`: `host:port` or `unix:///path`; `BATON_ADDR` or 127.0.0.1:50051 when not given.
+    `timeout`: the deadline of each plain call, in seconds (waits get theirs on top)."""
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0):
+        target, options = resolve(addr)
+        self.target = target
+        self.options = options
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=options)
+        self._locks = lock_rpc.LockServiceStub(self._channel)
+        self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
+        #: Rate limit checks.
+        self.rate_limit = RateLimits(self, rl_rpc.RateLimitServiceStub(self._channel))
+        #: Dictionaries and recent lists.
+        self.autocomplete = Autocomplete(self, ac_rpc.AutocompleteServiceStub(self._channel))
+
+    @classmethod
+    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0) -> "Baton":
+        """A client for `addr` (see the class); connects lazily on the first call."""
+        return cls(addr, timeout=timeout)
+
+    def close(self) -> None:
+        """Closes the channel; leases still held through it are released by Baton."""
+        self._channel.close()
+
+    def __enter__(self) -> "Baton":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- leases kept alive by a Hold stream --
+
+    def lock(self, name: str, *, ttl: t.Seconds = 10, wait: Optional[t.Seconds] = None,
+             owner: Optional[str] = None, fair: bool = False, shared: bool = False) -> "Held":
+        """A context manager holding the lock `name` while its block runs.
+
+        Waits up to `wait` seconds (None: as long as it takes) and raises `NotAcquired` if the
+        lock stays taken. The lease (`ttl`, at least 0.1 s) is renewed in the background and
+        released the moment the block exits; a lease lost meanwhile raises `LeaseLost` there.
+        `shared`: a reader's lock; `owner`: re-enter (must be unique per holder); `fair`: FIFO."""
+        request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
+        return Held(self, "lock", request, t.seconds(wait), try_only=False)
+
+    def try_lock(self, name: str, *, ttl: t.Seconds = 10, owner: Optional[str] = None,
+                 shared: bool = False) -> "Held":
+        """Like `lock` without waiting: the block gets the lease, or None when the lock is taken."""
+        request = t.lock_hold_request(name, ttl, 0, owner, False, shared)
+        return Held(self, "lock", request, 0.0, try_only=True)
+
+    def semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
+                  wait: Optional[t.Seconds] = None, owner: Optional[str] = None,
+                  fair: bool = False) -> "Held":
+        """A context manager holding `permits` of the semaphore `name` (at most `limit` in use)."""
+        request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, fair)
+        return Held(self, "semaphore", request, t.seconds(wait), try_only=False)
+
+    def try_semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
+                      owner: Optional[str] = None) -> "Held":
+        """Like `semaphore` without waiting: the block gets the lease, or None."""
+        request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, False)
+        return Held(self, "semaphore", request, 0.0, try_only=True)
+
+    # -- leases without a stream (released or refreshed by token) --
+
+    def acquire_lock(self, name: str, *, ttl: t.Seconds, wait: t.Seconds = 0,
+                     owner: Optional[str] = None, fair: bool = False,
+                     shared: bool = False) -> Optional[t.LockGrant]:
+        """Takes a hold that lasts `ttl` unless refreshed or released; None if not acquired.
+
+        A fresh idempotency key makes retries after `UNAVAILABLE` or a lost reply return the
+        same hold rather than take a second one."""
+        request = lock_pb.LockServiceAcquireRequest(
+            name=name, ttl=t.duration(ttl), wait_timeout=t.duration(wait), owner=owner or "",
+            fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
+            idempotency_key=t.new_key())
+        reply = self._acquire(self._locks.Acquire, request, t.seconds(wait))
+        return t.lock_grant(reply.lease) if reply.acquired else None
+
+    def release_lock(self, grant: t.LockGrant) -> bool:
+        """Ends the hold; False when it had already expired or been released."""
+        return self._call(self._locks.Release, lock_pb.LockServiceReleaseRequest(
+            name=grant.name, token=grant.token)).was_held
+
+    def refresh_lock(self, grant: t.LockGrant, ttl: Optional[t.Seconds] = None) -> float:
+        """Sets the hold's remaining ttl (its acquisition ttl when None); returns it in seconds.
+        Raises `FailedPrecondition` when the hold is gone."""
+        request = lock_pb.LockServiceRefreshRequest(name=grant.name, token=grant.token)
+        if ttl is not None:
+            request.ttl.CopyFrom(t.duration(ttl))
+        return t.from_duration(self._call(self._locks.Refresh, request).remaining_ttl)
+
+    def describe_lock(self, name: str) -> t.LockState:
+        """A snapshot of the lock `name`."""
+        return t.lock_state(self._call(self._locks.Describe,
+                                       lock_pb.LockServiceDescribeRequest(name=name)))
+
+    def acquire_permits(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds,
+                        wait: t.Seconds = 0, owner: Optional[str] = None,
+                        fair: bool = False) -> Optional[t.PermitGrant]:
+        """Takes permits that last `ttl` unless refreshed or released; None if not acquired."""
+        request = sem_pb.SemaphoreServiceAcquireRequest(
+            name=name, limit=limit, permits=permits, ttl=t.duration(ttl),
+            wait_timeout=t.duration(wait), owner=owner or "", fair=fair,
+            idempotency_key=t.new_key())
+        reply = self._acquire(self._semaphores.Acquire, request, t.seconds(wait))
+        return t.permit_grant(reply.permit) if reply.acquired else None
+
+    def release_permits(self, grant: t.PermitGrant) -> bool:
+        """Gives the permits back; False when the lease had already expired."""
+        return self._call(self._semaphores.Release, sem_pb.SemaphoreServiceReleaseRequest(
+            name=grant.name, token=grant.token)).was_held
+
+    def describe_semaphore(self, name: str) -> t.SemaphoreState:
+        """A snapshot of the semaphore `name`."""
+        return t.semaphore_state(self._call(self._semaphores.Describe,
+                                            sem_pb.SemaphoreServiceDescribeRequest(name=name)))
+
+    # -- plumbing --
+
+    def _call(self, method, request, timeout: Optional[float] = None):
+        """One unary call, retried after `UNAVAILABLE` (safe: every call retried is idempotent)."""
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return method(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                if not isinstance(err, Unavailable) or attempt == RETRIES:
+                    raise err from None
+                time.sleep(retry_delay(err))
+        raise AssertionError("unreachable")
+
+    def _acquire(self, method, request, wait: float):
+        """An Acquire with an idempotency key: `UNAVAILABLE` and a deadline that passed (whose
+        reply may be lost) are retried with the same key, which returns the same grant."""
+        timeout = wait + self.timeout
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return method(request, timeout=timeout)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                if attempt == RETRIES or not isinstance(err, (Unavailable, DeadlineExceeded)):
+                    raise err from None
+                if isinstance(err, Unavailable):
+                    time.sleep(retry_delay(err))
+                # The retry only looks up what the key was granted (or tries once more).
+                request = t.with_wait(request, 0)
+                timeout = self.timeout
+        raise AssertionError("unreachable")
+
+    def _release(self, kind: str, grant) -> None:
+        if kind == "lock":
+            request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
+            self._locks.Release(request, timeout=self.timeout)
+        else:
+            request = sem_pb.SemaphoreServiceReleaseRequest(name=grant.name, token=grant.token)
+            self._semaphores.Release(request, timeout=self.timeout)
+
+    def _open(self, kind: str, request, wait: Optional[float]):
+        """Opens a Hold stream and reads its first event: (call, grant) once acquired, or raises
+        `NotAcquired`. A wait longer than Baton's longest is made of several; `UNAVAILABLE`
+        before the grant (nothing is held then) is retried."""
+        method = self._locks.Hold if kind == "lock" else self._semaphores.Hold
+        deadline = None if wait is None else time.monotonic() + wait
+        failures = 0
+        while True:
+            left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
+            call = method(t.with_wait(request, min(left, t.MAX_WAIT)))
+            try:
+                first = next(call)
+            except StopIteration:
+                call.cancel()
+                err: BatonError = Unavailable("the Hold stream ended before its first event")
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+            except BaseException:
+                call.cancel()
+                raise
+            else:
+                if first.WhichOneof("event") == "acquired":
+                    return call, first.acquired
+                call.cancel()
+                if deadline is None or left > t.MAX_WAIT:
+                    continue
+                missed = first.not_acquired
+                raise NotAcquired(
+                    f"{kind} {request.name!r} not acquired within {wait:g}s",
+                    t.optional_duration(missed, "holder_remaining_ttl")
+                    if kind == "lock" else t.optional_duration(missed, "earliest_expiry"),
+                    getattr(missed, "available", None))
+            failures += 1
+            # Retried until the wait is over, and at least RETRIES times.
+            over = deadline is None or time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or (failures >= RETRIES and over):
+                raise err
+            time.sleep(retry_delay(err))
+
+
+class Held:
+    """The context manager of `Baton.lock` and `Baton.semaphore` (see there)."""
+
+    def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool):
+        self._client, self._kind, self._request = client, kind, request
+        self._wait, self._try = wait, try_only
+        self._call = None
+        self._closing = False
+        self._cond = threading.Condition()
+        self.lease: Optional[Lease] = None
+
+    def __enter__(self) -> Optional[Lease]:
+        try:
+            self._call, grant = self._client._open(self._kind, self._request, self._wait)
+        except NotAcquired:
+            if self._try:
+                return None
+            raise
+        self._grant = grant
+        self.lease = Lease(self._kind, grant, threading.Event())
+        self.lease.on_lost(lambda _: self._wake())
+        threading.Thread(target=self._read, name=f"baton-{self._kind}-{grant.name}",
+                         daemon=True).start()
+        threading.Thread(target=self._watch, name=f"baton-expiry-{grant.name}",
+                         daemon=True).start()
+        return self.lease
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.lease is None:
+            return False
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if not self.lease.lost.is_set():
+            # Released before the block is left, so the next holder can go ahead; closing the
+            # stream would release it too, a moment later.
+            try:
+                self._client._release(self._kind, self._grant)
+            except grpc.RpcError:
+                pass
+        self._call.cancel()
+        if exc_type is None and self.lease.lost.is_set():
+            raise self.lease.error()
+        return False
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _read(self) -> None:
+        lease = self.lease
+        try:
+            for event in self._call:
+                kind = event.WhichOneof("event")
+                if kind == "renewed":
+                    with self._cond:
+                        lease._renewed(event.renewed.expires_at)
+                        self._cond.notify_all()
+                elif kind == "lost":
+                    lease._lose(t.lost_reason(event.lost.reason), event.lost.message)
+                    return
+        except grpc.RpcError as e:
+            if not self._closing:
+                lease._lose("DISCONNECTED", f"the stream broke: {e.code().name}: {e.details()}")
+            return
+        if not self._closing:
+            lease._lose("DISCONNECTED", "the stream ended without a lost event")
+
+    def _watch(self) -> None:
+        lease = self.lease
+        with self._cond:
+            while not self._closing and not lease.lost.is_set():
+                left = lease.remaining
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._closing or lease.lost.is_set():
+                return
+        if lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):
+            self._call.cancel()
+
+
+class RateLimits:
+    """Rate limit checks (`client.rate_limit`)."""
+
+    def __init__(self, client: Baton, stub):
+        self._client, self._stub = client, stub
+
+    def check(self, key: str, *, limit: int, period: t.Seconds, cost: Optional[int] = None,
+              algorithm: str = "gcra", burst: int = 0) -> t.RateLimitDecision:
+        """Counts `cost` (default 1; 0 peeks) against `limit` per `period` seconds on `key`.
+        `algorithm`: "gcra", "fixed_window" or "sliding_window"."""
+        request = t.check_request(key, limit, period, cost, algorithm, burst)
+        return t.decision(self._client._call(self._stub.Check, request))
+
+
+class Autocomplete:
+    """Dictionaries and recent lists (`client.autocomplete`)."""
+
+    def __init__(self, client: Baton, stub):
+        self._client, self._stub = client, stub
+
+    def add(self, dictionary: str, terms: Iterable[Union[str, t.Term, tuple]],
+            request_id: Optional[str] = None) -> t.AddResult:
+        """Adds or updates terms (strings, `Term`s or (display, score) tuples). A request id
+        (made up when not given) makes the retries after `UNAVAILABLE` apply each entry once."""
+        request = t.add_request(dictionary, terms, request_id)
+        return t.add_result(self._client._call(self._stub.Add, request))
+
+    def remove(self, dictionary: str, displays: Union[str, Sequence[str]]) -> int:
+        """Removes terms by display text; returns how many were there."""
+        request = ac_pb.AutocompleteServiceRemoveRequest(dictionary=dictionary,
+                                                         displays=t.as_list(displays))
+        return self._client._call(self._stub.Remove, request).removed
+
+    def size(self, dictionary: str) -> int:
+        """How many terms the dictionary has."""
+        request = ac_pb.AutocompleteServiceDescribeRequest(dictionary=dictionary)
+        return self._client._call(self._stub.Describe, request).term_count
+
+    def complete(self, dictionary: str, query: str, *, limit: int = 10, mode: str = "prefix",
+                 order: str = "lexicographic", page_token: str = "") -> t.Completions:
+        """One page of terms matching `query`. `mode`: "prefix", "word_prefix", "suffix",
+        "contains" or "automatic"; `order`: "lexicographic" or "score"."""
+        request = t.complete_request(dictionary, query, limit, mode, order, page_token)
+        return t.completions(self._client._call(self._stub.Complete, request))
+
+    def record_recent(self, list_name: str, display: str, *, payload: Optional[bytes] = None,
+                      max_items: int = 0, ttl: Optional[t.Seconds] = None) -> t.RecordResult:
+        """Moves `display` to the front of the recent list, keeping at most `max_items`."""
+        request = t.record_request(list_name, display, payload, max_items, ttl)
+        return t.record_result(self._client._call(self._stub.RecordRecent, request))
+
+    def remove_recent(self, list_name: str, displays: Union[str, Sequence[str]]) -> int:
+        """Removes items from a recent list; returns how many were there."""
+        request = ac_pb.AutocompleteServiceRemoveRecentRequest(list=list_name,
+                                                               displays=t.as_list(displays))
+        return self._client._call(self._stub.RemoveRecent, request).removed
+
+    def recent(self, list_name: str, *, limit: int = 0, page_token: str = "") -> t.RecentPage:
+        """One page of the recent list, most recent first."""
+        request = ac_pb.AutocompleteServiceListRecentRequest(list=list_name, limit=limit,
+                                                             page_token=page_token)
+        return t.recent_page(self._client._call(self._stub.ListRecent, request))
+
+    def complete_recent(self, list_name: str, query: str, *, limit: int = 10,
+                        mode: str = "prefix", page_token: str = "") -> t.RecentPage:
+        """One page of the recent list's items matching `query`, most recent first."""
+        request = t.complete_recent_request(list_name, query, limit, mode, page_token)
+        return t.recent_page(self._client._call(self._stub.CompleteRecent, request))

@@ -1,0 +1,375 @@
+"""Plain results returned by the client, and conversions between them and the protobuf messages."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Union
+
+from google.protobuf.duration_pb2 import Duration
+
+from .v1 import autocomplete_pb2 as ac_pb
+from .v1 import lease_pb2
+from .v1 import lock_pb2 as lock_pb
+from .v1 import ratelimit_pb2 as rl_pb
+from .v1 import semaphore_pb2 as sem_pb
+
+#: Seconds, as a number or a `datetime.timedelta`.
+Seconds = Union[float, int, datetime.timedelta]
+
+#: Baton's longest wait per call; longer waits are made of several.
+MAX_WAIT = 3600.0
+
+
+def seconds(value: Optional[Seconds]) -> Optional[float]:
+    """`value` in seconds (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    return float(value)
+
+
+def duration(value: Seconds) -> Duration:
+    """A protobuf Duration of `value` seconds, rounded up to the millisecond."""
+    ms = -(-int(round(seconds(value) * 1_000_000)) // 1000)
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def from_duration(d: Duration) -> float:
+    """A protobuf Duration in seconds."""
+    return d.seconds + d.nanos / 1e9
+
+
+def optional_duration(msg, name: str) -> Optional[float]:
+    """The Duration field `name` of `msg` in seconds, or None when unset."""
+    return from_duration(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def new_key() -> str:
+    """A fresh idempotency key for one logical acquisition."""
+    return str(uuid.uuid4())
+
+
+def lost_reason(reason: int) -> str:
+    """A `LeaseLostReason` without its prefix, e.g. `NOT_HELD`."""
+    return lease_pb2.LeaseLostReason.Name(reason).replace("LEASE_LOST_REASON_", "")
+
+
+@dataclass(frozen=True)
+class LockGrant:
+    """A hold obtained with `acquire_lock` (not kept alive): release or refresh it by its token."""
+
+    name: str
+    token: str
+    fencing_token: int
+    remaining: float
+    expires_at: datetime.datetime
+    hold_count: int
+    owner: str
+    shared: bool
+
+
+@dataclass(frozen=True)
+class PermitGrant:
+    """Permits obtained with `acquire_permits` (not kept alive)."""
+
+    name: str
+    token: str
+    fencing_token: int
+    remaining: float
+    expires_at: datetime.datetime
+    permits: int
+    limit: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class SharedHolder:
+    """A shared lease as `describe_lock` shows it."""
+
+    owner: str
+    hold_count: int
+    remaining: Optional[float]
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A snapshot of one lock (`describe_lock`)."""
+
+    held: bool
+    mode: str  # "exclusive", "shared" or "" when free
+    owner: str
+    remaining: Optional[float]
+    hold_count: int
+    fencing_token: int
+    waiters: int
+    queued: int
+    shared_holders: int
+    earliest_shared_holder: Optional[SharedHolder]
+
+
+@dataclass(frozen=True)
+class SemaphoreHolder:
+    """A permit lease as `describe_semaphore` shows it."""
+
+    owner: str
+    permits: int
+    limit: int
+    remaining: Optional[float]
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class SemaphoreState:
+    """A snapshot of one semaphore (`describe_semaphore`)."""
+
+    limit: int
+    permits_in_use: int
+    holder_count: int
+    holders: List[SemaphoreHolder]
+    waiters: int
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class RateLimitDecision:
+    """The answer of a rate limit check."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    retry_after: float
+    reset_after: float
+    decided_by: str  # "redis", "fail_open" or "fail_closed"
+
+
+@dataclass(frozen=True)
+class Term:
+    """A dictionary term to add: display text, optional score (added when `increment`), payload."""
+
+    display: str
+    score: Optional[float] = None
+    increment: bool = False
+    payload: Optional[bytes] = None
+
+
+@dataclass(frozen=True)
+class AddResult:
+    """What an `add` did."""
+
+    added: int
+    updated: int
+    scores: List[float]
+    term_count: int
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One completion."""
+
+    display: str
+    score: float
+    payload: bytes
+    match: str  # "exact", "prefix", "word_prefix", "suffix" or "contains"
+
+
+@dataclass(frozen=True)
+class Completions:
+    """One page of completions; pass `next_page_token` to get the next one ("" when none)."""
+
+    suggestions: List[Suggestion]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
+class RecentItem:
+    """One item of a recent list."""
+
+    display: str
+    payload: bytes
+    recorded_at: datetime.datetime
+    match: str  # "" outside complete_recent
+
+
+@dataclass(frozen=True)
+class RecentPage:
+    """One page of a recent list."""
+
+    items: List[RecentItem]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """What `record_recent` did."""
+
+    size: int
+    evicted: int
+    recorded_at: datetime.datetime
+
+
+@dataclass
+class _HoldSpec:
+    """A Hold request and how long to keep trying it."""
+
+    service: str  # "lock" or "semaphore"
+    request: object
+    wait: Optional[float]  # None: forever
+    extra: dict = field(default_factory=dict)
+
+
+# --- requests -------------------------------------------------------------------------------
+
+_MODES = {"prefix": 1, "word_prefix": 2, "suffix": 3, "contains": 4, "automatic": 5}
+_ORDERS = {"lexicographic": 1, "score": 2}
+_ALGORITHMS = {"gcra": 1, "fixed_window": 2, "sliding_window": 3}
+
+
+def _enum(table, value: str, what: str) -> int:
+    try:
+        return table[value.lower()]
+    except KeyError:
+        raise ValueError(f"{what}: {value!r} is not one of {', '.join(table)}") from None
+
+
+def lock_hold_request(name, ttl, wait, owner, fair, shared) -> lock_pb.LockServiceHoldRequest:
+    return lock_pb.LockServiceHoldRequest(
+        name=name, ttl=duration(ttl), wait_timeout=duration(wait or 0), owner=owner or "",
+        fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE)
+
+
+def semaphore_hold_request(name, limit, permits, ttl, wait, owner, fair):
+    return sem_pb.SemaphoreServiceHoldRequest(
+        name=name, limit=limit, permits=permits, ttl=duration(ttl),
+        wait_timeout=duration(wait or 0), owner=owner or "", fair=fair)
+
+
+def with_wait(request, wait: float):
+    """A copy of a Hold or Acquire request waiting `wait` seconds."""
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.wait_timeout.CopyFrom(duration(wait))
+    return copy
+
+
+def check_request(key, limit, period, cost, algorithm, burst) -> rl_pb.RateLimitServiceCheckRequest:
+    request = rl_pb.RateLimitServiceCheckRequest(
+        key=key, limit=limit, period=duration(period),
+        algorithm=_enum(_ALGORITHMS, algorithm, "algorithm"), burst=burst)
+    if cost is not None:
+        request.cost = cost
+    return request
+
+
+def term(t: Union[str, Term, tuple]) -> ac_pb.AutocompleteTerm:
+    if isinstance(t, str):
+        t = Term(t)
+    elif isinstance(t, tuple):
+        t = Term(*t)
+    msg = ac_pb.AutocompleteTerm(display=t.display, increment=t.increment)
+    if t.score is not None:
+        msg.score = t.score
+    if t.payload is not None:
+        msg.payload = t.payload
+    return msg
+
+
+def add_request(dictionary, terms: Iterable, request_id: Optional[str]):
+    return ac_pb.AutocompleteServiceAddRequest(
+        dictionary=dictionary, terms=[term(t) for t in terms], request_id=request_id or new_key())
+
+
+def complete_request(dictionary, query, limit, mode, order, page_token):
+    return ac_pb.AutocompleteServiceCompleteRequest(
+        dictionary=dictionary, query=query, limit=limit, mode=_enum(_MODES, mode, "mode"),
+        order=_enum(_ORDERS, order, "order"), page_token=page_token)
+
+
+def record_request(list_name, display, payload, max_items, ttl):
+    request = ac_pb.AutocompleteServiceRecordRecentRequest(
+        list=list_name, display=display, max_items=max_items)
+    if payload is not None:
+        request.payload = payload
+    if ttl is not None:
+        request.ttl.CopyFrom(duration(ttl))
+    return request
+
+
+def complete_recent_request(list_name, query, limit, mode, page_token):
+    return ac_pb.AutocompleteServiceCompleteRecentRequest(
+        list=list_name, query=query, limit=limit, mode=_enum(_MODES, mode, "mode"),
+        page_token=page_token)
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def wall(ts) -> datetime.datetime:
+    """A protobuf Timestamp as an aware UTC datetime."""
+    return ts.ToDatetime(tzinfo=datetime.timezone.utc)
+
+
+def lock_grant(lease: lock_pb.LockLease) -> LockGrant:
+    return LockGrant(lease.name, lease.token, lease.fencing_token, from_duration(lease.remaining_ttl),
+                     wall(lease.expires_at), lease.hold_count, lease.owner,
+                     lease.mode == lock_pb.LOCK_MODE_SHARED)
+
+
+def permit_grant(p: sem_pb.SemaphorePermit) -> PermitGrant:
+    return PermitGrant(p.name, p.token, p.fencing_token, from_duration(p.remaining_ttl),
+                       wall(p.expires_at), p.permits, p.limit, p.owner)
+
+
+def lock_state(r: lock_pb.LockServiceDescribeResponse) -> LockState:
+    mode = {lock_pb.LOCK_MODE_EXCLUSIVE: "exclusive", lock_pb.LOCK_MODE_SHARED: "shared"}.get(r.mode, "")
+    earliest = None
+    if r.HasField("earliest_shared_holder"):
+        h = r.earliest_shared_holder
+        earliest = SharedHolder(h.owner, h.hold_count, optional_duration(h, "remaining_ttl"),
+                                h.fencing_token)
+    return LockState(r.held, mode, r.owner, optional_duration(r, "remaining_ttl"), r.hold_count,
+                     r.fencing_token, r.waiters, r.queued, r.shared_holders, earliest)
+
+
+def semaphore_state(r: sem_pb.SemaphoreServiceDescribeResponse) -> SemaphoreState:
+    holders = [SemaphoreHolder(h.owner, h.permits, h.limit, optional_duration(h, "remaining_ttl"),
+                               h.fencing_token) for h in r.holders]
+    return SemaphoreState(r.limit, r.permits_in_use, r.holder_count, holders, r.waiters,
+                          r.fencing_token)
+
+
+def decision(r: rl_pb.RateLimitServiceCheckResponse) -> RateLimitDecision:
+    decided = rl_pb.RateLimitDecidedBy.Name(r.decided_by).replace("RATE_LIMIT_DECIDED_BY_", "")
+    return RateLimitDecision(r.allowed, r.limit, r.remaining, from_duration(r.retry_after),
+                             from_duration(r.reset_after), decided.lower())
+
+
+def _kind(kind: int) -> str:
+    if kind == 0:
+        return ""
+    return ac_pb.AutocompleteMatchKind.Name(kind).replace("AUTOCOMPLETE_MATCH_KIND_", "").lower()
+
+
+def completions(r) -> Completions:
+    return Completions([Suggestion(s.display, s.score, s.payload, _kind(s.match_kind))
+                        for s in r.suggestions], r.next_page_token)
+
+
+def recent_page(r) -> RecentPage:
+    return RecentPage([RecentItem(i.display, i.payload, wall(i.recorded_at), _kind(i.match_kind))
+                       for i in r.items], r.next_page_token)
+
+
+def add_result(r) -> AddResult:
+    return AddResult(r.added, r.updated, list(r.scores), r.term_count)
+
+
+def record_result(r) -> RecordResult:
+    return RecordResult(r.size, r.evicted, wall(r.recorded_at))
+
+
+def as_list(values: Union[str, Sequence[str]]) -> List[str]:
+    return [values] if isinstance(values, str) else list(values)

@@ -1,0 +1,394 @@
+"""The asyncio client: `async with client.lock(...) as lease:`, cancelled when the lease is lost.
+
+    from baton.aio import Baton
+
+    async with Baton.connect() as client:
+        async with client.lock("orders", ttl=10) as lease:
+            await process(lease.fencing_token)   # cancelled if the lease is lost
+
+The block runs in the task that entered it; when the lease is lost (Baton says so, the stream
+breaks, or `expires_at` passes on the local clock) that task is cancelled and the block exits
+with `LeaseLost`. Cancelling the task from outside releases the lease at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Iterable, Optional, Sequence, Union
+
+import grpc
+
+from . import _types as t
+from ._address import resolve
+from ._lease import Lease
+from ._sync import RETRIES, retry_delay
+from .errors import BatonError, DeadlineExceeded, LeaseLost, NotAcquired, Unavailable, from_rpc_error
+from .v1 import autocomplete_pb2 as ac_pb
+from .v1 import autocomplete_pb2_grpc as ac_rpc
+from .v1 import lock_pb2 as lock_pb
+from .v1 import lock_pb2_grpc as lock_rpc
+from .v1 import ratelimit_pb2_grpc as rl_rpc
+from .v1 import semaphore_pb2 as sem_pb
+from .v1 import semaphore_pb2_grpc as sem_rpc
+
+__all__ = ["Baton", "Held", "Lease", "LeaseLost"]
+
+
+class Baton:
+    """An asyncio connection to Baton (see `baton.Baton` for `addr` and `timeout`)."""
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0):
+        target, options = resolve(addr)
+        self.target, self.options, self.timeout = target, options, timeout
+        self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._locks = lock_rpc.LockServiceStub(self._channel)
+        self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
+        #: Rate limit checks.
+        self.rate_limit = RateLimits(self, rl_rpc.RateLimitServiceStub(self._channel))
+        #: Dictionaries and recent lists.
+        self.autocomplete = Autocomplete(self, ac_rpc.AutocompleteServiceStub(self._channel))
+
+    @classmethod
+    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0) -> "Baton":
+        """A client for `addr`; connects lazily on the first call."""
+        return cls(addr, timeout=timeout)
+
+    async def close(self) -> None:
+        """Closes the channel; leases still held through it are released by Baton."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "Baton":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def lock(self, name: str, *, ttl: t.Seconds = 10, wait: Optional[t.Seconds] = None,
+             owner: Optional[str] = None, fair: bool = False, shared: bool = False,
+             cancel_on_lost: bool = True) -> "Held":
+        """An async context manager holding the lock `name` (see `baton.Baton.lock`). With
+        `cancel_on_lost` (the default) the block's task is cancelled when the lease is lost."""
+        request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
+        return Held(self, "lock", request, t.seconds(wait), False, cancel_on_lost)
+
+    def try_lock(self, name: str, *, ttl: t.Seconds = 10, owner: Optional[str] = None,
+                 shared: bool = False, cancel_on_lost: bool = True) -> "Held":
+        """Like `lock` without waiting: the block gets the lease, or None when the lock is taken."""
+        request = t.lock_hold_request(name, ttl, 0, owner, False, shared)
+        return Held(self, "lock", request, 0.0, True, cancel_on_lost)
+
+    def semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
+                  wait: Optional[t.Seconds] = None, owner: Optional[str] = None,
+                  fair: bool = False, cancel_on_lost: bool = True) -> "Held":
+        """An async context manager holding `permits` of the semaphore `name`."""
+        request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, fair)
+        return Held(self, "semaphore", request, t.seconds(wait), False, cancel_on_lost)
+
+    def try_semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
+                      owner: Optional[str] = None, cancel_on_lost: bool = True) -> "Held":
+        """Like `semaphore` without waiting: the block gets the lease, or None."""
+        request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, False)
+        return Held(self, "semaphore", request, 0.0, True, cancel_on_lost)
+
+    async def acquire_lock(self, name: str, *, ttl: t.Seconds, wait: t.Seconds = 0,
+                           owner: Optional[str] = None, fair: bool = False,
+                           shared: bool = False) -> Optional[t.LockGrant]:
+        """Takes a hold without a stream (see `baton.Baton.acquire_lock`); None if not acquired."""
+        request = lock_pb.LockServiceAcquireRequest(
+            name=name, ttl=t.duration(ttl), wait_timeout=t.duration(wait), owner=owner or "",
+            fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
+            idempotency_key=t.new_key())
+        reply = await self._acquire(self._locks.Acquire, request, t.seconds(wait))
+        return t.lock_grant(reply.lease) if reply.acquired else None
+
+    async def release_lock(self, grant: t.LockGrant) -> bool:
+        """Ends the hold; False when it had already expired or been released."""
+        reply = await self._call(self._locks.Release, lock_pb.LockServiceReleaseRequest(
+            name=grant.name, token=grant.token))
+        return reply.was_held
+
+    async def refresh_lock(self, grant: t.LockGrant, ttl: Optional[t.Seconds] = None) -> float:
+        """Sets the hold's remaining ttl; raises `FailedPrecondition` when it is gone."""
+        request = lock_pb.LockServiceRefreshRequest(name=grant.name, token=grant.token)
+        if ttl is not None:
+            request.ttl.CopyFrom(t.duration(ttl))
+        return t.from_duration((await self._call(self._locks.Refresh, request)).remaining_ttl)
+
+    async def describe_lock(self, name: str) -> t.LockState:
+        """A snapshot of the lock `name`."""
+        return t.lock_state(await self._call(self._locks.Describe,
+                                             lock_pb.LockServiceDescribeRequest(name=name)))
+
+    async def acquire_permits(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds,
+                              wait: t.Seconds = 0, owner: Optional[str] = None,
+                              fair: bool = False) -> Optional[t.PermitGrant]:
+        """Takes permits without a stream; None if not acquired."""
+        request = sem_pb.SemaphoreServiceAcquireRequest(
+            name=name, limit=limit, permits=permits, ttl=t.duration(ttl),
+            wait_timeout=t.duration(wait), owner=owner or "", fair=fair,
+            idempotency_key=t.new_key())
+        reply = await self._acquire(self._semaphores.Acquire, request, t.seconds(wait))
+        return t.permit_grant(reply.permit) if reply.acquired else None
+
+    async def release_permits(self, grant: t.PermitGrant) -> bool:
+        """Gives the permits back; False when the lease had already expired."""
+        reply = await self._call(self._semaphores.Release, sem_pb.SemaphoreServiceReleaseRequest(
+            name=grant.name, token=grant.token))
+        return reply.was_held
+
+    async def describe_semaphore(self, name: str) -> t.SemaphoreState:
+        """A snapshot of the semaphore `name`."""
+        return t.semaphore_state(await self._call(
+            self._semaphores.Describe, sem_pb.SemaphoreServiceDescribeRequest(name=name)))
+
+    async def _call(self, method, request, timeout: Optional[float] = None):
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return await method(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                if not isinstance(err, Unavailable) or attempt == RETRIES:
+                    raise err from None
+                await asyncio.sleep(retry_delay(err))
+        raise AssertionError("unreachable")
+
+    async def _acquire(self, method, request, wait: float):
+        timeout = wait + self.timeout
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return await method(request, timeout=timeout)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                if attempt == RETRIES or not isinstance(err, (Unavailable, DeadlineExceeded)):
+                    raise err from None
+                if isinstance(err, Unavailable):
+                    await asyncio.sleep(retry_delay(err))
+                request = t.with_wait(request, 0)
+                timeout = self.timeout
+        raise AssertionError("unreachable")
+
+    async def _release(self, kind: str, grant) -> None:
+        if kind == "lock":
+            request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
+            await self._locks.Release(request, timeout=self.timeout)
+        else:
+            request = sem_pb.SemaphoreServiceReleaseRequest(name=grant.name, token=grant.token)
+            await self._semaphores.Release(request, timeout=self.timeout)
+
+    async def _open(self, kind: str, request, wait: Optional[float]):
+        method = self._locks.Hold if kind == "lock" else self._semaphores.Hold
+        deadline = None if wait is None else time.monotonic() + wait
+        failures = 0
+        while True:
+            left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
+            call = method(t.with_wait(request, min(left, t.MAX_WAIT)))
+            try:
+                first = await call.read()
+            except grpc.RpcError as e:
+                err: BatonError = from_rpc_error(e)
+            except BaseException:
+                call.cancel()
+                raise
+            else:
+                if first is grpc.aio.EOF:
+                    call.cancel()
+                    err = Unavailable("the Hold stream ended before its first event")
+                elif first.WhichOneof("event") == "acquired":
+                    return call, first.acquired
+                else:
+                    call.cancel()
+                    if deadline is None or left > t.MAX_WAIT:
+                        continue
+                    missed = first.not_acquired
+                    raise NotAcquired(
+                        f"{kind} {request.name!r} not acquired within {wait:g}s",
+                        t.optional_duration(missed, "holder_remaining_ttl")
+                        if kind == "lock" else t.optional_duration(missed, "earliest_expiry"),
+                        getattr(missed, "available", None))
+            failures += 1
+            over = deadline is None or time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or (failures >= RETRIES and over):
+                raise err
+            await asyncio.sleep(retry_delay(err))
+
+
+class Held:
+    """The async context manager of `Baton.lock` and `Baton.semaphore`."""
+
+    def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool,
+                 cancel_on_lost: bool):
+        self._client, self._kind, self._request = client, kind, request
+        self._wait, self._try, self._cancel_on_lost = wait, try_only, cancel_on_lost
+        self._call = None
+        self._reader: Optional[asyncio.Task] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._task: Optional[asyncio.Task] = None
+        self._cancelled_by_us = False
+        self._closing = False
+        self.lease: Optional[Lease] = None
+
+    async def __aenter__(self) -> Optional[Lease]:
+        try:
+            self._call, grant = await self._client._open(self._kind, self._request, self._wait)
+        except NotAcquired:
+            if self._try:
+                return None
+            raise
+        self._grant = grant
+        self.lease = Lease(self._kind, grant, asyncio.Event())
+        self._task = asyncio.current_task()
+        self.lease.on_lost(self._on_lost)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._arm()
+        return self.lease
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        if self.lease is None:
+            return False
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.lease.lost.is_set():
+            # Released before the block is left, so the next holder can go ahead; closing the
+            # stream would release it too, a moment later (and does if this is cancelled).
+            try:
+                await self._client._release(self._kind, self._grant)
+            except (grpc.RpcError, asyncio.CancelledError):
+                pass
+        self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+        lease = self.lease
+        if self._cancelled_by_us:
+            # The cancellation was ours (the lease was lost): turn it into LeaseLost.
+            uncancel = getattr(self._task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            if exc_type is None or issubclass(exc_type, asyncio.CancelledError):
+                raise lease.error() from None
+            return False
+        if exc_type is None and lease.lost.is_set():
+            raise lease.error()
+        return False
+
+    def _arm(self) -> None:
+        """(Re)schedules the local expiry check at the lease's `expires_at`."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, self.lease.remaining),
+                                                            self._expired)
+
+    def _expired(self) -> None:
+        if self._closing or self.lease.lost.is_set():
+            return
+        if self.lease.remaining > 0:  # a renewal moved it meanwhile
+            self._arm()
+            return
+        if self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):
+            self._call.cancel()
+
+    def _on_lost(self, _lease) -> None:
+        if self._closing or not self._cancel_on_lost or self._task is None:
+            return
+        if not self._task.done():
+            self._cancelled_by_us = True
+            self._task.cancel(msg="baton: lease lost")
+
+    async def _read(self) -> None:
+        lease = self.lease
+        try:
+            while True:
+                # read(), not `async for`: grpc.aio does not allow mixing the two on one call.
+                event = await self._call.read()
+                if event is grpc.aio.EOF:
+                    break
+                kind = event.WhichOneof("event")
+                if kind == "renewed":
+                    lease._renewed(event.renewed.expires_at)
+                    self._arm()
+                elif kind == "lost":
+                    lease._lose(t.lost_reason(event.lost.reason), event.lost.message)
+                    return
+        except asyncio.CancelledError:
+            return
+        except grpc.RpcError as e:
+            if not self._closing:
+                lease._lose("DISCONNECTED", f"the stream broke: {e.code().name}: {e.details()}")
+            return
+        except Exception as e:  # noqa: BLE001 - whatever stops the reader loses the lease
+            if not self._closing:
+                lease._lose("DISCONNECTED", f"reading the stream failed: {e!r}")
+            raise
+        if not self._closing:
+            lease._lose("DISCONNECTED", "the stream ended without a lost event")
+
+
+class RateLimits:
+    """Rate limit checks (`client.rate_limit`)."""
+
+    def __init__(self, client: Baton, stub):
+        self._client, self._stub = client, stub
+
+    async def check(self, key: str, *, limit: int, period: t.Seconds, cost: Optional[int] = None,
+                    algorithm: str = "gcra", burst: int = 0) -> t.RateLimitDecision:
+        """Counts `cost` against `limit` per `period` seconds on `key` (see `baton.Baton`)."""
+        request = t.check_request(key, limit, period, cost, algorithm, burst)
+        return t.decision(await self._client._call(self._stub.Check, request))
+
+
+class Autocomplete:
+    """Dictionaries and recent lists (`client.autocomplete`), as in `baton.Baton`."""
+
+    def __init__(self, client: Baton, stub):
+        self._client, self._stub = client, stub
+
+    async def add(self, dictionary: str, terms: Iterable[Union[str, t.Term, tuple]],
+                  request_id: Optional[str] = None) -> t.AddResult:
+        """Adds or updates terms; retries apply each entry once."""
+        request = t.add_request(dictionary, terms, request_id)
+        return t.add_result(await self._client._call(self._stub.Add, request))
+
+    async def remove(self, dictionary: str, displays: Union[str, Sequence[str]]) -> int:
+        """Removes terms by display text; returns how many were there."""
+        request = ac_pb.AutocompleteServiceRemoveRequest(dictionary=dictionary,
+                                                         displays=t.as_list(displays))
+        return (await self._client._call(self._stub.Remove, request)).removed
+
+    async def size(self, dictionary: str) -> int:
+        """How many terms the dictionary has."""
+        request = ac_pb.AutocompleteServiceDescribeRequest(dictionary=dictionary)
+        return (await self._client._call(self._stub.Describe, request)).term_count
+
+    async def complete(self, dictionary: str, query: str, *, limit: int = 10,
+                       mode: str = "prefix", order: str = "lexicographic",
+                       page_token: str = "") -> t.Completions:
+        """One page of terms matching `query`."""
+        request = t.complete_request(dictionary, query, limit, mode, order, page_token)
+        return t.completions(await self._client._call(self._stub.Complete, request))
+
+    async def record_recent(self, list_name: str, display: str, *,
+                            payload: Optional[bytes] = None, max_items: int = 0,
+                            ttl: Optional[t.Seconds] = None) -> t.RecordResult:
+        """Moves `display` to the front of the recent list."""
+        request = t.record_request(list_name, display, payload, max_items, ttl)
+        return t.record_result(await self._client._call(self._stub.RecordRecent, request))
+
+    async def remove_recent(self, list_name: str, displays: Union[str, Sequence[str]]) -> int:
+        """Removes items from a recent list."""
+        request = ac_pb.AutocompleteServiceRemoveRecentRequest(list=list_name,
+                                                               displays=t.as_list(displays))
+        return (await self._client._call(self._stub.RemoveRecent, request)).removed
+
+    async def recent(self, list_name: str, *, limit: int = 0,
+                     page_token: str = "") -> t.RecentPage:
+        """One page of the recent list, most recent first."""
+        request = ac_pb.AutocompleteServiceListRecentRequest(list=list_name, limit=limit,
+                                                             page_token=page_token)
+        return t.recent_page(await self._client._call(self._stub.ListRecent, request))
+
+    async def complete_recent(self, list_name: str, query: str, *, limit: int = 10,
+                              mode: str = "prefix", page_token: str = "") -> t.RecentPage:
+        """One page of the recent list's items matching `query`."""
+        request = t.complete_recent_request(list_name, query, limit, mode, page_token)
+        return t.recent_page(await self._client._call(self._stub.CompleteRecent, request))

@@ -1,0 +1,106 @@
+"""The asyncio client against a live Baton: cancellation, lost leases, the local expiry."""
+
+import asyncio
+import time
+
+import pytest
+
+import baton
+import baton.aio
+
+
+async def test_lock_holds_then_releases_on_exit(server, transport, name):
+    """A lock held in an async with block is free the moment the block exits."""
+    async with baton.aio.Baton.connect(server.addr(transport)) as client:
+        async with client.lock(name, ttl=2) as lease:
+            state = await client.describe_lock(name)
+            assert state.held and state.fencing_token == lease.fencing_token
+        assert not (await client.describe_lock(name)).held
+
+
+async def test_cancelling_the_task_releases_at_once(server, name):
+    """A task cancelled inside its lock block releases the lock at once (ttl 30 s)."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        entered = asyncio.Event()
+
+        async def work():
+            async with client.lock(name, ttl=30):
+                entered.set()
+                await asyncio.sleep(600)
+
+        task = asyncio.create_task(work())
+        await asyncio.wait_for(entered.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        started = time.monotonic()
+        async with client.lock(name, wait=10):
+            waited = time.monotonic() - started
+        assert waited < 5, f"took {waited:.1f}s, the ttl is 30 s"
+
+
+async def test_cancelling_a_waiter_leaves_nothing_held(server, name):
+    """A task cancelled while it waits for the lock leaves nothing held behind it."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        async with client.lock(name, ttl=30):
+            waiter = asyncio.create_task(client.lock(name, ttl=30).__aenter__())
+            await asyncio.sleep(0.3)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+        assert not (await client.describe_lock(name)).held
+
+
+async def test_lost_lease_cancels_the_block(server, redis, name):
+    """Keys deleted under a holder: the block's work is cancelled and it exits with
+    LeaseLost(NOT_HELD), never silently."""
+    async with baton.aio.Baton.connect(server.unix) as client:
+        reached_end = False
+        with pytest.raises(baton.LeaseLost) as raised:
+            async with client.lock(name, ttl=0.6):
+                assert redis.delete_keys(server.prefix + "{lock:" + name + "}")
+                await asyncio.sleep(10)
+                reached_end = True
+        assert raised.value.reason == "NOT_HELD"
+        assert not reached_end
+
+
+async def test_frozen_baton_cancels_the_block_by_the_local_clock(own_server, name):
+    """A frozen Baton sends nothing: the block is cancelled when expires_at passes locally."""
+    async with baton.aio.Baton.connect(own_server.tcp) as client:
+        with pytest.raises(baton.LeaseLost) as raised:
+            async with client.lock(name, ttl=1):
+                own_server.freeze()
+                frozen = time.monotonic()
+                await asyncio.sleep(10)
+        took = time.monotonic() - frozen
+        own_server.thaw()
+    assert raised.value.reason == "EXPIRED"
+    assert took <= 1.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
+
+
+async def test_without_cancel_on_lost_the_flag_is_set(server, redis, name):
+    """cancel_on_lost=False leaves the work alone; lease.lost is set and exit raises."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        with pytest.raises(baton.LeaseLost):
+            async with client.lock(name, ttl=0.6, cancel_on_lost=False) as lease:
+                redis.delete_keys(server.prefix + "{lock:" + name + "}")
+                await asyncio.wait_for(lease.lost.wait(), 5)
+                assert lease.lost_reason == "NOT_HELD"
+
+
+async def test_semaphore_and_plain_calls(server, transport, name):
+    """Semaphores, rate limits and autocomplete work the same through asyncio."""
+    async with baton.aio.Baton.connect(server.addr(transport)) as client:
+        async with client.semaphore(name, limit=1) as lease:
+            assert lease.permits == 1
+            async with client.try_semaphore(name, limit=1) as other:
+                assert other is None
+        decision = await client.rate_limit.check(name, limit=1, period=60)
+        assert decision.allowed
+        await client.autocomplete.add(name, ["alpha", "beta"])
+        page = await client.autocomplete.complete(name, "al")
+        assert [s.display for s in page.suggestions] == ["alpha"]
+        with pytest.raises(baton.InvalidArgument) as raised:
+            await client.acquire_permits(name, limit=0, ttl=1)
+        assert raised.value.field == "limit"

@@ -1,0 +1,210 @@
+"""The blocking client against a live Baton, over TCP and the Unix socket."""
+
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+import baton
+from conftest import spawn_holder, wait_until
+
+
+def test_lock_holds_then_releases_on_exit(server, transport, name):
+    """A lock held in a with block is Baton's to see, and free the moment the block exits."""
+    with baton.Baton.connect(server.addr(transport)) as client:
+        with client.lock(name, ttl=2, owner="me") as lease:
+            state = client.describe_lock(name)
+            assert state.held and state.owner == "me"
+            assert state.fencing_token == lease.fencing_token > 0
+            assert lease.held and 0 < lease.remaining <= 2
+        assert not client.describe_lock(name).held
+
+
+def test_lease_renewals_outlive_the_ttl(server, name):
+    """A lease kept by its stream stays held past several ttls and its expiry moves forward."""
+    with baton.Baton.connect(server.tcp) as client:
+        with client.lock(name, ttl=0.3) as lease:
+            first = lease.expires_at
+            time.sleep(1.0)
+            lease.check()
+            assert lease.expires_at > first
+            assert client.describe_lock(name).held
+
+
+def test_try_lock_gives_none_when_taken(server, name):
+    """try_lock does not wait: the block gets None while someone else holds the lock."""
+    with baton.Baton.connect(server.tcp) as client:
+        with client.lock(name):
+            with client.try_lock(name) as lease:
+                assert lease is None
+            with pytest.raises(baton.NotAcquired):
+                with client.lock(name, wait=0.2):
+                    pass
+
+
+def test_shared_locks_are_held_together(server, name):
+    """Two shared holders hold the lock at once; an exclusive try then gets nothing."""
+    with baton.Baton.connect(server.tcp) as client:
+        with client.lock(name, shared=True) as a, client.lock(name, shared=True) as b:
+            assert a.shared and b.shared
+            assert client.describe_lock(name).shared_holders == 2
+            with client.try_lock(name) as c:
+                assert c is None
+
+
+def test_semaphore_permits_stop_at_the_limit(server, transport, name):
+    """Permits are granted up to the limit and the next request is refused until one is freed."""
+    with baton.Baton.connect(server.addr(transport)) as client:
+        with client.semaphore(name, limit=3, permits=2) as a:
+            assert a.permits == 2
+            with client.try_semaphore(name, limit=3, permits=2) as b:
+                assert b is None
+            assert client.describe_semaphore(name).permits_in_use == 2
+        with client.try_semaphore(name, limit=3, permits=3) as c:
+            assert c is not None and c.permits == 3
+
+
+@pytest.mark.parametrize("mode", ["sync", "aio"])
+def test_two_processes_take_turns(server, name, tmp_path, mode):
+    """Two processes appending under one lock never interleave their start/end lines."""
+    path = tmp_path / "log"
+    procs = [spawn_holder(server.tcp, "append", name, str(path), mode) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    lines = path.read_text().splitlines()
+    assert len(lines) == 20
+    for start, end in zip(lines[::2], lines[1::2]):
+        assert start.startswith("start ") and end == "end " + start.split()[1], lines
+
+
+@pytest.mark.parametrize("mode", ["sync", "aio"])
+def test_killed_holder_frees_the_lock_at_once(server, name, mode):
+    """A holder killed with SIGKILL frees its 30 s lock at once: its stream closed."""
+    holder = spawn_holder(server.unix, "hold", name, mode)
+    try:
+        assert holder.stdout.readline().startswith("HELD"), holder.stderr.read()
+        with baton.Baton.connect(server.tcp) as client:
+            assert client.describe_lock(name).held
+            os.kill(holder.pid, signal.SIGKILL)
+            started = time.monotonic()
+            with client.lock(name, wait=10):
+                waited = time.monotonic() - started
+        assert waited < 5, f"took {waited:.1f}s, the ttl is 30 s"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_lost_lease_sets_lost_and_raises_on_exit(server, redis, name):
+    """Keys deleted under a holder (data loss) make Baton report the lease lost: `lost` is set,
+    check() raises, and leaving the block raises LeaseLost(NOT_HELD)."""
+    with baton.Baton.connect(server.tcp) as client:
+        with pytest.raises(baton.LeaseLost) as raised:
+            with client.lock(name, ttl=0.6) as lease:
+                seen = []
+                lease.on_lost(lambda lost: seen.append(lost.lost_reason))
+                assert redis.delete_keys(server.prefix + "{lock:" + name + "}")
+                assert lease.lost.wait(5), "no lost event within 5 s"
+                with pytest.raises(baton.LeaseLost):
+                    lease.check()
+        assert raised.value.reason == "NOT_HELD"
+        assert seen == ["NOT_HELD"]
+
+
+def test_frozen_baton_loses_the_lease_by_the_local_clock(own_server, name):
+    """A Baton frozen with SIGSTOP sends nothing: the lease is lost when its expires_at passes
+    on the local clock, not never."""
+    with baton.Baton.connect(own_server.tcp) as client:
+        with pytest.raises(baton.LeaseLost) as raised:
+            with client.lock(name, ttl=1) as lease:
+                own_server.freeze()
+                frozen = time.monotonic()
+                assert lease.lost.wait(5), "the lease outlived its expires_at"
+                took = time.monotonic() - frozen
+                assert not lease.held
+        own_server.thaw()
+    assert raised.value.reason == "EXPIRED"
+    assert took <= 1.0 + 0.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
+
+
+def test_acquire_release_with_tokens(server, transport, name):
+    """acquire_lock/release_lock: a second acquisition fails while held; release frees it once."""
+    with baton.Baton.connect(server.addr(transport)) as client:
+        grant = client.acquire_lock(name, ttl=5)
+        assert grant is not None and grant.fencing_token > 0
+        assert client.acquire_lock(name, ttl=5) is None
+        assert client.refresh_lock(grant, ttl=8) == pytest.approx(8, abs=0.1)
+        assert client.release_lock(grant) is True
+        assert client.release_lock(grant) is False
+        permits = client.acquire_permits(name, limit=1, ttl=5)
+        assert permits is not None and client.release_permits(permits)
+
+
+def test_invalid_input_names_the_field(server, name):
+    """A ttl Baton refuses raises InvalidArgument (a ValueError) naming the field."""
+    with baton.Baton.connect(server.tcp) as client:
+        with pytest.raises(baton.InvalidArgument) as raised:
+            client.acquire_lock(name, ttl=0.005)
+        assert raised.value.field == "ttl"
+        assert isinstance(raised.value, ValueError)
+        with pytest.raises(baton.InvalidArgument):
+            with client.lock(name, ttl=0.05):
+                pass
+
+
+def test_unreachable_baton_raises_unavailable():
+    """Nothing listening: calls raise Unavailable after their retries, quickly."""
+    client = baton.Baton.connect("127.0.0.1:1")
+    started = time.monotonic()
+    with pytest.raises(baton.Unavailable):
+        client.describe_lock("x")
+    with pytest.raises(baton.Unavailable):
+        with client.lock("x", wait=0):
+            pass
+    assert time.monotonic() - started < 10
+    client.close()
+
+
+def test_rate_limit_check(server, name):
+    """Checks are plain calls returning a decision; the limit denies the third of two."""
+    with baton.Baton.connect(server.tcp) as client:
+        answers = [client.rate_limit.check(name, limit=2, period=60) for _ in range(3)]
+        assert [a.allowed for a in answers] == [True, True, False]
+        assert answers[2].retry_after > 0 and answers[0].decided_by == "redis"
+
+
+def test_autocomplete(server, transport, name):
+    """Add, complete (Unicode-folded), recent lists: plain calls with dataclass results."""
+    with baton.Baton.connect(server.addr(transport)) as client:
+        added = client.autocomplete.add(name, ["Straße", ("Stroud", 5.0), baton.Term("Zoë")])
+        assert added.added == 3 and added.term_count == 3
+        page = client.autocomplete.complete(name, "STRA")
+        assert [s.display for s in page.suggestions] == ["Straße"]
+        assert page.suggestions[0].match == "prefix"
+        assert client.autocomplete.size(name) == 3
+        assert client.autocomplete.remove(name, "Zoë") == 1
+        client.autocomplete.record_recent(name, "alice")
+        client.autocomplete.record_recent(name, "bob")
+        assert [i.display for i in client.autocomplete.recent(name).items] == ["bob", "alice"]
+        assert [i.display for i in client.autocomplete.complete_recent(name, "al").items] == ["alice"]
+
+
+def test_unix_socket_needs_the_default_authority(server):
+    """Stock grpcio over Baton's socket sends the socket path as :authority, which Baton's HTTP/2
+    server refuses; the package sets `grpc.default_authority`. Checks both, so that the day Baton
+    accepts such authorities this test says the workaround can go."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    request = health_pb2.HealthCheckRequest(service="")
+    stock = grpc.insecure_channel(server.unix)
+    with pytest.raises(grpc.RpcError) as refused:
+        health_pb2_grpc.HealthStub(stock).Check(request, timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    stock.close()
+    client = baton.Baton.connect(server.unix)
+    assert ("grpc.default_authority", "localhost") in client.options
+    assert not client.describe_lock("authority-check").held
+    client.close()
