@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::redis::Topology;
+use crate::{cli, redis::Topology};
 
 /// Default TCP address for the gRPC server.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -48,11 +48,24 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The `baton` subcommands.
+/// The `baton` subcommands: the server, and the command-line client ([`crate::cli`]).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Run a command while holding a lock (its fencing token in BATON_FENCING_TOKEN).
+    Lock(cli::LockArgs),
+    /// Run a command while holding permits of a semaphore.
+    Semaphore(cli::SemaphoreArgs),
+    /// Show a lock's or a semaphore's current state.
+    Describe(cli::DescribeArgs),
+    /// Rate limit checks.
+    #[command(subcommand)]
+    Ratelimit(cli::RateLimitCommand),
+    /// Complete a query from an autocomplete dictionary.
+    Complete(cli::CompleteArgs),
+    /// Ask Baton whether it serves (readiness by default).
+    Health(cli::HealthArgs),
 }
 
 /// Raw `baton serve` arguments, before validation.
@@ -492,7 +505,8 @@ mod tests {
         let mut argv = vec!["baton", "serve"];
         argv.extend_from_slice(list);
         match Cli::try_parse_from(argv).expect("arguments parse").command {
-            Command::Serve(a) => a,
+            Command::Serve(a) => *a,
+            other => panic!("`baton serve` parsed as {other:?}"),
         }
     }
 

@@ -4,6 +4,8 @@
 //! # Layout
 //!
 //! - [`config`]: flags and `BATON_*` variables, validated in one pass.
+//! - [`cli`]: the command-line client (`baton lock`, `baton semaphore`, `baton describe`, ...)
+//!   over the generated gRPC clients.
 //! - [`server`]: [`server::serve`] builds the gRPC router (services, health, reflection) on
 //!   already-bound listeners and drains on a shutdown token with a deadline.
 //! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
@@ -28,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod autocomplete;
+pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod error;

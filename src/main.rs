@@ -1,12 +1,15 @@
-//! The `baton` command: parse the configuration, set up logging, bind, serve, and drain on
-//! SIGTERM or SIGINT with a deadline.
+//! The `baton` command. `baton serve`: parse the configuration, set up logging, bind, serve,
+//! and drain on SIGTERM or SIGINT with a deadline. Every other subcommand is the command-line
+//! client ([`baton::cli`], whose exit codes are listed there).
 //!
-//! Exit codes: 0 after a drain, 2 for a configuration Baton cannot run with (invalid flags, or a
-//! Redis older than 7.0 found at start), 1 for any other failure, 130 on a second signal.
+//! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
+//! flags, or a Redis older than 7.0 found at start), 1 for any other failure, 130 on a second
+//! signal.
 
 use std::process::ExitCode;
 
 use baton::{
+    cli,
     config::{Cli, Command, ServeArgs, ServeConfig},
     ratelimit::rules::Rules,
     redis::UnsupportedServer,
@@ -25,6 +28,12 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Lock(args) => cli::lock(args),
+        Command::Semaphore(args) => cli::semaphore(args),
+        Command::Describe(args) => cli::describe(args),
+        Command::Ratelimit(command) => cli::ratelimit(command),
+        Command::Complete(args) => cli::complete(args),
+        Command::Health(args) => cli::health(args),
         Command::Serve(args) => {
             let (config, rules) = match configure(&args) {
                 Ok(configured) => configured,

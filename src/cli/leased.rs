@@ -1,0 +1,431 @@
+//! `baton lock` and `baton semaphore`: run a command while a `Hold` stream keeps the lease.
+//!
+//! The command starts once the lease is acquired, with its fencing token in
+//! `BATON_FENCING_TOKEN`. The lease counts as lost when Baton says so, when the stream breaks,
+//! or when the newest `expires_at` passes on the local clock with no newer renewal (a frozen or
+//! partitioned Baton sends nothing); the command then gets SIGTERM, SIGKILL after the grace
+//! period, and `baton` exits [`EXIT_LEASE_LOST`]. When the command exits by itself the lease is
+//! released at once and its exit code is passed through. SIGINT, SIGTERM and SIGHUP sent to
+//! `baton` are forwarded to the command, which is then waited for (SIGKILL after the grace
+//! period) before the lease is released.
+
+use std::{
+    pin::Pin,
+    process::ExitStatus,
+    time::{Duration, SystemTime},
+};
+
+use futures::{Stream, StreamExt};
+use nix::{sys::signal::Signal, unistd::Pid};
+use tokio::{
+    process::Child,
+    signal::unix::{SignalKind, signal},
+    time::{Instant, sleep_until},
+};
+use tonic::{Code, Status, transport::Channel};
+use tonic_types::StatusExt;
+
+use super::{
+    EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Failure, LockArgs,
+    SemaphoreArgs, connect, proto_duration, std_duration,
+};
+use crate::proto::v1::{
+    LeaseLostReason, LockMode, LockServiceHoldRequest, LockServiceReleaseRequest,
+    SemaphoreServiceHoldRequest, SemaphoreServiceReleaseRequest,
+    lock_service_client::LockServiceClient, lock_service_hold_response,
+    semaphore_service_client::SemaphoreServiceClient, semaphore_service_hold_response,
+};
+
+/// Baton's longest wait per call; longer waits are made of several.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// Attempts of a `Hold` that fails `UNAVAILABLE` before the lease is acquired.
+const RETRIES: u32 = 4;
+/// Delay before retrying `UNAVAILABLE` when Baton suggested none, and the longest.
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Runs `baton lock`.
+pub async fn lock(args: LockArgs) -> Result<u8, Failure> {
+    let channel = connect(&args.client).await?;
+    let mode = if args.shared {
+        LockMode::Shared
+    } else {
+        LockMode::Exclusive
+    };
+    let request = LockServiceHoldRequest {
+        name: args.name.clone(),
+        ttl: Some(proto_duration(args.ttl)),
+        wait_timeout: None,
+        owner: args.owner.clone(),
+        fair: args.fair,
+        mode: mode.into(),
+    };
+    let spec = Spec {
+        kind: "lock",
+        name: args.name,
+        addr: args.client.addr,
+        timeout: args.client.timeout,
+        wait: args.wait,
+        grace: args.grace,
+        command: args.command,
+    };
+    run(Target::Lock(LockServiceClient::new(channel), request), spec).await
+}
+
+/// Runs `baton semaphore`.
+pub async fn semaphore(args: SemaphoreArgs) -> Result<u8, Failure> {
+    let channel = connect(&args.client).await?;
+    let request = SemaphoreServiceHoldRequest {
+        name: args.name.clone(),
+        limit: args.limit,
+        permits: args.permits,
+        ttl: Some(proto_duration(args.ttl)),
+        wait_timeout: None,
+        owner: args.owner.clone(),
+        fair: args.fair,
+    };
+    let spec = Spec {
+        kind: "semaphore",
+        name: args.name,
+        addr: args.client.addr,
+        timeout: args.client.timeout,
+        wait: args.wait,
+        grace: args.grace,
+        command: args.command,
+    };
+    run(
+        Target::Semaphore(SemaphoreServiceClient::new(channel), request),
+        spec,
+    )
+    .await
+}
+
+/// What to hold and what to run.
+struct Spec {
+    kind: &'static str,
+    name: String,
+    addr: String,
+    timeout: Duration,
+    wait: Option<Duration>,
+    grace: Duration,
+    command: Vec<String>,
+}
+
+/// A `Hold` stream's events, the same for locks and semaphores.
+enum Event {
+    Acquired(Grant),
+    NotAcquired(String),
+    Renewed(Option<prost_types::Timestamp>),
+    Lost(String, String),
+}
+
+/// What a grant says that `baton` needs.
+struct Grant {
+    token: String,
+    fencing_token: u64,
+    expires_at: Option<prost_types::Timestamp>,
+}
+
+type Events = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
+
+/// The service a lease is held from, with its `Hold` request.
+enum Target {
+    Lock(LockServiceClient<Channel>, LockServiceHoldRequest),
+    Semaphore(SemaphoreServiceClient<Channel>, SemaphoreServiceHoldRequest),
+}
+
+impl Target {
+    /// Opens a `Hold` stream that waits up to `wait`.
+    async fn hold(&mut self, wait: Duration) -> Result<Events, Status> {
+        let wait = Some(proto_duration(wait));
+        match self {
+            Target::Lock(client, request) => {
+                let request = LockServiceHoldRequest {
+                    wait_timeout: wait,
+                    ..request.clone()
+                };
+                let stream = client.hold(request).await?.into_inner();
+                Ok(Box::pin(stream.map(|r| r.map(lock_event))))
+            }
+            Target::Semaphore(client, request) => {
+                let request = SemaphoreServiceHoldRequest {
+                    wait_timeout: wait,
+                    ..request.clone()
+                };
+                let stream = client.hold(request).await?.into_inner();
+                Ok(Box::pin(stream.map(|r| r.map(semaphore_event))))
+            }
+        }
+    }
+
+    /// Releases the hold whose token is given, within `timeout`.
+    async fn release(&mut self, token: &str, timeout: Duration) -> Result<(), Status> {
+        let call = async {
+            match self {
+                Target::Lock(client, request) => client
+                    .release(LockServiceReleaseRequest {
+                        name: request.name.clone(),
+                        token: token.to_owned(),
+                    })
+                    .await
+                    .map(drop),
+                Target::Semaphore(client, request) => client
+                    .release(SemaphoreServiceReleaseRequest {
+                        name: request.name.clone(),
+                        token: token.to_owned(),
+                    })
+                    .await
+                    .map(drop),
+            }
+        };
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded("release timed out")))
+    }
+}
+
+fn lost_event(lost: crate::proto::v1::LeaseLost) -> Event {
+    let reason = LeaseLostReason::try_from(lost.reason)
+        .map(|r| r.as_str_name().trim_start_matches("LEASE_LOST_REASON_"))
+        .unwrap_or("UNKNOWN");
+    Event::Lost(reason.to_owned(), lost.message)
+}
+
+fn lock_event(response: crate::proto::v1::LockServiceHoldResponse) -> Event {
+    use lock_service_hold_response::Event as E;
+    match response.event {
+        Some(E::Acquired(lease)) => Event::Acquired(Grant {
+            token: lease.token,
+            fencing_token: lease.fencing_token,
+            expires_at: lease.expires_at,
+        }),
+        Some(E::NotAcquired(missed)) => {
+            Event::NotAcquired(match std_duration(missed.holder_remaining_ttl.as_ref()) {
+                Some(left) => format!("the holder's lease has {left:?} left"),
+                None => "waiters were ahead".to_owned(),
+            })
+        }
+        Some(E::Renewed(renewed)) => Event::Renewed(renewed.expires_at),
+        Some(E::Lost(lost)) => lost_event(lost),
+        None => Event::Lost("UNKNOWN".to_owned(), "an empty event".to_owned()),
+    }
+}
+
+fn semaphore_event(response: crate::proto::v1::SemaphoreServiceHoldResponse) -> Event {
+    use semaphore_service_hold_response::Event as E;
+    match response.event {
+        Some(E::Acquired(permit)) => Event::Acquired(Grant {
+            token: permit.token,
+            fencing_token: permit.fencing_token,
+            expires_at: permit.expires_at,
+        }),
+        Some(E::NotAcquired(missed)) => {
+            Event::NotAcquired(format!("{} permits were free", missed.available))
+        }
+        Some(E::Renewed(renewed)) => Event::Renewed(renewed.expires_at),
+        Some(E::Lost(lost)) => lost_event(lost),
+        None => Event::Lost("UNKNOWN".to_owned(), "an empty event".to_owned()),
+    }
+}
+
+/// The moment, on this process's monotonic clock, at which the wall-clock `expires_at` passes.
+fn local_deadline(expires_at: Option<&prost_types::Timestamp>) -> Instant {
+    let now = Instant::now();
+    let Some(ts) = expires_at else {
+        return now;
+    };
+    let expires = SystemTime::UNIX_EPOCH
+        + Duration::from_secs(u64::try_from(ts.seconds).unwrap_or(0))
+        + Duration::from_nanos(u64::try_from(ts.nanos).unwrap_or(0));
+    now + expires
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The signals `baton` forwards to the command.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, Failure> {
+        let listen = |kind| {
+            signal(kind)
+                .map_err(|e| Failure::new(EXIT_SOFTWARE, format!("cannot listen for signals: {e}")))
+        };
+        Ok(Self {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+            hangup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// Exit code 128 + N for signal N, as shells report a process killed by a signal.
+fn signal_code(signal: Signal) -> u8 {
+    128 + u8::try_from(signal as i32).unwrap_or(0)
+}
+
+async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
+    let mut signals = Signals::new()?;
+    let (mut events, grant) = tokio::select! {
+        acquired = acquire(&mut target, &spec) => acquired?,
+        // Nothing is held yet; the stream being opened is dropped, which cancels it.
+        sig = signals.recv() => return Ok(signal_code(sig)),
+    };
+
+    let mut child = match tokio::process::Command::new(&spec.command[0])
+        .args(&spec.command[1..])
+        .env("BATON_FENCING_TOKEN", grant.fencing_token.to_string())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = target.release(&grant.token, spec.timeout).await;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(Failure::new(
+                code,
+                format!("cannot run {:?}: {e}", spec.command[0]),
+            ));
+        }
+    };
+
+    let mut deadline = local_deadline(grant.expires_at.as_ref());
+    let (reason, message) = loop {
+        tokio::select! {
+            status = child.wait() => {
+                // Released before baton exits, so the next holder can go ahead at once; the
+                // stream's closing would release it too.
+                let _ = target.release(&grant.token, spec.timeout).await;
+                return Ok(exit_code(status));
+            }
+            event = events.next() => match event {
+                Some(Ok(Event::Renewed(expires_at))) => deadline = local_deadline(expires_at.as_ref()),
+                Some(Ok(Event::Lost(reason, message))) => break (reason, message),
+                Some(Ok(_)) => {}
+                Some(Err(status)) => break (
+                    "DISCONNECTED".to_owned(),
+                    format!("the stream broke: {:?}: {}", status.code(), status.message()),
+                ),
+                None => break ("DISCONNECTED".to_owned(), "the stream ended without a lost event".to_owned()),
+            },
+            () = sleep_until(deadline) => break (
+                "EXPIRED".to_owned(),
+                "no renewal arrived before the lease's expires_at".to_owned(),
+            ),
+            sig = signals.recv() => {
+                let status = stop(&mut child, sig, spec.grace).await;
+                let _ = target.release(&grant.token, spec.timeout).await;
+                return Ok(exit_code(status));
+            }
+        }
+    };
+    drop(events);
+    eprintln!(
+        "baton: the lease on {} {:?} was lost ({reason}): {message}; stopping the command",
+        spec.kind, spec.name
+    );
+    let _ = stop(&mut child, Signal::SIGTERM, spec.grace).await;
+    Ok(EXIT_LEASE_LOST)
+}
+
+/// Acquires the lease: a `Hold` stream whose first event is `acquired`. A wait longer than
+/// Baton's longest is made of several; `UNAVAILABLE` before the grant (nothing is held then) is
+/// retried after the delay Baton suggests.
+async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Failure> {
+    let deadline = spec.wait.map(|w| Instant::now() + w);
+    let mut failures = 0;
+    loop {
+        let left = deadline.map_or(MAX_WAIT, |d| d.saturating_duration_since(Instant::now()));
+        let status = match target.hold(left.min(MAX_WAIT)).await {
+            Ok(mut events) => match events.next().await {
+                Some(Ok(Event::Acquired(grant))) => return Ok((events, grant)),
+                Some(Ok(Event::NotAcquired(why))) => {
+                    if deadline.is_none() || left > MAX_WAIT {
+                        continue;
+                    }
+                    let waited = spec.wait.unwrap_or_default();
+                    return Err(Failure::new(
+                        EXIT_NOT_ACQUIRED,
+                        format!(
+                            "{} {:?} not acquired within {}: {why}",
+                            spec.kind,
+                            spec.name,
+                            humantime::format_duration(waited)
+                        ),
+                    ));
+                }
+                Some(Ok(_)) => Status::internal("the stream did not start with a grant"),
+                Some(Err(status)) => status,
+                None => Status::unavailable("the stream ended before its first event"),
+            },
+            Err(status) => status,
+        };
+        failures += 1;
+        let over = deadline.is_none_or(|d| Instant::now() >= d);
+        if status.code() != Code::Unavailable || (failures >= RETRIES && over) {
+            let mut failure = Failure::from_status(&status, &spec.addr);
+            if failure.code == EXIT_UNAVAILABLE {
+                failure.message = format!(
+                    "Baton at {} is unavailable: {}",
+                    spec.addr,
+                    status.message()
+                );
+            }
+            return Err(failure);
+        }
+        let delay = status
+            .get_details_retry_info()
+            .and_then(|info| info.retry_delay)
+            .unwrap_or(DEFAULT_RETRY_DELAY)
+            .min(MAX_RETRY_DELAY);
+        sleep_until(Instant::now() + delay).await;
+    }
+}
+
+/// Sends `sig` to the command, waits up to `grace` for it to exit, then kills it.
+async fn stop(child: &mut Child, sig: Signal, grace: Duration) -> std::io::Result<ExitStatus> {
+    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+        // It may have exited already; waiting below tells.
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            let _ = child.start_kill();
+            child.wait().await
+        }
+    }
+}
+
+/// The code `baton` exits with for the command's status: its own code, or 128 + the signal
+/// that killed it.
+fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => u8::try_from(code).unwrap_or(EXIT_SOFTWARE),
+            (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
+            (None, None) => EXIT_SOFTWARE,
+        },
+        Err(e) => {
+            eprintln!("baton: waiting for the command failed: {e}");
+            EXIT_SOFTWARE
+        }
+    }
+}

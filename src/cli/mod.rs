@@ -1,0 +1,482 @@
+//! The command-line client: `baton lock`, `baton semaphore`, and one-shot calls (`describe`,
+//! `ratelimit check`, `complete`, `health`), all through the generated gRPC clients.
+//!
+//! Exit codes, so that scripts can tell the outcomes apart (Baton's own codes are in the
+//! sysexits range that programs rarely use):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | the call succeeded (`lock`/`semaphore`: the command exited 0) |
+//! | 1 | a check said no: `ratelimit check` denied, `health` not SERVING |
+//! | 2 | bad usage: an invalid flag or a request Baton refused (`INVALID_ARGUMENT`) |
+//! | 69 | Baton is not reachable, or answered `UNAVAILABLE` after the retries |
+//! | 70 | any other error from Baton |
+//! | 75 | not acquired: the lock or permits stayed taken for the whole `--wait` |
+//! | 76 | the lease was lost while the command ran; the command was stopped |
+//! | N | `lock`/`semaphore`: the command's own exit code |
+//! | 128+N | `lock`/`semaphore`: the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
+
+mod leased;
+mod oneshot;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Args, Subcommand, ValueEnum};
+use hyper_util::rt::TokioIo;
+use tonic::{
+    Code, Status,
+    transport::{Channel, Endpoint},
+};
+
+/// The address used when neither `--addr` nor `BATON_ADDR` gives one.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
+
+/// Exit code: a check said no.
+pub const EXIT_NO: u8 = 1;
+/// Exit code: bad usage, or a request Baton refused as invalid.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: Baton is not reachable or unavailable.
+pub const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: any other error from Baton.
+pub const EXIT_SOFTWARE: u8 = 70;
+/// Exit code: not acquired within the wait.
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code: the lease was lost while the command ran.
+pub const EXIT_LEASE_LOST: u8 = 76;
+
+/// How to reach Baton, shared by every client subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Baton's address: `host:port`, or a Unix socket as `unix:///path` (or just `/path`).
+    #[arg(long, env = "BATON_ADDR", default_value = DEFAULT_ADDR)]
+    pub addr: String,
+    /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `baton lock`: run a command while holding a lock.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The lock's name.
+    pub name: String,
+    /// The lease's ttl, renewed every third of it while the command runs: how soon the lock
+    /// frees itself should this `baton` and its Baton both die (100ms to 1h).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait for the lock; 0 tries once. Without it, waits as long as it takes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// Take the lock shared (readers), instead of exclusive.
+    #[arg(long)]
+    pub shared: bool,
+    /// Wait in arrival order (FIFO).
+    #[arg(long)]
+    pub fair: bool,
+    /// The owner shown by `describe` (unique per holder: it re-enters the lease).
+    #[arg(long, default_value = "")]
+    pub owner: String,
+    /// Time the command gets to exit after SIGTERM (lease lost, or baton interrupted) before
+    /// it is killed with SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, last = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// `baton semaphore`: run a command while holding permits of a semaphore.
+#[derive(Debug, Args)]
+pub struct SemaphoreArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The semaphore's name.
+    pub name: String,
+    /// The most permits in use at once.
+    #[arg(long)]
+    pub limit: u32,
+    /// Permits this command takes.
+    #[arg(long, default_value_t = 1)]
+    pub permits: u32,
+    /// The lease's ttl, as for `baton lock`.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait for the permits; 0 tries once. Without it, as long as it takes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// Wait in arrival order (FIFO).
+    #[arg(long)]
+    pub fair: bool,
+    /// A label shown by `describe`.
+    #[arg(long, default_value = "")]
+    pub owner: String,
+    /// Time the command gets to exit after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, last = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// What `baton describe` describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DescribeKind {
+    /// A lock.
+    Lock,
+    /// A semaphore.
+    Semaphore,
+}
+
+/// `baton describe`: a lock's or semaphore's current state.
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// `lock` or `semaphore`.
+    pub kind: DescribeKind,
+    /// Its name.
+    pub name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton ratelimit`: rate limit calls.
+#[derive(Debug, Subcommand)]
+pub enum RateLimitCommand {
+    /// Count one action (or `--cost`) against a limit; exits 0 when allowed, 1 when denied.
+    Check(RateLimitCheckArgs),
+}
+
+/// A rate limit algorithm on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Algorithm {
+    /// Generic cell rate algorithm (smooth, with a burst).
+    Gcra,
+    /// Fixed window (INCR + EXPIRE).
+    FixedWindow,
+    /// Exact sliding window.
+    SlidingWindow,
+}
+
+/// `baton ratelimit check`.
+#[derive(Debug, Args)]
+pub struct RateLimitCheckArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The limited key.
+    pub key: String,
+    /// Units allowed per period.
+    #[arg(long)]
+    pub limit: u64,
+    /// The period the limit applies to (e.g. 1m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub period: Duration,
+    /// Units this action spends; 0 peeks.
+    #[arg(long)]
+    pub cost: Option<u64>,
+    /// The algorithm.
+    #[arg(long, value_enum, default_value = "gcra")]
+    pub algorithm: Algorithm,
+    /// GCRA only: how many units may be spent at once (default: the limit).
+    #[arg(long, default_value_t = 0)]
+    pub burst: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How `baton complete` matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MatchMode {
+    /// The term starts with the query.
+    Prefix,
+    /// A word of the term starts with the query.
+    WordPrefix,
+    /// The term ends with the query.
+    Suffix,
+    /// The term contains the query.
+    Contains,
+    /// Exact, then prefix, word-prefix and substring matches.
+    Automatic,
+}
+
+/// `baton complete`: complete a query from a dictionary.
+#[derive(Debug, Args)]
+pub struct CompleteArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The dictionary.
+    pub dictionary: String,
+    /// What the user typed.
+    pub query: String,
+    /// How the query must match.
+    #[arg(long, value_enum, default_value = "prefix")]
+    pub mode: MatchMode,
+    /// Most results (1 to 1000).
+    #[arg(long, default_value_t = 10)]
+    pub limit: u32,
+    /// Sort by score (highest first) instead of lexicographically.
+    #[arg(long)]
+    pub by_score: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton health`: ask Baton whether it serves; exits 0 when SERVING, 1 otherwise.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The health service to ask about: `readiness` (Redis answers), `liveness`, or a service
+    /// name such as `baton.v1.LockService`.
+    #[arg(long, default_value = "readiness")]
+    pub service: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `baton lock`.
+pub fn lock(args: LockArgs) -> ExitCode {
+    block_on(leased::lock(args))
+}
+
+/// Runs `baton semaphore`.
+pub fn semaphore(args: SemaphoreArgs) -> ExitCode {
+    block_on(leased::semaphore(args))
+}
+
+/// Runs `baton describe`.
+pub fn describe(args: DescribeArgs) -> ExitCode {
+    block_on(oneshot::describe(args))
+}
+
+/// Runs `baton ratelimit ...`.
+pub fn ratelimit(command: RateLimitCommand) -> ExitCode {
+    match command {
+        RateLimitCommand::Check(args) => block_on(oneshot::ratelimit_check(args)),
+    }
+}
+
+/// Runs `baton complete`.
+pub fn complete(args: CompleteArgs) -> ExitCode {
+    block_on(oneshot::complete(args))
+}
+
+/// Runs `baton health`.
+pub fn health(args: HealthArgs) -> ExitCode {
+    block_on(oneshot::health(args))
+}
+
+fn block_on(run: impl Future<Output = Result<u8, Failure>>) -> ExitCode {
+    // A client needs no more than a thread: it waits on one stream and one child.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("baton: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_SOFTWARE);
+        }
+    };
+    match runtime.block_on(run) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("baton: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// Why a command failed: the message for stderr and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// What to tell the user.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The failure for a gRPC error of a call to Baton at `addr`.
+    pub fn from_status(status: &Status, addr: &str) -> Self {
+        let code = match status.code() {
+            Code::InvalidArgument => EXIT_USAGE,
+            Code::Unavailable => EXIT_UNAVAILABLE,
+            _ => EXIT_SOFTWARE,
+        };
+        let message = if status.code() == Code::Unavailable && status.message().is_empty() {
+            format!("Baton at {addr} is unavailable")
+        } else {
+            format!("{:?}: {}", status.code(), status.message())
+        };
+        Self::new(code, message)
+    }
+}
+
+/// Where Baton listens, as `--addr` gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// A TCP `host:port`.
+    Tcp(String),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl Address {
+    /// Parses `unix:///path`, `unix:/path`, `/path`, `http://host:port` or `host:port`.
+    pub fn parse(addr: &str) -> Result<Self, String> {
+        let addr = addr.trim();
+        let path = addr
+            .strip_prefix("unix://")
+            .or_else(|| addr.strip_prefix("unix:"))
+            .or_else(|| addr.starts_with('/').then_some(addr));
+        if let Some(path) = path {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "--addr / BATON_ADDR: {addr:?}: a Unix socket path must be absolute"
+                ));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let hostport = addr.strip_prefix("http://").unwrap_or(addr);
+        if hostport.is_empty() || !hostport.contains(':') {
+            return Err(format!(
+                "--addr / BATON_ADDR: {addr:?} is not host:port or unix:///path"
+            ));
+        }
+        Ok(Self::Tcp(hostport.to_owned()))
+    }
+}
+
+/// Opens a channel to Baton, failing with [`EXIT_UNAVAILABLE`] and a clear message when it
+/// cannot be reached, or [`EXIT_USAGE`] for an address that makes no sense.
+pub async fn connect(args: &ClientArgs) -> Result<Channel, Failure> {
+    let address = Address::parse(&args.addr).map_err(|e| Failure::new(EXIT_USAGE, e))?;
+    let unreachable =
+        |e: &dyn std::fmt::Display| Failure::new(EXIT_UNAVAILABLE, unreachable(&args.addr, e));
+    let connect_timeout = args.timeout.min(Duration::from_secs(5));
+    match address {
+        Address::Tcp(hostport) => {
+            let endpoint = Endpoint::from_shared(format!("http://{hostport}"))
+                .map_err(|e| Failure::new(EXIT_USAGE, format!("--addr {hostport:?}: {e}")))?;
+            endpoint
+                .connect_timeout(connect_timeout)
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| unreachable(&error_chain(&e)))
+        }
+        Address::Unix(path) => {
+            // The URI only names the `:authority` (a valid one); every connection goes to the
+            // socket.
+            let endpoint =
+                Endpoint::from_static("http://localhost").connect_timeout(connect_timeout);
+            endpoint
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await
+                .map_err(|e| unreachable(&error_chain(&e)))
+        }
+    }
+}
+
+fn unreachable(addr: &str, e: &dyn std::fmt::Display) -> String {
+    format!("cannot reach Baton at {addr}: {e} (is it running? set --addr or BATON_ADDR)")
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        // Layers often repeat their cause's words; say each once.
+        let said = cause.to_string();
+        if !out.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        source = cause.source();
+    }
+    out
+}
+
+/// A protobuf Duration from a std one, rounded up to the millisecond as Baton counts.
+fn proto_duration(d: Duration) -> prost_types::Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    prost_types::Duration {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
+    }
+}
+
+/// A protobuf Duration as a std one (negative ones as zero).
+fn std_duration(d: Option<&prost_types::Duration>) -> Option<Duration> {
+    d.map(|d| {
+        Duration::from_secs(u64::try_from(d.seconds).unwrap_or(0))
+            + Duration::from_nanos(u64::try_from(d.nanos).unwrap_or(0))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every address form `BATON_ADDR` documents parses, and nonsense is refused.
+    #[test]
+    fn addresses_parse() {
+        let unix = |p: &str| Ok(Address::Unix(PathBuf::from(p)));
+        assert_eq!(
+            Address::parse("unix:///run/baton.sock"),
+            unix("/run/baton.sock")
+        );
+        assert_eq!(
+            Address::parse("unix:/run/baton.sock"),
+            unix("/run/baton.sock")
+        );
+        assert_eq!(Address::parse("/run/baton.sock"), unix("/run/baton.sock"));
+        assert_eq!(
+            Address::parse("127.0.0.1:50051"),
+            Ok(Address::Tcp("127.0.0.1:50051".into()))
+        );
+        assert_eq!(
+            Address::parse("http://localhost:50051"),
+            Ok(Address::Tcp("localhost:50051".into()))
+        );
+        assert!(Address::parse("unix:relative.sock").is_err());
+        assert!(Address::parse("localhost").is_err());
+        assert!(Address::parse("").is_err());
+    }
+
+    /// Durations go to Baton rounded up to the millisecond, as it rounds them.
+    #[test]
+    fn durations_round_up_to_the_millisecond() {
+        let d = proto_duration(Duration::from_micros(1_500_001));
+        assert_eq!((d.seconds, d.nanos), (1, 501_000_000));
+        assert_eq!(std_duration(Some(&d)), Some(Duration::from_millis(1501)));
+    }
+}
