@@ -1,0 +1,717 @@
+// The client: Baton.connect(), leases held through Hold streams, and plain calls.
+
+import * as net from "node:net";
+import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
+import { createClient, type CallOptions, type Client } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import {
+  AutocompleteMatchKind,
+  AutocompleteMatchMode,
+  AutocompleteOrder,
+  AutocompleteService,
+  AutocompleteTermSchema,
+} from "./gen/baton/v1/autocomplete_pb.js";
+import { LockMode, LockService, type LockLease } from "./gen/baton/v1/lock_pb.js";
+import { RateLimitAlgorithm, RateLimitDecidedBy, RateLimitService } from "./gen/baton/v1/ratelimit_pb.js";
+import { SemaphoreService, type SemaphorePermit } from "./gen/baton/v1/semaphore_pb.js";
+import {
+  BatonError,
+  DeadlineExceededError,
+  fromError,
+  NotAcquiredError,
+  UnavailableError,
+} from "./errors.js";
+import { Lease, type Grant, type HoldEvent } from "./lease.js";
+
+/** The address used when neither the caller nor BATON_ADDR gives one (Baton's default). */
+export const DEFAULT_ADDR = "127.0.0.1:50051";
+/** Attempts of a call that fails UNAVAILABLE before giving up. */
+const RETRIES = 4;
+/** Delay before retrying UNAVAILABLE when Baton suggested none, and the longest. */
+const DEFAULT_RETRY_DELAY_MS = 100;
+const MAX_RETRY_DELAY_MS = 2000;
+/** Baton's longest wait per call; longer waits are made of several. */
+const MAX_WAIT_MS = 3_600_000;
+
+/** Where Baton is: a base URL, and the Unix socket to reach it through, if any. */
+export interface Address {
+  baseUrl: string;
+  socketPath?: string;
+}
+
+/**
+ * Parses `host:port`, `http://host:port`, `unix:///path`, `unix:/path` or `/path` (default:
+ * BATON_ADDR, then 127.0.0.1:50051). Over a Unix socket the `:authority` is `localhost`.
+ */
+export function resolveAddress(addr?: string): Address {
+  const a = (addr || process.env.BATON_ADDR || DEFAULT_ADDR).trim();
+  if (a.startsWith("unix:") || a.startsWith("/")) {
+    let path = a.startsWith("unix:") ? a.slice("unix:".length) : a;
+    if (path.startsWith("//")) path = path.slice(2);
+    if (!path.startsWith("/")) {
+      throw new TypeError(`BATON_ADDR: "${a}": a Unix socket path must be absolute`);
+    }
+    return { baseUrl: "http://localhost", socketPath: path };
+  }
+  const hostport = a.replace(/^http:\/\//, "");
+  if (!hostport.includes(":")) throw new TypeError(`BATON_ADDR: "${a}" is not host:port or unix:///path`);
+  return { baseUrl: `http://${hostport}` };
+}
+
+/** Options of Baton.connect. */
+export interface ConnectOptions {
+  /** Deadline of each plain call in ms (waits get theirs on top); default 10 s. */
+  timeoutMs?: number;
+}
+
+/** Options of lock(), tryLock(), withLock(). */
+export interface LockOptions {
+  /** The lease's ttl in ms, renewed every third of it (at least 100); default 10 s. */
+  ttlMs?: number;
+  /** How long to wait in ms; undefined waits as long as it takes, 0 tries once. */
+  waitMs?: number;
+  /** Re-enter as this owner (must be unique per holder). */
+  owner?: string;
+  /** Wait in arrival order. */
+  fair?: boolean;
+  /** A reader's lock: shared with other shared holders. */
+  shared?: boolean;
+  /** Give up waiting when this aborts. */
+  signal?: AbortSignal;
+}
+
+/** Options of semaphore(), trySemaphore(), withSemaphore(). */
+export interface SemaphoreOptions extends Omit<LockOptions, "shared"> {
+  /** The most permits in use at once. */
+  limit: number;
+  /** Permits to take; default 1. */
+  permits?: number;
+}
+
+/** A hold obtained with acquireLock (not kept alive): release or refresh it by its token. */
+export interface LockGrant {
+  name: string;
+  token: string;
+  fencingToken: bigint;
+  remainingMs: number;
+  expiresAt: Date;
+  holdCount: number;
+  owner: string;
+  shared: boolean;
+}
+
+/** Permits obtained with acquirePermits (not kept alive). */
+export interface PermitGrant {
+  name: string;
+  token: string;
+  fencingToken: bigint;
+  remainingMs: number;
+  expiresAt: Date;
+  permits: number;
+  limit: number;
+  owner: string;
+}
+
+/** A snapshot of one lock. */
+export interface LockState {
+  held: boolean;
+  mode: "exclusive" | "shared" | "";
+  owner: string;
+  remainingMs?: number;
+  holdCount: number;
+  fencingToken: bigint;
+  waiters: number;
+  queued: number;
+  sharedHolders: number;
+}
+
+/** A snapshot of one semaphore. */
+export interface SemaphoreState {
+  limit: number;
+  permitsInUse: number;
+  holderCount: number;
+  holders: { owner: string; permits: number; limit: number; remainingMs?: number; fencingToken: bigint }[];
+  waiters: number;
+  fencingToken: bigint;
+}
+
+/** The answer of a rate limit check. */
+export interface RateLimitDecision {
+  allowed: boolean;
+  limit: bigint;
+  remaining: bigint;
+  retryAfterMs: number;
+  resetAfterMs: number;
+  decidedBy: "redis" | "fail_open" | "fail_closed";
+}
+
+/** A term to add: a display text, or one with a score (added when `increment`) and payload. */
+export type Term = string | { display: string; score?: number; increment?: boolean; payload?: Uint8Array };
+
+/** How a query matches. */
+export type MatchMode = "prefix" | "word_prefix" | "suffix" | "contains" | "automatic";
+
+/** One completion. */
+export interface Suggestion {
+  display: string;
+  score: number;
+  payload: Uint8Array;
+  match: string;
+}
+
+/** One item of a recent list. */
+export interface RecentItem {
+  display: string;
+  payload: Uint8Array;
+  recordedAt?: Date;
+  match: string;
+}
+
+const MODES: Record<MatchMode, AutocompleteMatchMode> = {
+  prefix: AutocompleteMatchMode.PREFIX,
+  word_prefix: AutocompleteMatchMode.WORD_PREFIX,
+  suffix: AutocompleteMatchMode.SUFFIX,
+  contains: AutocompleteMatchMode.CONTAINS,
+  automatic: AutocompleteMatchMode.AUTOMATIC,
+};
+
+const ALGORITHMS = {
+  gcra: RateLimitAlgorithm.GCRA,
+  fixed_window: RateLimitAlgorithm.FIXED_WINDOW,
+  sliding_window: RateLimitAlgorithm.SLIDING_WINDOW,
+} as const;
+
+function ms(d: Duration | undefined): number | undefined {
+  return d === undefined ? undefined : durationMs(d);
+}
+
+function matchKind(kind: AutocompleteMatchKind): string {
+  return kind === AutocompleteMatchKind.UNSPECIFIED ? "" : AutocompleteMatchKind[kind].toLowerCase();
+}
+
+function sleep(delayMs: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, delayMs);
+    signal?.addEventListener("abort", () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    }, { once: true });
+  });
+}
+
+function retryDelay(err: UnavailableError): number {
+  return Math.min(err.retryAfterMs ?? DEFAULT_RETRY_DELAY_MS, MAX_RETRY_DELAY_MS);
+}
+
+function lockGrant(l: LockLease): LockGrant {
+  return {
+    name: l.name,
+    token: l.token,
+    fencingToken: l.fencingToken,
+    remainingMs: ms(l.remainingTtl) ?? 0,
+    expiresAt: l.expiresAt ? timestampDate(l.expiresAt) : new Date(),
+    holdCount: l.holdCount,
+    owner: l.owner,
+    shared: l.mode === LockMode.SHARED,
+  };
+}
+
+function permitGrant(p: SemaphorePermit): PermitGrant {
+  return {
+    name: p.name,
+    token: p.token,
+    fencingToken: p.fencingToken,
+    remainingMs: ms(p.remainingTtl) ?? 0,
+    expiresAt: p.expiresAt ? timestampDate(p.expiresAt) : new Date(),
+    permits: p.permits,
+    limit: p.limit,
+    owner: p.owner,
+  };
+}
+
+/**
+ * A connection to Baton. Share one per process; `close()` it when done.
+ *
+ * ```ts
+ * const client = Baton.connect();            // BATON_ADDR, or 127.0.0.1:50051
+ * await client.withLock("orders", async (lease) => {
+ *   await write(lease.fencingToken, { signal: lease.signal });
+ * });
+ * ```
+ */
+export class Baton {
+  /** Rate limit checks. */
+  readonly rateLimit: RateLimits;
+  /** Dictionaries and recent lists. */
+  readonly autocomplete: Autocomplete;
+  readonly #timeoutMs: number;
+  readonly #sessions: Http2SessionManager;
+  readonly #locks: Client<typeof LockService>;
+  readonly #semaphores: Client<typeof SemaphoreService>;
+
+  /** A client for `addr` (see resolveAddress); connects lazily on the first call. */
+  static connect(addr?: string, options: ConnectOptions = {}): Baton {
+    return new Baton(addr, options);
+  }
+
+  constructor(addr?: string, options: ConnectOptions = {}) {
+    const address = resolveAddress(addr);
+    this.#timeoutMs = options.timeoutMs ?? 10_000;
+    // Pings an idle connection so a dead Baton is noticed; Node answers Baton's own pings.
+    this.#sessions = new Http2SessionManager(
+      address.baseUrl,
+      { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 },
+      address.socketPath === undefined
+        ? {}
+        : { createConnection: () => net.connect(address.socketPath as string) },
+    );
+    const transport = createGrpcTransport({ baseUrl: address.baseUrl, sessionManager: this.#sessions });
+    this.#locks = createClient(LockService, transport);
+    this.#semaphores = createClient(SemaphoreService, transport);
+    this.rateLimit = new RateLimits(this, createClient(RateLimitService, transport));
+    this.autocomplete = new Autocomplete(this, createClient(AutocompleteService, transport));
+  }
+
+  /** Closes the connection; leases still held through it are released by Baton. */
+  close(): void {
+    this.#sessions.abort();
+  }
+
+  /**
+   * Takes the lock `name` and keeps it through a Hold stream until the lease is released
+   * (`await using lease = await client.lock(...)`, or `lease.release()`). Throws
+   * NotAcquiredError when the wait ends first.
+   */
+  async lock(name: string, options: LockOptions = {}): Promise<Lease> {
+    const lease = await this.#hold("lock", name, options);
+    if (lease === undefined) throw new Error("unreachable: a waiting hold either grants or throws");
+    return lease;
+  }
+
+  /** Like lock() without waiting: the lease, or undefined when the lock is taken. */
+  async tryLock(name: string, options: Omit<LockOptions, "waitMs"> = {}): Promise<Lease | undefined> {
+    try {
+      return await this.#hold("lock", name, { ...options, waitMs: 0 });
+    } catch (e) {
+      if (e instanceof NotAcquiredError) return undefined;
+      throw e;
+    }
+  }
+
+  /**
+   * Runs `work` while holding the lock; `lease.signal` aborts when the lease is lost. The lock
+   * is released when `work` settles; a lease lost meanwhile throws LeaseLostError.
+   */
+  async withLock<T>(name: string, work: (lease: Lease) => Promise<T>, options: LockOptions = {}): Promise<T> {
+    return Baton.#run(await this.lock(name, options), work);
+  }
+
+  /** Takes `permits` of the semaphore `name` (at most `limit` in use), kept by a Hold stream. */
+  async semaphore(name: string, options: SemaphoreOptions): Promise<Lease> {
+    const lease = await this.#hold("semaphore", name, options);
+    if (lease === undefined) throw new Error("unreachable: a waiting hold either grants or throws");
+    return lease;
+  }
+
+  /** Like semaphore() without waiting: the lease, or undefined. */
+  async trySemaphore(name: string, options: Omit<SemaphoreOptions, "waitMs">): Promise<Lease | undefined> {
+    try {
+      return await this.#hold("semaphore", name, { ...options, waitMs: 0 });
+    } catch (e) {
+      if (e instanceof NotAcquiredError) return undefined;
+      throw e;
+    }
+  }
+
+  /** Runs `work` while holding permits (see withLock). */
+  async withSemaphore<T>(name: string, work: (lease: Lease) => Promise<T>, options: SemaphoreOptions): Promise<T> {
+    return Baton.#run(await this.semaphore(name, options), work);
+  }
+
+  /**
+   * Takes a hold that lasts `ttlMs` unless refreshed or released; undefined if not acquired. A
+   * fresh idempotency key makes retries after UNAVAILABLE or a lost reply return the same hold.
+   */
+  async acquireLock(
+    name: string,
+    options: { ttlMs: number; waitMs?: number; owner?: string; fair?: boolean; shared?: boolean },
+  ): Promise<LockGrant | undefined> {
+    const request = {
+      name,
+      ttl: durationFromMs(options.ttlMs),
+      waitTimeout: durationFromMs(options.waitMs ?? 0),
+      owner: options.owner ?? "",
+      fair: options.fair ?? false,
+      mode: options.shared ? LockMode.SHARED : LockMode.EXCLUSIVE,
+      idempotencyKey: randomUUID(),
+    };
+    const reply = await this.acquire((r, o) => this.#locks.acquire(r, o), request, options.waitMs ?? 0);
+    return reply.acquired && reply.lease ? lockGrant(reply.lease) : undefined;
+  }
+
+  /** Ends the hold; false when it had already expired or been released. */
+  async releaseLock(grant: LockGrant): Promise<boolean> {
+    const reply = await this.call((o) => this.#locks.release({ name: grant.name, token: grant.token }, o));
+    return reply.wasHeld;
+  }
+
+  /** Sets the hold's remaining ttl; throws FailedPreconditionError when it is gone. */
+  async refreshLock(grant: LockGrant, ttlMs?: number): Promise<number> {
+    const request = { name: grant.name, token: grant.token, ttl: ttlMs === undefined ? undefined : durationFromMs(ttlMs) };
+    const reply = await this.call((o) => this.#locks.refresh(request, o));
+    return ms(reply.remainingTtl) ?? 0;
+  }
+
+  /** A snapshot of the lock `name`. */
+  async describeLock(name: string): Promise<LockState> {
+    const r = await this.call((o) => this.#locks.describe({ name }, o));
+    return {
+      held: r.held,
+      mode: r.mode === LockMode.EXCLUSIVE ? "exclusive" : r.mode === LockMode.SHARED ? "shared" : "",
+      owner: r.owner,
+      remainingMs: ms(r.remainingTtl),
+      holdCount: r.holdCount,
+      fencingToken: r.fencingToken,
+      waiters: r.waiters,
+      queued: r.queued,
+      sharedHolders: r.sharedHolders,
+    };
+  }
+
+  /** Takes permits without a stream; undefined if not acquired. */
+  async acquirePermits(
+    name: string,
+    options: { limit: number; permits?: number; ttlMs: number; waitMs?: number; owner?: string; fair?: boolean },
+  ): Promise<PermitGrant | undefined> {
+    const request = {
+      name,
+      limit: options.limit,
+      permits: options.permits ?? 1,
+      ttl: durationFromMs(options.ttlMs),
+      waitTimeout: durationFromMs(options.waitMs ?? 0),
+      owner: options.owner ?? "",
+      fair: options.fair ?? false,
+      idempotencyKey: randomUUID(),
+    };
+    const reply = await this.acquire((r, o) => this.#semaphores.acquire(r, o), request, options.waitMs ?? 0);
+    return reply.acquired && reply.permit ? permitGrant(reply.permit) : undefined;
+  }
+
+  /** Gives the permits back; false when the lease had already expired. */
+  async releasePermits(grant: PermitGrant): Promise<boolean> {
+    const reply = await this.call((o) => this.#semaphores.release({ name: grant.name, token: grant.token }, o));
+    return reply.wasHeld;
+  }
+
+  /** A snapshot of the semaphore `name`. */
+  async describeSemaphore(name: string): Promise<SemaphoreState> {
+    const r = await this.call((o) => this.#semaphores.describe({ name }, o));
+    return {
+      limit: r.limit,
+      permitsInUse: r.permitsInUse,
+      holderCount: r.holderCount,
+      holders: r.holders.map((h) => ({
+        owner: h.owner,
+        permits: h.permits,
+        limit: h.limit,
+        remainingMs: ms(h.remainingTtl),
+        fencingToken: h.fencingToken,
+      })),
+      waiters: r.waiters,
+      fencingToken: r.fencingToken,
+    };
+  }
+
+  /** @internal One unary call, retried after UNAVAILABLE (every call retried is idempotent). */
+  async call<T>(fn: (options: CallOptions) => Promise<T>, timeoutMs = this.#timeoutMs): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await fn({ timeoutMs });
+      } catch (e) {
+        const err = fromError(e);
+        if (!(err instanceof UnavailableError) || attempt >= RETRIES) throw err;
+        await sleep(retryDelay(err));
+      }
+    }
+  }
+
+  /** @internal An Acquire with an idempotency key: UNAVAILABLE and a passed deadline (whose
+   * reply may be lost) are retried with the same key, which returns the same grant. */
+  async acquire<Req extends { waitTimeout?: Duration }, Res>(
+    fn: (request: Req, options: CallOptions) => Promise<Res>,
+    request: Req,
+    waitMs: number,
+  ): Promise<Res> {
+    let timeoutMs = waitMs + this.#timeoutMs;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await fn(request, { timeoutMs });
+      } catch (e) {
+        const err = fromError(e);
+        const retriable = err instanceof UnavailableError || err instanceof DeadlineExceededError;
+        if (!retriable || attempt >= RETRIES) throw err;
+        if (err instanceof UnavailableError) await sleep(retryDelay(err));
+        // The retry only looks up what the key was granted (or tries once more).
+        request = { ...request, waitTimeout: durationFromMs(0) };
+        timeoutMs = this.#timeoutMs;
+      }
+    }
+  }
+
+  static async #run<T>(lease: Lease, work: (lease: Lease) => Promise<T>): Promise<T> {
+    let outcome: { value: T } | { error: unknown };
+    try {
+      outcome = { value: await work(lease) };
+    } catch (error) {
+      outcome = { error };
+    }
+    const lost = lease.lost;
+    await lease.close();
+    if (lost) throw lease.error("error" in outcome ? outcome.error : undefined);
+    if ("error" in outcome) throw outcome.error;
+    return outcome.value;
+  }
+
+  #open(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>, waitMs: number, signal: AbortSignal): AsyncIterator<HoldEvent> {
+    const common = {
+      name,
+      ttl: durationFromMs(options.ttlMs ?? 10_000),
+      waitTimeout: durationFromMs(waitMs),
+      owner: options.owner ?? "",
+      fair: options.fair ?? false,
+    };
+    if (kind === "lock") {
+      const stream = this.#locks.hold(
+        { ...common, mode: options.shared ? LockMode.SHARED : LockMode.EXCLUSIVE },
+        { signal },
+      );
+      return mapEvents(stream, (event): HoldEvent => {
+        switch (event.event.case) {
+          case "acquired": {
+            const l = event.event.value;
+            return {
+              case: "acquired",
+              value: {
+                name: l.name, token: l.token, fencingToken: l.fencingToken, owner: l.owner,
+                expiresAt: l.expiresAt, shared: l.mode === LockMode.SHARED,
+              },
+            };
+          }
+          case "notAcquired":
+            return { case: "notAcquired", value: { holderRemainingMs: ms(event.event.value.holderRemainingTtl) } };
+          default:
+            return event.event as HoldEvent;
+        }
+      });
+    }
+    const stream = this.#semaphores.hold(
+      { ...common, limit: options.limit ?? 0, permits: options.permits ?? 1 },
+      { signal },
+    );
+    return mapEvents(stream, (event): HoldEvent => {
+      switch (event.event.case) {
+        case "acquired": {
+          const p = event.event.value;
+          return {
+            case: "acquired",
+            value: {
+              name: p.name, token: p.token, fencingToken: p.fencingToken, owner: p.owner,
+              expiresAt: p.expiresAt, permits: p.permits,
+            },
+          };
+        }
+        case "notAcquired":
+          return {
+            case: "notAcquired",
+            value: { holderRemainingMs: ms(event.event.value.earliestExpiry), available: event.event.value.available },
+          };
+        default:
+          return event.event as HoldEvent;
+      }
+    });
+  }
+
+  /** Opens Hold streams until one grants the lease (a wait longer than Baton's longest is made
+   * of several; UNAVAILABLE before the grant, when nothing is held, is retried). */
+  async #hold(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>): Promise<Lease | undefined> {
+    const deadline = options.waitMs === undefined ? undefined : Date.now() + options.waitMs;
+    let failures = 0;
+    for (;;) {
+      options.signal?.throwIfAborted();
+      const left = deadline === undefined ? MAX_WAIT_MS : Math.max(0, deadline - Date.now());
+      const stream = new AbortController();
+      const stop = () => stream.abort(options.signal?.reason);
+      options.signal?.addEventListener("abort", stop, { once: true });
+      const events = this.#open(kind, name, options, Math.min(left, MAX_WAIT_MS), stream.signal);
+      let err: BatonError;
+      try {
+        const first = await events.next();
+        if (first.done) {
+          err = new UnavailableError("the Hold stream ended before its first event");
+        } else if (first.value.case === "acquired") {
+          options.signal?.removeEventListener("abort", stop);
+          const grant = first.value.value;
+          return new Lease(kind, grant, events, stream, (g: Grant) => this.#releaseGrant(kind, g));
+        } else if (first.value.case === "notAcquired") {
+          stream.abort();
+          if (deadline === undefined || left > MAX_WAIT_MS) continue;
+          throw new NotAcquiredError(
+            `${kind} "${name}" not acquired within ${options.waitMs} ms`,
+            first.value.value.holderRemainingMs,
+            first.value.value.available,
+          );
+        } else {
+          err = new BatonError("the Hold stream did not start with a grant");
+        }
+      } catch (e) {
+        options.signal?.removeEventListener("abort", stop);
+        if (e instanceof NotAcquiredError) throw e;
+        if (options.signal?.aborted) throw options.signal.reason;
+        err = fromError(e);
+      }
+      stream.abort();
+      failures++;
+      const over = deadline === undefined || Date.now() >= deadline;
+      if (!(err instanceof UnavailableError) || (failures >= RETRIES && over)) throw err;
+      await sleep(retryDelay(err), options.signal);
+    }
+  }
+
+  async #releaseGrant(kind: "lock" | "semaphore", grant: Grant): Promise<void> {
+    const request = { name: grant.name, token: grant.token };
+    if (kind === "lock") await this.#locks.release(request, { timeoutMs: this.#timeoutMs });
+    else await this.#semaphores.release(request, { timeoutMs: this.#timeoutMs });
+  }
+}
+
+function mapEvents<T>(stream: AsyncIterable<T>, map: (event: T) => HoldEvent): AsyncIterator<HoldEvent> {
+  const it = stream[Symbol.asyncIterator]();
+  return {
+    async next() {
+      const r = await it.next();
+      return r.done ? { done: true, value: undefined } : { done: false, value: map(r.value) };
+    },
+  };
+}
+
+/** Rate limit checks (`client.rateLimit`). */
+export class RateLimits {
+  /** @internal */
+  constructor(private readonly client: Baton, private readonly stub: Client<typeof RateLimitService>) {}
+
+  /** Counts `cost` (default 1; 0 peeks) against `limit` per `periodMs` on `key`. */
+  async check(
+    key: string,
+    options: { limit: number | bigint; periodMs: number; cost?: number | bigint; algorithm?: keyof typeof ALGORITHMS; burst?: number | bigint },
+  ): Promise<RateLimitDecision> {
+    const request = {
+      key,
+      limit: BigInt(options.limit),
+      period: durationFromMs(options.periodMs),
+      cost: options.cost === undefined ? undefined : BigInt(options.cost),
+      algorithm: ALGORITHMS[options.algorithm ?? "gcra"],
+      burst: BigInt(options.burst ?? 0),
+    };
+    const r = await this.client.call((o) => this.stub.check(request, o));
+    const decidedBy = r.decidedBy === RateLimitDecidedBy.FAIL_OPEN ? "fail_open"
+      : r.decidedBy === RateLimitDecidedBy.FAIL_CLOSED ? "fail_closed" : "redis";
+    return {
+      allowed: r.allowed,
+      limit: r.limit,
+      remaining: r.remaining,
+      retryAfterMs: ms(r.retryAfter) ?? 0,
+      resetAfterMs: ms(r.resetAfter) ?? 0,
+      decidedBy,
+    };
+  }
+}
+
+/** Dictionaries and recent lists (`client.autocomplete`). */
+export class Autocomplete {
+  /** @internal */
+  constructor(private readonly client: Baton, private readonly stub: Client<typeof AutocompleteService>) {}
+
+  /** Adds or updates terms; a request id (made up when not given) makes retries apply once. */
+  async add(dictionary: string, terms: Term[], requestId: string = randomUUID()) {
+    const request = {
+      dictionary,
+      requestId,
+      terms: terms.map((t) => create(AutocompleteTermSchema, typeof t === "string" ? { display: t } : t)),
+    };
+    const r = await this.client.call((o) => this.stub.add(request, o));
+    return { added: r.added, updated: r.updated, scores: r.scores, termCount: r.termCount };
+  }
+
+  /** Removes terms by display text; returns how many were there. */
+  async remove(dictionary: string, displays: string[]): Promise<number> {
+    return (await this.client.call((o) => this.stub.remove({ dictionary, displays }, o))).removed;
+  }
+
+  /** How many terms the dictionary has. */
+  async size(dictionary: string): Promise<bigint> {
+    return (await this.client.call((o) => this.stub.describe({ dictionary }, o))).termCount;
+  }
+
+  /** One page of terms matching `query`. */
+  async complete(
+    dictionary: string,
+    query: string,
+    options: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string } = {},
+  ): Promise<{ suggestions: Suggestion[]; nextPageToken: string }> {
+    const request = {
+      dictionary,
+      query,
+      limit: options.limit ?? 10,
+      mode: MODES[options.mode ?? "prefix"],
+      order: options.order === "score" ? AutocompleteOrder.SCORE : AutocompleteOrder.LEXICOGRAPHIC,
+      pageToken: options.pageToken ?? "",
+    };
+    const r = await this.client.call((o) => this.stub.complete(request, o));
+    return {
+      suggestions: r.suggestions.map((s) => ({ display: s.display, score: s.score, payload: s.payload, match: matchKind(s.matchKind) })),
+      nextPageToken: r.nextPageToken,
+    };
+  }
+
+  /** Moves `display` to the front of the recent list `list`. */
+  async recordRecent(list: string, display: string, options: { payload?: Uint8Array; maxItems?: number; ttlMs?: number } = {}) {
+    const request = {
+      list,
+      display,
+      payload: options.payload,
+      maxItems: options.maxItems ?? 0,
+      ttl: options.ttlMs === undefined ? undefined : durationFromMs(options.ttlMs),
+    };
+    const r = await this.client.call((o) => this.stub.recordRecent(request, o));
+    return { size: r.size, evicted: r.evicted, recordedAt: r.recordedAt ? timestampDate(r.recordedAt) : undefined };
+  }
+
+  /** Removes items from a recent list; returns how many were there. */
+  async removeRecent(list: string, displays: string[]): Promise<number> {
+    return (await this.client.call((o) => this.stub.removeRecent({ list, displays }, o))).removed;
+  }
+
+  /** One page of the recent list, most recent first. */
+  async recent(list: string, options: { limit?: number; pageToken?: string } = {}) {
+    const r = await this.client.call((o) => this.stub.listRecent({ list, limit: options.limit ?? 0, pageToken: options.pageToken ?? "" }, o));
+    return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
+  }
+
+  /** One page of the recent list's items matching `query`. */
+  async completeRecent(list: string, query: string, options: { limit?: number; mode?: MatchMode; pageToken?: string } = {}) {
+    const request = { list, query, limit: options.limit ?? 10, mode: MODES[options.mode ?? "prefix"], pageToken: options.pageToken ?? "" };
+    const r = await this.client.call((o) => this.stub.completeRecent(request, o));
+    return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
+  }
+}
+
+function recentItem(i: { display: string; payload: Uint8Array; recordedAt?: { seconds: bigint; nanos: number }; matchKind: AutocompleteMatchKind }): RecentItem {
+  return {
+    display: i.display,
+    payload: i.payload,
+    recordedAt: i.recordedAt ? timestampDate(i.recordedAt as never) : undefined,
+    match: matchKind(i.matchKind),
+  };
+}

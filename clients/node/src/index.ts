@@ -1,0 +1,37 @@
+// Baton's Node client: distributed locks, semaphores, rate limits and autocomplete over gRPC.
+//
+// Messages and services generated from proto/ by protoc-gen-es are re-exported under `pb`
+// (fencing tokens are bigints).
+
+export {
+  Autocomplete,
+  Baton,
+  DEFAULT_ADDR,
+  RateLimits,
+  resolveAddress,
+  type Address,
+  type ConnectOptions,
+  type LockGrant,
+  type LockOptions,
+  type LockState,
+  type MatchMode,
+  type PermitGrant,
+  type RateLimitDecision,
+  type RecentItem,
+  type SemaphoreOptions,
+  type SemaphoreState,
+  type Suggestion,
+  type Term,
+} from "./client.js";
+export {
+  BatonError,
+  DeadlineExceededError,
+  FailedPreconditionError,
+  InvalidArgumentError,
+  LeaseLostError,
+  NotAcquiredError,
+  ResourceExhaustedError,
+  UnavailableError,
+} from "./errors.js";
+export { Lease } from "./lease.js";
+export * as pb from "./pb.js";

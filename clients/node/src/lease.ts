@@ -1,0 +1,191 @@
+// A lease held through a Hold stream, kept alive in the background.
+
+import { timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { LeaseLostError } from "./errors.js";
+import { LeaseLostReason } from "./gen/baton/v1/lease_pb.js";
+
+/** A Hold stream's events, the same for locks and semaphores. */
+export type HoldEvent =
+  | { case: "acquired"; value: Grant }
+  | { case: "notAcquired"; value: { holderRemainingMs?: number; available?: number } }
+  | { case: "renewed"; value: { expiresAt?: Timestamp } }
+  | { case: "lost"; value: { reason: LeaseLostReason; message: string } }
+  | { case: undefined; value?: undefined };
+
+/** What a grant says about the lease. */
+export interface Grant {
+  name: string;
+  token: string;
+  fencingToken: bigint;
+  owner: string;
+  expiresAt?: Timestamp;
+  permits?: number;
+  shared?: boolean;
+}
+
+/** How a Lease ends its hold: Release by token (errors ignored by the caller). */
+export type Releaser = (grant: Grant) => Promise<void>;
+
+/**
+ * A lock or permits held through a Hold stream.
+ *
+ * `signal` aborts (with a LeaseLostError as its reason) when Baton reports the lease lost, when
+ * the stream breaks, or when the newest `expiresAt` passes on the local clock with no newer
+ * renewal: a frozen or partitioned Baton sends nothing at all. Pass it to the work the lease
+ * protects. `release()` (or `await using`) ends the lease at once, and throws LeaseLostError if
+ * it was lost meanwhile, so a loss is never silently ignored.
+ */
+export class Lease implements AsyncDisposable {
+  /** The lock's or semaphore's name. */
+  readonly name: string;
+  /** Strictly increases per name: pass it with every write the lease protects (a bigint). */
+  readonly fencingToken: bigint;
+  /** The owner the lease belongs to ("" when anonymous). */
+  readonly owner: string;
+  /** Permits held (semaphores; 0 for locks). */
+  readonly permits: number;
+  /** True for a shared lock lease. */
+  readonly shared: boolean;
+  /** Aborted when the lease is lost; its reason is the LeaseLostError. */
+  readonly signal: AbortSignal;
+  /** Why the lease was lost, once it was (see LeaseLostError.reason). */
+  lostReason?: string;
+  /** Baton's words about the loss. */
+  lostMessage = "";
+
+  #expiresAtMs: number;
+  #lost = new AbortController();
+  #stream: AbortController;
+  #timer?: NodeJS.Timeout;
+  #closed = false;
+  #grant: Grant;
+  #release: Releaser;
+
+  /** @internal Built by the client once the stream's first event granted the lease. */
+  constructor(
+    readonly kind: "lock" | "semaphore",
+    grant: Grant,
+    events: AsyncIterator<HoldEvent>,
+    stream: AbortController,
+    release: Releaser,
+  ) {
+    this.name = grant.name;
+    this.fencingToken = grant.fencingToken;
+    this.owner = grant.owner;
+    this.permits = grant.permits ?? 0;
+    this.shared = grant.shared ?? false;
+    this.signal = this.#lost.signal;
+    this.#grant = grant;
+    this.#stream = stream;
+    this.#release = release;
+    this.#expiresAtMs = grant.expiresAt ? timestampMs(grant.expiresAt) : Date.now();
+    this.#arm();
+    void this.#read(events);
+  }
+
+  /** True once the lease is lost. */
+  get lost(): boolean {
+    return this.#lost.signal.aborted;
+  }
+
+  /** Until when the lease is held for certain (Baton's clock, less a safety margin). */
+  get expiresAt(): Date {
+    return new Date(this.#expiresAtMs);
+  }
+
+  /** Milliseconds until `expiresAt` by the local clock (negative once passed). */
+  get remainingMs(): number {
+    return this.#expiresAtMs - Date.now();
+  }
+
+  /** True while the lease is neither lost nor past its `expiresAt` on the local clock. */
+  get held(): boolean {
+    return !this.lost && this.remainingMs > 0;
+  }
+
+  /** Throws LeaseLostError unless the lease is still held: call it between steps of work. */
+  check(): void {
+    if (!this.lost && this.remainingMs <= 0) {
+      this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
+    }
+    if (this.lost) throw this.error();
+  }
+
+  /** The LeaseLostError describing the loss. */
+  error(cause?: unknown): LeaseLostError {
+    return new LeaseLostError(
+      `${this.kind} "${this.name}" lost (${this.lostReason}): ${this.lostMessage}`,
+      this.lostReason ?? "",
+      cause === undefined ? undefined : { cause },
+    );
+  }
+
+  /** Ends the lease at once; throws LeaseLostError if it had been lost. Safe to call twice. */
+  async release(): Promise<void> {
+    await this.close();
+    if (this.lost) throw this.error();
+  }
+
+  /** `await using lease = await client.lock(...)`: releases when the scope ends. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.release();
+  }
+
+  /** @internal Ends the lease without throwing: Release by token, then close the stream. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    clearTimeout(this.#timer);
+    if (!this.lost) {
+      // Released before returning, so the next holder can go ahead; closing the stream would
+      // release it too, a moment later.
+      await this.#release(this.#grant).catch(() => undefined);
+    }
+    this.#stream.abort();
+  }
+
+  #arm(): void {
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => this.#expired(), Math.max(0, this.remainingMs));
+    this.#timer.unref();
+  }
+
+  #expired(): void {
+    if (this.#closed || this.lost) return;
+    if (this.remainingMs > 0) {
+      this.#arm(); // a renewal moved it meanwhile
+      return;
+    }
+    this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
+    this.#stream.abort();
+  }
+
+  #lose(reason: string, message: string): void {
+    if (this.lost || this.#closed) return;
+    this.lostReason = reason;
+    this.lostMessage = message;
+    clearTimeout(this.#timer);
+    this.#lost.abort(this.error());
+  }
+
+  async #read(events: AsyncIterator<HoldEvent>): Promise<void> {
+    try {
+      for (;;) {
+        const next = await events.next();
+        if (next.done) break;
+        const event = next.value;
+        if (event.case === "renewed") {
+          if (event.value.expiresAt) this.#expiresAtMs = timestampMs(event.value.expiresAt);
+          this.#arm();
+        } else if (event.case === "lost") {
+          const reason = LeaseLostReason[event.value.reason]?.replace(/^LEASE_LOST_REASON_/, "");
+          this.#lose(reason ?? "UNKNOWN", event.value.message);
+          return;
+        }
+      }
+      this.#lose("DISCONNECTED", "the stream ended without a lost event");
+    } catch (e) {
+      this.#lose("DISCONNECTED", `the stream broke: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
+}
