@@ -809,11 +809,7 @@ async fn fair_semaphore_waiters_are_served_in_redis_arrival_order() {
 /// the other leases of the same batched script call are renewed, for locks and for semaphores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_broken_lease_does_not_fail_its_batch() {
-    use baton::{
-        lock::Locks,
-        redis::{Notifier, Redis},
-        semaphore::Semaphores,
-    };
+    use baton::{lease::Primitive, lock::Lock, redis::Redis, semaphore::Semaphore};
 
     let redis = RedisServer::start().await;
     let [good, bad] = redis.names_in_one_slot("lock", ["good", "bad"]);
@@ -825,14 +821,8 @@ async fn one_broken_lease_does_not_fail_its_batch() {
     let mut config = redis.redis_config();
     config.key_prefix = baton.prefix().to_owned();
     let backend = Redis::new(&config).expect("redis config");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let notifier = Notifier::start(
-        backend.pubsub_source(),
-        config.command_timeout,
-        stop.clone(),
-    );
-    let locks = Locks::new(backend.clone(), notifier.clone());
-    let semaphores = Semaphores::new(backend, notifier);
+    let locks = Lock::new(backend.clone());
+    let semaphores = Semaphore::new(backend);
 
     let fine = granted(&mut client, acquire(&good, 1_000, "")).await;
     let doomed = granted(&mut client, acquire(&bad, 1_000, "")).await;
@@ -845,13 +835,13 @@ async fn one_broken_lease_does_not_fail_its_batch() {
     let renewed = locks
         .refresh_many(&[
             (
-                good.as_str(),
-                fine.token.as_str(),
+                good.clone(),
+                fine.token.clone(),
                 Some(Duration::from_secs(20)),
             ),
             (
-                bad.as_str(),
-                doomed.token.as_str(),
+                bad.clone(),
+                doomed.token.clone(),
                 Some(Duration::from_secs(20)),
             ),
         ])
@@ -921,5 +911,4 @@ async fn one_broken_lease_does_not_fail_its_batch() {
         .expect("Describe")
         .into_inner();
     assert!(remaining(&d.holders[0].remaining_ttl, "pool") > Duration::from_secs(19));
-    stop.cancel();
 }

@@ -2859,10 +2859,7 @@ async fn an_unknown_mode_is_invalid() {
 /// shared one and an unknown token come back as not held; an empty batch sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_many_renews_a_mixed_batch_in_one_call() {
-    use baton::{
-        lock::Locks,
-        redis::{Notifier, Redis},
-    };
+    use baton::{lease::Primitive, lock::Lock, redis::Redis};
 
     // Reads node-wide counters: on a Cluster, one of this test's own.
     let redis = RedisServer::start_private().await;
@@ -2874,14 +2871,7 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     let mut conn = redis.conn().await;
     let mut config = redis.redis_config();
     config.key_prefix = baton.prefix().to_owned();
-    let backend = Redis::new(&config).expect("redis config");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let notifier = Notifier::start(
-        backend.pubsub_source(),
-        config.command_timeout,
-        shutdown.clone(),
-    );
-    let locks = Locks::new(backend, notifier);
+    let locks = Lock::new(Redis::new(&config).expect("redis config"));
 
     let exclusive = acquired(&mut client, lock_a, 1_000, None, "").await;
     let shared = granted(&mut client, lock_b, 1_000, None, "", SHARED).await;
@@ -2908,25 +2898,20 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     .await;
 
     let unknown = random_token();
+    let hold = |name: &str, token: &str, ttl: Option<u64>| {
+        (
+            name.to_owned(),
+            token.to_owned(),
+            ttl.map(Duration::from_secs),
+        )
+    };
     let batch = [
-        (
-            lock_a,
-            exclusive.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (lock_b, shared.token.as_str(), Some(Duration::from_secs(30))),
-        (lock_b, shared_default.token.as_str(), None),
-        (
-            lock_c,
-            released.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (
-            lock_d,
-            expired.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (lock_d, unknown.as_str(), Some(Duration::from_secs(20))),
+        hold(lock_a, &exclusive.token, Some(20)),
+        hold(lock_b, &shared.token, Some(30)),
+        hold(lock_b, &shared_default.token, None),
+        hold(lock_c, &released.token, Some(20)),
+        hold(lock_d, &expired.token, Some(20)),
+        hold(lock_d, &unknown, Some(20)),
     ];
     reset_stats(&mut conn).await;
     let renewed: Vec<Option<Duration>> = locks
@@ -2963,10 +2948,9 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     assert!(release(&mut client, lock_d, &still.token).await.was_held);
 
     reset_stats(&mut conn).await;
-    let none: [(&str, &str, Option<Duration>); 0] = [];
     assert!(
         locks
-            .refresh_many(&none)
+            .refresh_many(&[])
             .await
             .expect("empty batch")
             .is_empty()
@@ -2976,7 +2960,6 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
         0,
         "an empty batch sends nothing"
     );
-    shutdown.cancel();
 }
 
 /// Uncontended, every mode costs one script call per acquisition (waiting allowed or not) and one
