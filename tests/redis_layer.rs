@@ -511,7 +511,10 @@ impl PubSubNodes {
         let infos: Vec<String> = self.each(redis::cmd("INFO").arg("all")).await;
         Counts {
             commands: infos.iter().map(|i| number(i, command)).sum(),
-            reads: infos.iter().map(|i| number(i, "total_reads_processed:")).sum(),
+            reads: infos
+                .iter()
+                .map(|i| number(i, "total_reads_processed:"))
+                .sum(),
         }
     }
 

@@ -56,7 +56,9 @@ impl Live {
     /// is reported ([`Event::Gap`]); the single node's connection is not flagged, as nothing
     /// sent on it is looked at after it dropped.
     pub(super) fn dropped(&self) -> bool {
-        self.0.as_ref().is_some_and(|closed| closed.load(Ordering::Relaxed))
+        self.0
+            .as_ref()
+            .is_some_and(|closed| closed.load(Ordering::Relaxed))
     }
 }
 
@@ -120,10 +122,7 @@ impl Connection {
     pub(super) async fn open(source: &Source, timeout: Duration) -> Result<Self, String> {
         match source {
             Source::Node(endpoint) => {
-                let client = endpoint
-                    .client(timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let client = endpoint.client(timeout).await.map_err(|e| e.to_string())?;
                 let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
                     .await
                     .map_err(|_| "timed out".to_owned())?
@@ -175,7 +174,10 @@ impl Connection {
     /// The next event; `None` when the connection is gone.
     pub(super) async fn next(&mut self) -> Option<Event> {
         match self {
-            Self::Node { stream, .. } => stream.next().await.map(|m| Event::Message(Message::Node(m))),
+            Self::Node { stream, .. } => stream
+                .next()
+                .await
+                .map(|m| Event::Message(Message::Node(m))),
             Self::Cluster { pushes, .. } => loop {
                 let push = pushes.recv().await?;
                 match push.kind {
@@ -300,10 +302,12 @@ impl Masters {
                     Reply::Moved(addr) if attempt == 0 => {
                         self.cluster.request_refresh();
                         match self.cluster.node(&addr) {
-                            Ok(node) => match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
-                                Some((_, group)) => group.push(channel),
-                                None => groups.push((node, vec![channel])),
-                            },
+                            Ok(node) => {
+                                match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                                    Some((_, group)) => group.push(channel),
+                                    None => groups.push((node, vec![channel])),
+                                }
+                            }
                             Err(e) => outcome.push((channel, Err(e))),
                         }
                     }

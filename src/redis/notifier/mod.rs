@@ -48,11 +48,11 @@ use std::{
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+pub use self::registry::{ADDRESSED, Wake};
 use self::{
     registry::{Registry, Waiter},
     subscriber::Request,
 };
-pub use self::registry::{ADDRESSED, Wake};
 use super::{cluster::Cluster, topology::Endpoint};
 use crate::error::Error;
 

@@ -341,7 +341,13 @@ mod tests {
         let mut plain = r.join("c", Wake::Every);
         let mut relay = r.join("c", Wake::Relay);
         let mut elsewhere = r.join("d", Wake::EveryAnd("head"));
-        for w in [&mut head, &mut other, &mut plain, &mut relay, &mut elsewhere] {
+        for w in [
+            &mut head,
+            &mut other,
+            &mut plain,
+            &mut relay,
+            &mut elsewhere,
+        ] {
             w.arm();
         }
         r.deliver("c", b"@head");
@@ -363,7 +369,11 @@ mod tests {
     /// (its check answered) does not.
     #[test]
     fn a_relay_waiter_that_leaves_owing_passes_its_wake_on() {
-        for (armed, settled, passed) in [(false, false, true), (true, false, true), (true, true, false)] {
+        for (armed, settled, passed) in [
+            (false, false, true),
+            (true, false, true),
+            (true, true, false),
+        ] {
             let mut r = Registry::default();
             let mut first = r.join("c", Wake::Relay);
             let mut second = r.join("c", Wake::Relay);
@@ -444,7 +454,10 @@ mod tests {
         r.dropped("c");
         assert_eq!(r.subscribed("c"), Some(false));
         assert_eq!(r.subscribed("d"), Some(true));
-        assert!(on_c.iter_mut().all(woken), "every waiter of the dropped channel");
+        assert!(
+            on_c.iter_mut().all(woken),
+            "every waiter of the dropped channel"
+        );
         assert!(!woken(&mut on_d), "another channel");
 
         for w in on_c.iter_mut().chain([&mut on_d]) {
@@ -454,7 +467,10 @@ mod tests {
         r.gap();
         assert!(on_c.iter_mut().all(woken), "every waiter of c");
         assert!(woken(&mut on_d), "and of d");
-        assert_eq!((r.subscribed("c"), r.subscribed("d")), (Some(false), Some(false)));
+        assert_eq!(
+            (r.subscribed("c"), r.subscribed("d")),
+            (Some(false), Some(false))
+        );
         let mut channels: Vec<&str> = r.channels().collect();
         channels.sort_unstable();
         assert_eq!(channels, ["c", "d"]);
@@ -482,7 +498,10 @@ mod tests {
         assert_eq!(r.subscribed("c"), Some(false), "subscribed afresh");
         r.deliver("c", b"released");
         assert!(woken(&mut again), "the only relay waiter");
-        assert!(!r.leave("c", &again), "never confirmed: nothing to unsubscribe");
+        assert!(
+            !r.leave("c", &again),
+            "never confirmed: nothing to unsubscribe"
+        );
         assert!(!r.contains("c"));
     }
 }

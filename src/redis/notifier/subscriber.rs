@@ -233,7 +233,11 @@ impl Subscriber {
     }
 
     /// Sends what the queue asks for, in batches, while the window has room.
-    fn send(&mut self, conn: &Connection, in_flight: &mut FuturesUnordered<BoxFuture<'static, Done>>) {
+    fn send(
+        &mut self,
+        conn: &Connection,
+        in_flight: &mut FuturesUnordered<BoxFuture<'static, Done>>,
+    ) {
         while in_flight.len() < WINDOW && !self.queue.is_empty() {
             let mut subscribe = Vec::new();
             let mut unsubscribe = Vec::new();
