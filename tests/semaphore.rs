@@ -2165,7 +2165,7 @@ async fn shutdown_releases_held_permits() {
     let prefix = stopping.prefix().to_owned();
     let other = Baton::start_with(&redis, |c| c.redis.key_prefix = prefix).await;
     let mut client = stopping.semaphore_client().await;
-    let mut watcher = other.semaphore_client().await;
+    let watcher = other.semaphore_client().await;
 
     let mut stream = hold(&mut client, hold_request("pool", 3, 2, 30_000)).await;
     hold_acquired(&mut stream).await;
