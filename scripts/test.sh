@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, clippy, buf lint, the contract checked from a
-# generated Python client, then every Rust test (unit and integration). Every test starts its own
+# generated Python client, the Python and Node client packages, then every Rust test (unit and
+# integration, the command-line client's included). Every test starts its own
 # redis-server processes on free ports and stops them by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,8 @@ echo "==> buf lint"
 .tools/node_modules/.bin/buf lint
 echo "==> Python contract tests (client generated from proto/)"
 scripts/python-tests.sh
+echo "==> client packages (clients/python, clients/node)"
+scripts/client-tests.sh
 echo "==> cargo test"
 cargo test --locked --all-targets
 echo "==> the service suites again, against a local 3-master Redis Cluster"

@@ -25,9 +25,10 @@ def test_lock_holds_then_releases_on_exit(server, transport, name):
 def test_lease_renewals_outlive_the_ttl(server, name):
     """A lease kept by its stream stays held past several ttls and its expiry moves forward."""
     with baton.Baton.connect(server.tcp) as client:
-        with client.lock(name, ttl=0.3) as lease:
+        # A 1 s ttl renewed every third of it: wide enough for a loaded machine (0.3 s was not).
+        with client.lock(name, ttl=1) as lease:
             first = lease.expires_at
-            time.sleep(1.0)
+            time.sleep(2.5)
             lease.check()
             assert lease.expires_at > first
             assert client.describe_lock(name).held
