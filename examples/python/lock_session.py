@@ -1,78 +1,62 @@
-"""A short Baton lock session from a Python client generated from proto/.
+"""A short Baton session with the Python package (clients/python).
 
-Generate the client, then run this against a serving Baton:
+Install the package, then run this against a serving Baton (BATON_ADDR, or 127.0.0.1:50051):
 
-    python3 -m pip install grpcio grpcio-tools
-    python3 -m grpc_tools.protoc -I proto --python_out=examples/python/gen \
-        --grpc_python_out=examples/python/gen proto/baton/v1/*.proto
-    python3 examples/python/lock_session.py [127.0.0.1:50051]
+    python3 -m venv .venv && .venv/bin/pip install ./clients/python
+    .venv/bin/python examples/python/lock_session.py
 
-It holds a lock through a Hold stream, shows a second caller waiting and being woken the moment
-the stream is closed, then releases.
+Caller a holds a lock in a `with` block (a Hold stream keeps it alive); caller b waits for it and
+is woken the moment a's block ends, with a higher fencing token; then a rate limit, a completion,
+and the error a bad ttl gets.
 """
 
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gen"))
-
-import grpc  # noqa: E402
-from google.protobuf.duration_pb2 import Duration  # noqa: E402
-
-from baton.v1 import lock_pb2 as pb  # noqa: E402
-from baton.v1 import lock_pb2_grpc as rpc  # noqa: E402
+import baton
 
 
-def ms(n):
-    return Duration(seconds=n // 1000, nanos=(n % 1000) * 1_000_000)
-
-
-def main(target):
-    locks = rpc.LockServiceStub(grpc.insecure_channel(target))
-
-    # Hold: acquire and keep the lease alive for as long as the stream is open.
-    hold = locks.Hold(pb.LockServiceHoldRequest(name="reports", ttl=ms(3000), owner="session-a"))
-    first = next(hold)
-    lease = first.acquired
-    print(f"a: holds 'reports' with fencing token {lease.fencing_token}")
-
-    waited = {}
+def main():
+    client = baton.Baton.connect()
+    b_result = {}
 
     def second_caller():
-        start = time.monotonic()
-        reply = locks.Acquire(pb.LockServiceAcquireRequest(
-            name="reports", ttl=ms(10000), wait_timeout=ms(10000), owner="session-b"))
-        waited["reply"], waited["at"] = reply, time.monotonic()
-        waited["waited"] = waited["at"] - start
+        started = time.monotonic()
+        with client.lock("reports", ttl=10, wait=10, owner="session-b") as lease:
+            b_result["at"] = time.monotonic()
+            b_result["fencing_token"] = lease.fencing_token
+            b_result["waited"] = b_result["at"] - started
 
-    b = threading.Thread(target=second_caller)
-    b.start()
-    time.sleep(0.5)
-    state = locks.Describe(pb.LockServiceDescribeRequest(name="reports"))
-    print(f"describe: held={state.held} owner={state.owner} waiters={state.waiters}")
-
-    renewal = next(hold)
-    print(f"a: lease renewed, {renewal.renewed.remaining_ttl.ToMilliseconds()} ms left")
-
-    closed_at = time.monotonic()
-    hold.cancel()  # closing the stream releases the lock at once
+    with client.lock("reports", ttl=3, owner="session-a") as a:
+        print(f"a: holds 'reports' with fencing token {a.fencing_token}")
+        b = threading.Thread(target=second_caller)
+        b.start()
+        deadline = time.monotonic() + 5
+        while client.describe_lock("reports").waiters == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        state = client.describe_lock("reports")
+        print(f"describe: held={state.held} owner={state.owner} waiters={state.waiters}")
+        a.check()  # raises baton.LeaseLost if the lease was lost
+        released_at = time.monotonic()
     b.join()
-    reply = waited["reply"]
-    print(f"b: acquired={reply.acquired} {1000 * (waited['at'] - closed_at):.1f} ms after a closed its "
-          f"stream, fencing token {reply.lease.fencing_token} > {lease.fencing_token}")
+    print(f"b: acquired {1000 * (b_result['at'] - released_at):.1f} ms after a's block ended, "
+          f"fencing token {b_result['fencing_token']} > {a.fencing_token}")
 
-    released = locks.Release(pb.LockServiceReleaseRequest(name="reports", token=reply.lease.token))
-    print(f"b: released, was_held={released.was_held}")
-    again = locks.Release(pb.LockServiceReleaseRequest(name="reports", token=reply.lease.token))
-    print(f"b: released again, was_held={again.was_held} (harmless)")
+    key = f"session:api:{os.getpid()}"
+    answers = [client.rate_limit.check(key, limit=2, period=60).allowed for _ in range(3)]
+    print(f"rate limit 2/min, three calls: {answers}")
+
+    client.autocomplete.add("session:cities", ["Straße", "Stroud", "Zürich"])
+    page = client.autocomplete.complete("session:cities", "STRA")
+    print(f"complete 'STRA': {[s.display for s in page.suggestions]}")
 
     try:
-        locks.Acquire(pb.LockServiceAcquireRequest(name="reports", ttl=ms(5)))
-    except grpc.RpcError as e:
-        print(f"bad ttl: {e.code().name}: {e.details()}")
+        client.acquire_lock("reports", ttl=0.005)
+    except baton.InvalidArgument as e:
+        print(f"bad ttl: InvalidArgument on field {e.field!r}: {e}")
+    client.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051")
+    main()

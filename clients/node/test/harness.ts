@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { Baton } from "../src/index.js";
 
 const HERE = fileURLToPath(new URL(".", import.meta.url));
-const REPO = resolve(HERE, "..", "..", "..", "..");
+export const REPO = resolve(HERE, "..", "..", "..", "..");
 
 /** A TCP port free on 127.0.0.1 right now. */
 export async function freePort(): Promise<number> {
