@@ -36,7 +36,7 @@ use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
 use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
 use crate::{
     config::ServeConfig,
-    grpc::conn::Watched,
+    grpc::{authority::FixAuthority, conn::Watched},
     lock::{Lock, Locks, service::LockApi},
     proto::{
         FILE_DESCRIPTOR_SET,
@@ -224,7 +224,9 @@ pub async fn serve_with_rules(
     if let Some((unix, path)) = listeners.unix {
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
         let stop = shutdown.clone().cancelled_owned();
-        let incoming = UnixListenerStream::new(unix).map_ok(Watched::new);
+        // grpc C-core and grpc-java clients send the socket path as `:authority`.
+        let incoming =
+            UnixListenerStream::new(unix).map_ok(|io| Watched::new(FixAuthority::new(io)));
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
         socket_path = Some(path);
     }

@@ -1,8 +1,10 @@
 //! What every gRPC handler shares, beside the handlers (each service's `service.rs`): checking
-//! request fields ([`wire`]), the client connection each request came on ([`conn`]), unary calls
+//! request fields ([`wire`]), the client connection each request came on ([`conn`]) and the valid
+//! `:authority` every Unix-socket client's requests get ([`authority`]), unary calls
 //! whose caller may leave mid-way ([`unary`]), and the lease calls of every leased primitive:
 //! `Acquire`, `Hold` and `KeepAlive` over the [`crate::lease::Engine`] ([`leases`]).
 
+pub mod authority;
 pub mod conn;
 pub mod leases;
 pub mod unary;

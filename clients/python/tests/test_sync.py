@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 import baton
+from baton._types import duration as t_duration
 from conftest import spawn_holder, wait_until
 
 
@@ -193,19 +194,24 @@ def test_autocomplete(server, transport, name):
         assert [i.display for i in client.autocomplete.complete_recent(name, "al").items] == ["alice"]
 
 
-def test_unix_socket_needs_the_default_authority(server):
-    """Stock grpcio over Baton's socket sends the socket path as :authority, which Baton's HTTP/2
-    server refuses; the package sets `grpc.default_authority`. Checks both, so that the day Baton
-    accepts such authorities this test says the workaround can go."""
+def test_stock_grpcio_reaches_the_unix_socket(server, name):
+    """Stock grpcio over Baton's socket sends the socket path, percent-encoded, as :authority;
+    Baton serves it all the same (several calls on one connection, a Hold stream included), and
+    the package's own channel works too."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    request = health_pb2.HealthCheckRequest(service="")
+    from baton.v1 import lock_pb2, lock_pb2_grpc
+
     stock = grpc.insecure_channel(server.unix)
-    with pytest.raises(grpc.RpcError) as refused:
-        health_pb2_grpc.HealthStub(stock).Check(request, timeout=5)
-    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    health = health_pb2_grpc.HealthStub(stock).Check(health_pb2.HealthCheckRequest(service=""),
+                                                      timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    locks = lock_pb2_grpc.LockServiceStub(stock)
+    hold = locks.Hold(lock_pb2.LockServiceHoldRequest(name=name, ttl=t_duration(5)), timeout=10)
+    assert next(hold).WhichOneof("event") == "acquired"
+    assert locks.Describe(lock_pb2.LockServiceDescribeRequest(name=name), timeout=5).held
+    hold.cancel()
     stock.close()
-    client = baton.Baton.connect(server.unix)
-    assert ("grpc.default_authority", "localhost") in client.options
-    assert not client.describe_lock("authority-check").held
-    client.close()
+    with baton.Baton.connect(server.unix) as client:
+        wait_until("the lock freed by the closed stream",
+                   lambda: not client.describe_lock(name).held, timeout=10)

@@ -22,7 +22,8 @@ BASE_OPTIONS: List[Tuple[str, object]] = [
 ]
 
 #: The `:authority` sent over a Unix socket. grpc C-core otherwise sends the socket's path,
-#: percent-encoded, which is not a valid authority: Baton's HTTP/2 server resets such streams.
+#: percent-encoded: Baton replaces it with this itself, but Batons older than the package reset
+#: such streams, so the package sends a valid one.
 UNIX_AUTHORITY = "localhost"
 
 
