@@ -21,6 +21,8 @@
 // Each test file uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod lease;
+pub mod lock;
 pub mod topology;
 
 use std::{

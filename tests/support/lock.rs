@@ -1,0 +1,306 @@
+//! Helpers of the LockService suite (`tests/lock/`): request builders, calls that panic naming
+//! the call when it fails, the next event of a stream within a bound, and bounded waits on what
+//! Describe reports.
+
+use std::time::Duration;
+
+use baton::proto::v1::{
+    self as pb, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as HoldEvent,
+    lock_service_keep_alive_response::Event as KeepAliveEvent,
+};
+use tonic::{Status, Streaming, transport::Channel};
+
+use super::{ms, wait_until, within};
+
+/// A LockService client.
+pub type Client = LockServiceClient<Channel>;
+
+/// An Acquire request with no mode (so exclusive), not fair, waiting `wait_ms` if given.
+pub fn acquire_request(
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+) -> pb::LockServiceAcquireRequest {
+    pb::LockServiceAcquireRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: wait_ms.map(ms),
+        owner: owner.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Sends [`acquire_request`], panicking if the call fails.
+pub async fn acquire(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+) -> pb::LockServiceAcquireResponse {
+    client
+        .acquire(acquire_request(name, ttl_ms, wait_ms, owner))
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {name:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// Acquires and asserts the lock was granted, returning the lease.
+pub async fn acquired(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+) -> pb::LockLease {
+    let response = acquire(client, name, ttl_ms, wait_ms, owner).await;
+    assert!(
+        response.acquired,
+        "expected to acquire {name:?}: {response:?}"
+    );
+    response
+        .lease
+        .expect("an acquired response carries the lease")
+}
+
+/// Releases the hold of `token`, panicking if the call fails.
+pub async fn release(
+    client: &mut Client,
+    name: &str,
+    token: &str,
+) -> pb::LockServiceReleaseResponse {
+    client
+        .release(pb::LockServiceReleaseRequest {
+            name: name.to_owned(),
+            token: token.to_owned(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Release {name:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// Refreshes the hold of `token` to `ttl_ms` (its acquisition ttl when `None`).
+pub async fn refresh(
+    client: &mut Client,
+    name: &str,
+    token: &str,
+    ttl_ms: Option<u64>,
+) -> Result<pb::LockServiceRefreshResponse, Status> {
+    client
+        .refresh(pb::LockServiceRefreshRequest {
+            name: name.to_owned(),
+            token: token.to_owned(),
+            ttl: ttl_ms.map(ms),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Describes lock `name`, panicking if the call fails.
+pub async fn describe(client: &mut Client, name: &str) -> pb::LockServiceDescribeResponse {
+    client
+        .describe(pb::LockServiceDescribeRequest {
+            name: name.to_owned(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Describe {name:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// Opens a Hold stream with no mode (so exclusive), not fair, panicking if the call fails.
+pub async fn hold(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+) -> Streaming<pb::LockServiceHoldResponse> {
+    client
+        .hold(pb::LockServiceHoldRequest {
+            name: name.to_owned(),
+            ttl: Some(ms(ttl_ms)),
+            wait_timeout: wait_ms.map(ms),
+            owner: owner.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// The next event of a Hold stream within `limit`; panics if the stream fails or ends.
+pub async fn next_hold_event(
+    stream: &mut Streaming<pb::LockServiceHoldResponse>,
+    limit: Duration,
+    what: &str,
+) -> HoldEvent {
+    within(limit, stream.message(), what)
+        .await
+        .unwrap_or_else(|s| panic!("{what}: the Hold stream failed: {s:?}"))
+        .unwrap_or_else(|| panic!("{what}: the Hold stream ended"))
+        .event
+        .unwrap_or_else(|| panic!("{what}: an event without payload"))
+}
+
+/// The next event of a KeepAlive stream within `limit`; panics if the stream fails or ends.
+pub async fn next_keep_alive_event(
+    stream: &mut Streaming<pb::LockServiceKeepAliveResponse>,
+    limit: Duration,
+    what: &str,
+) -> KeepAliveEvent {
+    within(limit, stream.message(), what)
+        .await
+        .unwrap_or_else(|s| panic!("{what}: the KeepAlive stream failed: {s:?}"))
+        .unwrap_or_else(|| panic!("{what}: the KeepAlive stream ended"))
+        .event
+        .unwrap_or_else(|| panic!("{what}: an event without payload"))
+}
+
+/// Waits (bounded) until Describe reports `n` waiters on `name`.
+pub async fn wait_for_waiters(client: &Client, name: &str, n: u32) {
+    let what = format!("{n} waiter(s) on {name:?}");
+    wait_until(Duration::from_secs(5), &what, || {
+        let mut client = client.clone();
+        async move {
+            let d = describe(&mut client, name).await;
+            if d.waiters == n { Ok(()) } else { Err(d) }
+        }
+    })
+    .await;
+}
+
+/// Like [`wait_for_waiters`], but fails at once with the waiter's outcome if `waiter` ends first.
+pub async fn wait_for_waiters_while<T: std::fmt::Debug>(
+    client: &Client,
+    name: &str,
+    n: u32,
+    waiter: &mut tokio::task::JoinHandle<T>,
+) {
+    tokio::select! {
+        () = wait_for_waiters(client, name, n) => {}
+        outcome = waiter => panic!("the waiter ended before waiting on {name:?}: {outcome:?}"),
+    }
+}
+
+/// Waits (at most `limit`) until Describe reports `name` free.
+pub async fn wait_until_free(client: &Client, name: &str, limit: Duration) {
+    let what = format!("{name:?} to be free");
+    wait_until(limit, &what, || {
+        let mut client = client.clone();
+        async move {
+            let d = describe(&mut client, name).await;
+            if d.held { Err(d) } else { Ok(()) }
+        }
+    })
+    .await;
+}
+
+/// How a test asks for a lock: fair or not, exclusive or shared.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    /// Whether to queue fairly.
+    pub fair: bool,
+    /// Exclusive or shared.
+    pub mode: pb::LockMode,
+}
+
+/// Exclusive, not fair.
+pub const EXCLUSIVE: Ask = Ask {
+    fair: false,
+    mode: pb::LockMode::Exclusive,
+};
+
+/// Shared, not fair.
+pub const SHARED: Ask = Ask {
+    fair: false,
+    mode: pb::LockMode::Shared,
+};
+
+/// Exclusive and fair.
+pub const FAIR: Ask = Ask {
+    fair: true,
+    mode: pb::LockMode::Exclusive,
+};
+
+/// Shared and fair.
+pub const FAIR_SHARED: Ask = Ask {
+    fair: true,
+    mode: pb::LockMode::Shared,
+};
+
+/// [`acquire_request`] asked `how`.
+pub fn ask_request(
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    ask: Ask,
+) -> pb::LockServiceAcquireRequest {
+    pb::LockServiceAcquireRequest {
+        fair: ask.fair,
+        mode: ask.mode.into(),
+        ..acquire_request(name, ttl_ms, wait_ms, owner)
+    }
+}
+
+/// Sends [`ask_request`], panicking if the call fails.
+pub async fn ask(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    ask: Ask,
+) -> pb::LockServiceAcquireResponse {
+    client
+        .acquire(ask_request(name, ttl_ms, wait_ms, owner, ask))
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {name:?} ({ask:?}) failed: {s:?}"))
+        .into_inner()
+}
+
+/// Asks and asserts the lock was granted, returning the lease.
+pub async fn granted(
+    client: &mut Client,
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+    how: Ask,
+) -> pb::LockLease {
+    let response = ask(client, name, ttl_ms, wait_ms, owner, how).await;
+    assert!(
+        response.acquired,
+        "expected to acquire {name:?} ({how:?}): {response:?}"
+    );
+    response
+        .lease
+        .expect("an acquired response carries the lease")
+}
+
+/// A Hold request asked `how`, trying once.
+pub fn hold_request(name: &str, ttl_ms: u64, owner: &str, how: Ask) -> pb::LockServiceHoldRequest {
+    pb::LockServiceHoldRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: None,
+        owner: owner.to_owned(),
+        fair: how.fair,
+        mode: how.mode.into(),
+    }
+}
+
+/// Waits (bounded) until Describe reports `n` waiters in the fair queue of `name`.
+pub async fn wait_for_queued(client: &Client, name: &str, n: u32) {
+    let what = format!("{n} queued waiter(s) on {name:?}");
+    wait_until(Duration::from_secs(5), &what, || {
+        let mut client = client.clone();
+        async move {
+            let d = describe(&mut client, name).await;
+            if d.queued == n { Ok(()) } else { Err(d) }
+        }
+    })
+    .await;
+}
