@@ -23,6 +23,7 @@
 
 pub mod lease;
 pub mod lock;
+pub mod semaphore;
 pub mod topology;
 
 use std::{
@@ -875,6 +876,12 @@ impl Baton {
     /// The Redis key of lock `name`'s state.
     pub fn lock_key(&self, name: &str) -> String {
         lock_key(&self.prefix, name)
+    }
+
+    /// The Redis key of semaphore `name`'s data hash (`PREFIX{sem:NAME}`); its other keys add a
+    /// suffix to it.
+    pub fn semaphore_key(&self, name: &str) -> String {
+        format!("{}{{sem:{name}}}", self.prefix)
     }
 
     /// A LockService client over a new TCP connection.
