@@ -1,8 +1,9 @@
 //! The unary calls and what every lease is (docs/guarantees.md, promises 1-3, 8): Acquire trying
 //! once or waiting (timeouts, the caller's deadline, cancellation), Release, Refresh and Describe;
-//! only a hold's token releases or refreshes it; mutual exclusion under contention; bad input
-//! named by field and changing nothing; every key expiring; the server around the service
-//! (reflection, the Unix socket).
+//! only a hold's token releases or refreshes it; idempotent retries, and replies lost to
+//! deadlines leaving nothing held; mutual exclusion under contention; bad input named by field and
+//! changing nothing; every key expiring; the server around the service (reflection, the Unix
+//! socket).
 
 use std::{
     sync::{
@@ -15,14 +16,15 @@ use std::{
 use baton::proto::v1 as pb;
 use prost::Message;
 use tokio::{task::JoinSet, time::Instant};
-use tonic::Code;
+use tonic::{Code, Request};
 
 use crate::support::{
     Baton, RedisServer, assert_code, assert_invalid,
     lease::{exists, pttl},
     lock::{
-        EXCLUSIVE, FAIR, SHARED, acquire, acquire_request, acquired, ask, describe, granted,
-        hold_request, refresh, release, wait_for_waiters, wait_for_waiters_while,
+        EXCLUSIVE, FAIR, SHARED, acquire, acquire_request, acquired, ask, ask_hold_request,
+        describe, granted, granted_with, refresh, release, wait_for_waiters,
+        wait_for_waiters_while, wait_until_free,
     },
     ms, random_token, remaining, within,
 };
@@ -560,7 +562,7 @@ async fn an_unknown_mode_is_invalid() {
         assert_invalid(client.acquire(request).await, "mode");
         let request = pb::LockServiceHoldRequest {
             mode: bad,
-            ..hold_request("doc", 1_000, "", FAIR)
+            ..ask_hold_request("doc", 1_000, "", FAIR)
         };
         assert_invalid(client.hold(request).await, "mode");
     }
@@ -749,4 +751,74 @@ async fn unix_socket_serves_the_api() {
     drop(tcp);
     baton.shutdown().await.expect("serve returns Ok");
     assert!(!path.exists(), "the socket file is removed on shutdown");
+}
+
+/// A retried Acquire with the same idempotency key gets the same hold back (its token, no second
+/// hold); a key that granted one owner's hold is refused to another owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_retry_gets_the_same_grant() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let keyed = |owner: &str, key: &str| pb::LockServiceAcquireRequest {
+        idempotency_key: key.to_owned(),
+        ..acquire_request("orders", 10_000, None, owner)
+    };
+
+    let first = granted_with(&mut client, keyed("svc", "k-1")).await;
+    let retry = granted_with(&mut client, keyed("svc", "k-1")).await;
+    assert_eq!(retry.token, first.token);
+    assert_eq!(retry.hold_count, 1, "no second hold: {retry:?}");
+    assert_eq!(describe(&mut client, "orders").await.hold_count, 1);
+    let other = client.acquire(keyed("someone", "k-1")).await;
+    assert_eq!(
+        other.map(|_| ()).unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    let bad = client.acquire(keyed("svc", "not a key")).await;
+    assert_eq!(bad.map(|_| ()).unwrap_err().code(), Code::InvalidArgument);
+    assert!(release(&mut client, "orders", &first.token).await.was_held);
+    let fresh = granted_with(&mut client, keyed("svc", "k-1")).await;
+    assert_ne!(
+        fresh.token, first.token,
+        "a released hold is not handed out again"
+    );
+}
+
+/// Acquires with 1-5 ms deadlines often lose their reply; retried with their idempotency key they
+/// recover the grant or get a fresh one, and once released the lock is free: no hold is ever left
+/// behind that nobody knows of. A grant Baton itself finds too late to answer leaves nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_lost_to_deadlines_leave_nothing_behind() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let (mut lost, mut too_late) = (0, 0);
+    for round in 0..20 {
+        let key = format!("round-{round}");
+        let request = pb::LockServiceAcquireRequest {
+            idempotency_key: key.clone(),
+            ..acquire_request("orders", 30_000, None, "")
+        };
+        let mut call = Request::new(request.clone());
+        call.set_timeout(Duration::from_millis(1 + round % 5));
+        let token = match client.acquire(call).await {
+            Ok(reply) => reply.into_inner().lease.expect("granted").token,
+            Err(status) => {
+                lost += 1;
+                if status.code() == Code::DeadlineExceeded
+                    && status
+                        .message()
+                        .contains("too close to the caller's deadline")
+                {
+                    too_late += 1;
+                }
+                granted_with(&mut client, request).await.token
+            }
+        };
+        assert!(release(&mut client, "orders", &token).await.was_held);
+        wait_until_free(&client, "orders", Duration::from_secs(2)).await;
+    }
+    println!("{lost} of 20 replies lost to the deadline, {too_late} found too late by Baton");
 }

@@ -1,8 +1,8 @@
 //! Waiting and fairness (docs/guarantees.md, promise 5, "No fairness without `fair`", and "Shared
 //! locks and fairness" 3-4): releases and expiries wake waiters without polling, also across
 //! Batons; `fair` waiters are granted in arrival order and evenly; a release wakes only the
-//! waiters that can go ahead; waiters that give up or die pass their turn on; and what each call
-//! costs Redis.
+//! waiters that can go ahead; waiters that give up, die or fail their first try pass their turn
+//! on; and what each call costs Redis.
 
 use std::{
     sync::{
@@ -12,15 +12,19 @@ use std::{
     time::Duration,
 };
 
+use baton::proto::v1 as pb;
+use nix::sys::signal::Signal;
 use tokio::{task::JoinSet, time::Instant};
+use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer,
     lock::{
-        Ask, Client, EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, acquire, acquired, ask, ask_request,
-        describe, granted, release, wait_for_queued, wait_for_waiters, wait_for_waiters_while,
+        Ask, Client, EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, acquire, acquire_request, acquired, ask,
+        ask_request, describe, granted, granted_with, release, wait_for_queued, wait_for_waiters,
+        wait_for_waiters_while,
     },
-    within,
+    wait_until, within,
 };
 
 /// A waiter blocked on a lock held for 30 s gets it within 50 ms of the holder's Release
@@ -512,4 +516,64 @@ async fn uncontended_calls_cost_one_script_each_in_every_mode() {
             assert_eq!(conn.command_calls(publish).await, 1, "{how:?}");
         }
     }
+}
+
+/// A fair waiter whose first try times out (Redis frozen) after Redis took its place in the queue
+/// gives the place back: once the holder releases, the next fair waiter gets the lock at once,
+/// not when the ghost place's 3 s lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_place_taken_by_a_failed_first_try_is_given_back() {
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let fair = |owner: &str, wait| pb::LockServiceAcquireRequest {
+        fair: true,
+        ..acquire_request("orders", 10_000, Some(wait), owner)
+    };
+
+    let holder = granted_with(
+        &mut client,
+        acquire_request("orders", 10_000, None, "holder"),
+    )
+    .await;
+    redis.signal(Signal::SIGSTOP);
+    let failed = client.clone().acquire(fair("ghost", 5_000)).await;
+    assert_eq!(failed.map(|_| ()).unwrap_err().code(), Code::Unavailable);
+    redis.signal(Signal::SIGCONT);
+    // Redis now runs the ghost's first try, which queues it; Baton takes the place back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut next = client.clone();
+    let waiter = tokio::spawn(async move {
+        let asked = Instant::now();
+        let reply = next.acquire(fair("next", 8_000)).await.expect("Acquire");
+        (reply.into_inner(), asked)
+    });
+    wait_until(
+        Duration::from_secs(5),
+        "the next fair waiter to queue",
+        || {
+            let mut client = client.clone();
+            async move {
+                let d = describe(&mut client, "orders").await;
+                if d.queued >= 1 && d.waiters >= 1 {
+                    Ok(())
+                } else {
+                    Err(d)
+                }
+            }
+        },
+    )
+    .await;
+    let released = Instant::now();
+    assert!(release(&mut client, "orders", &holder.token).await.was_held);
+    let (reply, _) = within(Duration::from_secs(6), waiter, "the next waiter")
+        .await
+        .expect("waiter task");
+    assert!(reply.acquired, "{reply:?}");
+    let handoff = released.elapsed();
+    assert!(
+        handoff < Duration::from_millis(1_500),
+        "the next fair waiter waited {handoff:?} behind a ghost place"
+    );
 }

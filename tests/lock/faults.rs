@@ -1,13 +1,16 @@
 //! Redis trouble and the classic lock failure modes (docs/guarantees.md, promises 6, 7 and 9):
 //! calls fail fast with Redis down, streams report `lost` before expiry when Redis dies, waiters
 //! are told UNAVAILABLE, waiting works again as soon as Redis is back, fencing tokens survive a
-//! restart, readiness follows Redis; expired, crashed, racing and stalled holders.
+//! restart, readiness follows Redis, a release that meets a frozen Redis is retried; expired,
+//! crashed, racing and stalled holders.
 
 use std::time::Duration;
 
 use baton::proto::v1::{
     self as pb, LeaseLostReason, lock_service_hold_response::Event as HoldEvent,
+    semaphore_service_hold_response::Event as SemHoldEvent,
 };
+use nix::sys::signal::Signal;
 use tokio::{task::JoinSet, time::Instant};
 use tonic::Code;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
@@ -16,8 +19,9 @@ use crate::support::{
     Baton, Proxy, RedisServer, assert_code, health_status,
     lease::expect_end,
     lock::{
-        SHARED, acquire, acquire_request, acquired, describe, hold, hold_request, next_hold_event,
-        refresh, release, wait_for_waiters, wait_for_waiters_while,
+        SHARED, acquire, acquire_request, acquired, ask_hold_request, describe, held, hold,
+        hold_request, next_hold_event, refresh, release, wait_for_waiters, wait_for_waiters_while,
+        wait_until_free,
     },
     ms, remaining, unavailable_within_1s, wait_for_health, wait_until, within,
 };
@@ -185,7 +189,7 @@ async fn a_shared_hold_reports_lost_before_expiry_when_redis_dies() {
     let mut client = baton.client().await;
 
     let mut stream = client
-        .hold(hold_request("doc", 1_000, "", SHARED))
+        .hold(ask_hold_request("doc", 1_000, "", SHARED))
         .await
         .expect("Hold")
         .into_inner();
@@ -605,4 +609,64 @@ async fn failure_mode_4_stale_holder_is_fenced() {
     assert!(d.held, "A's release must not free B's lock: {d:?}");
     assert_eq!(d.owner, "bob");
     assert_eq!(d.fencing_token, lease_b.fencing_token);
+}
+
+/// A Hold closed while Redis is frozen cannot release at once; its release is retried, so the
+/// lock is free soon after Redis resumes, not at the end of its 30 s ttl. The same for permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_meets_a_frozen_redis_is_retried() {
+    let redis = RedisServer::start_private().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut sems = baton.semaphore_client().await;
+
+    let (stream, _) = held(&mut client, hold_request("orders", 30_000, None, "")).await;
+    let mut permit = sems
+        .hold(pb::SemaphoreServiceHoldRequest {
+            name: "pool".into(),
+            limit: 1,
+            permits: 1,
+            ttl: Some(ms(30_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("semaphore Hold")
+        .into_inner();
+    let first = within(Duration::from_secs(5), permit.message(), "the permit").await;
+    assert!(
+        matches!(
+            first,
+            Ok(Some(pb::SemaphoreServiceHoldResponse {
+                event: Some(SemHoldEvent::Acquired(_))
+            }))
+        ),
+        "{first:?}"
+    );
+
+    redis.signal(Signal::SIGSTOP);
+    drop(stream);
+    drop(permit);
+    // Longer than the command timeout (400 ms): the first release attempts fail.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    redis.signal(Signal::SIGCONT);
+
+    wait_until_free(&client, "orders", Duration::from_secs(5)).await;
+    wait_until(Duration::from_secs(5), "the permit to be released", || {
+        let mut sems = sems.clone();
+        async move {
+            let d = sems
+                .describe(pb::SemaphoreServiceDescribeRequest {
+                    name: "pool".into(),
+                })
+                .await
+                .expect("semaphore Describe")
+                .into_inner();
+            if d.permits_in_use == 0 {
+                Ok(())
+            } else {
+                Err(d)
+            }
+        }
+    })
+    .await;
 }

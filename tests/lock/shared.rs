@@ -20,7 +20,7 @@ use tonic::Code;
 use crate::support::{
     Baton, RedisServer, assert_code,
     lock::{
-        EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, ask, describe, granted, hold_request,
+        EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, ask, ask_hold_request, describe, granted,
         next_hold_event, next_keep_alive_event, refresh, release, wait_until_free,
     },
     remaining, wait_until, within,
@@ -251,7 +251,7 @@ async fn shared_leases_in_hold_and_keep_alive_streams() {
     let mut streams = Vec::new();
     for owner in ["a", "b"] {
         let mut stream = client
-            .hold(hold_request("doc", 300, owner, SHARED))
+            .hold(ask_hold_request("doc", 300, owner, SHARED))
             .await
             .expect("Hold")
             .into_inner();

@@ -1,22 +1,27 @@
-//! `Hold` and `KeepAlive` streams (docs/guarantees.md, promises 6-7): acquired then renewals,
-//! `not_acquired`, `lost` when a lease is released elsewhere, a ttl of at least 100 ms, the token
-//! checked, the hold released as soon as the stream goes away, and batched renewals.
+//! `Hold` and `KeepAlive` streams (docs/guarantees.md, promises 6-7): acquired then renewals with
+//! their absolute expiry, `not_acquired` (also before the caller's deadline), `lost` when a lease
+//! is released elsewhere and for a slow reader, a ttl of at least 100 ms, the token checked, the
+//! hold released as soon as the stream goes away, and batched renewals (one broken lease failing
+//! alone).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use baton::proto::v1::{
-    self as pb, LeaseLostReason, lock_service_hold_response::Event as HoldEvent,
+    self as pb, LeaseLostReason, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as HoldEvent,
     lock_service_keep_alive_response::Event as KeepAliveEvent,
+    semaphore_service_hold_response::Event as SemHoldEvent,
 };
 use tokio::time::Instant;
-use tonic::Code;
+use tonic::{Code, Request};
 
 use crate::support::{
     Baton, RedisServer, assert_code, assert_invalid,
     lease::{expect_end, pttl},
     lock::{
-        SHARED, acquire, acquired, describe, granted, hold, next_hold_event, next_keep_alive_event,
-        refresh, release, wait_for_waiters_while, wait_until_free,
+        SHARED, acquire, acquire_request, acquired, describe, granted, granted_with, held, hold,
+        hold_request, next_hold_event, next_keep_alive_event, next_renewal, refresh, release,
+        wait_for_waiters_while, wait_until_free,
     },
     ms, random_token, remaining, wait_until, within,
 };
@@ -400,4 +405,263 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
         "an empty batch sends nothing"
     );
     shutdown.cancel();
+}
+
+/// A client that stops reading its Hold stream (a tiny HTTP/2 window fills at once) still gets
+/// `lost` when it reads again after its lease was lost: the stream never ends without it, and
+/// renewals it did not read do not pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_always_gets_lost() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let tiny = tonic::transport::Endpoint::from_shared(format!("http://{}", baton.addr()))
+        .expect("endpoint")
+        .initial_stream_window_size(Some(64))
+        .connect()
+        .await
+        .expect("connecting");
+    let mut slow = LockServiceClient::new(tiny);
+
+    let (mut stream, lease) = held(&mut slow, hold_request("orders", 200, None, "")).await;
+    // Unread for 2.5 s: about 40 renewals, far more than any buffer; then the lease is ended
+    // behind the stream's back, so its next renewal finds it gone.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    release(&mut client, "orders", &lease.token).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let mut renewals = 0;
+    loop {
+        match next_hold_event(
+            &mut stream,
+            Duration::from_secs(5),
+            "events after the pause",
+        )
+        .await
+        {
+            HoldEvent::Renewed(_) => renewals += 1,
+            HoldEvent::Lost(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        renewals < 10,
+        "{renewals} stale renewals were queued for a slow reader"
+    );
+    let end = within(Duration::from_secs(2), stream.message(), "the end").await;
+    assert!(matches!(end, Ok(None)), "{end:?}");
+}
+
+fn to_system(t: &prost_types::Timestamp) -> SystemTime {
+    SystemTime::try_from(*t).expect("a valid timestamp")
+}
+
+/// Every renewal carries an absolute expiry on this machine's clock, within the ttl from now, so
+/// an event read late is recognisably stale; the acquired event carries one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_carry_an_absolute_expiry() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+
+    let before = SystemTime::now();
+    let (mut stream, lease) = held(&mut client, hold_request("orders", 1_000, None, "")).await;
+    let granted_until = to_system(lease.expires_at.as_ref().expect("expires_at"));
+    assert!(granted_until > before && granted_until <= before + Duration::from_secs(1));
+    for _ in 0..3 {
+        let renewed = next_renewal(&mut stream).await;
+        let now = SystemTime::now();
+        let until = to_system(renewed.expires_at.as_ref().expect("expires_at"));
+        assert!(
+            until > now,
+            "a fresh renewal expires in the future: {until:?} vs {now:?}"
+        );
+        assert!(
+            until <= now + Duration::from_secs(1),
+            "{until:?} is more than a ttl away"
+        );
+    }
+}
+
+/// A Hold whose wait would outlast the caller's deadline answers `not_acquired` before it, for a
+/// lock and for a semaphore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_fits_its_wait_into_the_deadline() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut sems = baton.semaphore_client().await;
+    granted_with(
+        &mut client,
+        acquire_request("orders", 60_000, None, "holder"),
+    )
+    .await;
+
+    let mut request = Request::new(hold_request("orders", 1_000, Some(60_000), ""));
+    request.set_timeout(Duration::from_millis(600));
+    let started = Instant::now();
+    let mut stream = client.hold(request).await.expect("Hold").into_inner();
+    let first = stream.message().await;
+    assert!(
+        matches!(
+            first,
+            Ok(Some(pb::LockServiceHoldResponse {
+                event: Some(HoldEvent::NotAcquired(_))
+            }))
+        ),
+        "{first:?} after {:?}",
+        started.elapsed()
+    );
+
+    let full = pb::SemaphoreServiceAcquireRequest {
+        name: "pool".into(),
+        limit: 1,
+        permits: 1,
+        ttl: Some(ms(60_000)),
+        ..Default::default()
+    };
+    sems.acquire(full).await.expect("semaphore Acquire");
+    let mut request = Request::new(pb::SemaphoreServiceHoldRequest {
+        name: "pool".into(),
+        limit: 1,
+        permits: 1,
+        ttl: Some(ms(1_000)),
+        wait_timeout: Some(ms(60_000)),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_millis(600));
+    let mut stream = sems
+        .hold(request)
+        .await
+        .expect("semaphore Hold")
+        .into_inner();
+    let first = stream.message().await;
+    assert!(
+        matches!(
+            first,
+            Ok(Some(pb::SemaphoreServiceHoldResponse {
+                event: Some(SemHoldEvent::NotAcquired(_))
+            }))
+        ),
+        "{first:?}"
+    );
+}
+
+/// One lease whose keys make its renewal fail inside Redis (a key of the wrong type) fails alone:
+/// the other leases of the same batched script call are renewed, for locks and for semaphores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_broken_lease_does_not_fail_its_batch() {
+    use baton::{
+        lock::Locks,
+        redis::{Notifier, Redis},
+        semaphore::Semaphores,
+    };
+
+    let redis = RedisServer::start().await;
+    let [good, bad] = redis.names_in_one_slot("lock", ["good", "bad"]);
+    let [pool, broken] = redis.names_in_one_slot("sem", ["pool", "broken"]);
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut sems = baton.semaphore_client().await;
+    let mut conn = redis.conn().await;
+    let mut config = redis.redis_config();
+    config.key_prefix = baton.prefix().to_owned();
+    let backend = Redis::new(&config).expect("redis config");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let notifier = Notifier::start(
+        backend.pubsub_source(),
+        config.command_timeout,
+        stop.clone(),
+    );
+    let locks = Locks::new(backend.clone(), notifier.clone());
+    let semaphores = Semaphores::new(backend, notifier);
+
+    let fine = granted_with(&mut client, acquire_request(&good, 1_000, None, "")).await;
+    let doomed = granted_with(&mut client, acquire_request(&bad, 1_000, None, "")).await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{}:leases", baton.lock_key(&bad)))
+        .arg("not a sorted set")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let renewed = locks
+        .refresh_many(&[
+            (
+                good.as_str(),
+                fine.token.as_str(),
+                Some(Duration::from_secs(20)),
+            ),
+            (
+                bad.as_str(),
+                doomed.token.as_str(),
+                Some(Duration::from_secs(20)),
+            ),
+        ])
+        .await
+        .expect("the batch call itself succeeds");
+    assert_eq!(renewed.len(), 2);
+    assert_eq!(
+        renewed[0].as_ref().ok(),
+        Some(&Some(Duration::from_secs(20)))
+    );
+    assert!(renewed[1].is_err(), "{renewed:?}");
+    let d = describe(&mut client, &good).await;
+    assert!(
+        remaining(&d.remaining_ttl, "good") > Duration::from_secs(19),
+        "{d:?}"
+    );
+
+    let permit = |name: String| {
+        let mut sems = sems.clone();
+        async move {
+            sems.acquire(pb::SemaphoreServiceAcquireRequest {
+                name,
+                limit: 2,
+                permits: 1,
+                ttl: Some(ms(1_000)),
+                ..Default::default()
+            })
+            .await
+            .expect("semaphore Acquire")
+            .into_inner()
+            .permit
+            .expect("granted")
+        }
+    };
+    let fine = permit(pool.clone()).await;
+    let doomed = permit(broken.clone()).await;
+    let holders = format!("{}{{sem:{broken}}}:holders", baton.prefix());
+    let _: () = redis::cmd("SET")
+        .arg(&holders)
+        .arg("not a sorted set")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let renewed = semaphores
+        .refresh_many(&[
+            (
+                pool.clone(),
+                fine.token.clone(),
+                Some(Duration::from_secs(20)),
+            ),
+            (
+                broken.clone(),
+                doomed.token.clone(),
+                Some(Duration::from_secs(20)),
+            ),
+        ])
+        .await
+        .expect("the batch call itself succeeds");
+    assert_eq!(
+        renewed[0].as_ref().ok(),
+        Some(&Some(Duration::from_secs(20)))
+    );
+    assert!(renewed[1].is_err(), "{renewed:?}");
+    let d = sems
+        .describe(pb::SemaphoreServiceDescribeRequest { name: pool })
+        .await
+        .expect("Describe")
+        .into_inner();
+    assert!(remaining(&d.holders[0].remaining_ttl, "pool") > Duration::from_secs(19));
+    stop.cancel();
 }

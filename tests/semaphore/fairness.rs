@@ -1,7 +1,8 @@
 //! Waiting and fairness (docs/guarantees.md, "Semaphores" 5-6): fair waiters in arrival order, a
 //! large request not starved by small ones, non-fair requests never overtaking fair waiters;
 //! releases waking waiters at once, as many as they freed permits; fair waiters that give up or
-//! drop their stream leave the queue, and waiting ones keep their place.
+//! drop their stream leave the queue, and waiting ones keep their place; the order of arrival is
+//! the order Redis ran the requests, also across Batons.
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use crate::support::{
         acquire, acquired, describe, hold, hold_request, refused, release, request,
         wait_for_waiters, wait_for_waiters_while, waiting,
     },
-    within,
+    wait_until, within,
 };
 
 /// Five fair waiters, each confirmed queued (Describe's waiter count) before the next starts, are
@@ -450,4 +451,146 @@ async fn a_waiting_hold_that_is_dropped_leaves_the_queue() {
         (2, 2, 0),
         "{d:?}"
     );
+}
+
+/// The quoted words of one MONITOR line (`1700000000.1 [0 127.0.0.1:5] "EVALSHA" "..." ...`).
+fn monitor_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut word = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => word.extend(chars.next()),
+                '"' => break,
+                c => word.push(c),
+            }
+        }
+        words.push(word);
+    }
+    words
+}
+
+/// Fair semaphore waiters are served in the order their requests reached Redis, also across two
+/// Batons: in each of 10 rounds two fair waiters on different Batons ask at once, and the one
+/// whose first script call Redis ran first (seen with MONITOR) gets the permit first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_semaphore_waiters_are_served_in_redis_arrival_order() {
+    use futures::StreamExt;
+
+    let redis = RedisServer::start_private().await;
+    let prefix = crate::support::unique_prefix();
+    let one = Baton::start_with(&redis, |c| c.redis.key_prefix = prefix.clone()).await;
+    let two = Baton::start_with(&redis, |c| c.redis.key_prefix = prefix.clone()).await;
+    let clients = [one.semaphore_client().await, two.semaphore_client().await];
+    // On a Cluster, the master of the semaphore's slot runs its scripts.
+    let monitor = redis::Client::open(redis.url_for_key("{sem:pool}").await)
+        .expect("redis url")
+        .get_async_monitor()
+        .await
+        .expect("MONITOR");
+    let mut lines = monitor.into_on_message::<String>();
+    let request = |owner: &str, wait: u64| pb::SemaphoreServiceAcquireRequest {
+        name: "pool".into(),
+        limit: 1,
+        permits: 1,
+        ttl: Some(ms(10_000)),
+        wait_timeout: (wait > 0).then(|| ms(wait)),
+        owner: owner.to_owned(),
+        fair: true,
+        ..Default::default()
+    };
+    // acquire.lua: "EVALSHA" sha "7" KEYS[7] (the holders key first) then ARGV token, owner,
+    // permits, limit, ttl, waiter, ... (at least ten).
+    let acquire_owner = |words: &[String]| {
+        (words.len() >= 3 + 7 + 10
+            && words[0].eq_ignore_ascii_case("evalsha")
+            && words[3].ends_with("{sem:pool}:holders"))
+        .then(|| words[11].clone())
+    };
+
+    let mut mismatches = Vec::new();
+    for round in 0..10 {
+        let mut holder_client = clients[0].clone();
+        let holder = holder_client
+            .acquire(request("holder", 0))
+            .await
+            .expect("Acquire")
+            .into_inner()
+            .permit
+            .expect("the holder is granted");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let owners = [format!("a{round}"), format!("b{round}")];
+        for (owner, client) in owners.iter().zip(clients.iter().cloned()) {
+            let (tx, mut client, request) = (tx.clone(), client, request(owner, 5_000));
+            tokio::spawn(async move {
+                let reply = client.acquire(request).await.expect("Acquire").into_inner();
+                let _ = tx.send(reply.permit.expect("granted"));
+            });
+        }
+        // The first script call of each waiter, in the order Redis ran them.
+        let mut arrival: Vec<String> = Vec::new();
+        within(
+            Duration::from_secs(5),
+            async {
+                while arrival.len() < 2 {
+                    let line = lines.next().await.expect("MONITOR goes on");
+                    if let Some(owner) = acquire_owner(&monitor_words(&line))
+                        && owners.contains(&owner)
+                        && !arrival.contains(&owner)
+                    {
+                        arrival.push(owner);
+                    }
+                }
+            },
+            "both waiters' first calls",
+        )
+        .await;
+        wait_until(Duration::from_secs(5), "both waiters to wait", || {
+            let mut c = clients[1].clone();
+            async move {
+                let d = c
+                    .describe(pb::SemaphoreServiceDescribeRequest {
+                        name: "pool".into(),
+                    })
+                    .await
+                    .expect("Describe")
+                    .into_inner();
+                if d.waiters == 2 { Ok(()) } else { Err(d) }
+            }
+        })
+        .await;
+        let mut token = holder.token;
+        let mut served = Vec::new();
+        for _ in 0..2 {
+            holder_client
+                .release(pb::SemaphoreServiceReleaseRequest {
+                    name: "pool".into(),
+                    token,
+                })
+                .await
+                .expect("Release");
+            let permit = within(Duration::from_secs(5), rx.recv(), "the next grant")
+                .await
+                .expect("a grant");
+            served.push(permit.owner);
+            token = permit.token;
+        }
+        holder_client
+            .release(pb::SemaphoreServiceReleaseRequest {
+                name: "pool".into(),
+                token,
+            })
+            .await
+            .expect("Release");
+        if served != arrival {
+            mismatches.push(format!(
+                "round {round}: arrived {arrival:?}, served {served:?}"
+            ));
+        }
+    }
+    assert!(mismatches.is_empty(), "{mismatches:#?}");
 }

@@ -32,6 +32,52 @@ pub fn acquire_request(
     }
 }
 
+/// Sends `request`, panicking if the call fails.
+pub async fn acquire_with(
+    client: &mut Client,
+    request: pb::LockServiceAcquireRequest,
+) -> pb::LockServiceAcquireResponse {
+    let name = request.name.clone();
+    client
+        .acquire(request)
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {name:?} failed: {s:?}"))
+        .into_inner()
+}
+
+/// Sends `request` and asserts the lock was granted, returning the lease.
+pub async fn granted_with(
+    client: &mut Client,
+    request: pb::LockServiceAcquireRequest,
+) -> pb::LockLease {
+    let what = format!(
+        "{:?} ({}, fair: {})",
+        request.name, request.mode, request.fair
+    );
+    let response = acquire_with(client, request).await;
+    assert!(
+        response.acquired,
+        "expected to acquire {what}: {response:?}"
+    );
+    response
+        .lease
+        .expect("an acquired response carries the lease")
+}
+
+/// Sends `request` and asserts the lock was refused, returning the response.
+pub async fn refused_with(
+    client: &mut Client,
+    request: pb::LockServiceAcquireRequest,
+) -> pb::LockServiceAcquireResponse {
+    let name = request.name.clone();
+    let response = acquire_with(client, request).await;
+    assert!(
+        !response.acquired,
+        "expected {name:?} to be refused: {response:?}"
+    );
+    response
+}
+
 /// Sends [`acquire_request`], panicking if the call fails.
 pub async fn acquire(
     client: &mut Client,
@@ -40,14 +86,10 @@ pub async fn acquire(
     wait_ms: Option<u64>,
     owner: &str,
 ) -> pb::LockServiceAcquireResponse {
-    client
-        .acquire(acquire_request(name, ttl_ms, wait_ms, owner))
-        .await
-        .unwrap_or_else(|s| panic!("Acquire {name:?} failed: {s:?}"))
-        .into_inner()
+    acquire_with(client, acquire_request(name, ttl_ms, wait_ms, owner)).await
 }
 
-/// Acquires and asserts the lock was granted, returning the lease.
+/// Sends [`acquire_request`] and asserts the lock was granted, returning the lease.
 pub async fn acquired(
     client: &mut Client,
     name: &str,
@@ -55,14 +97,7 @@ pub async fn acquired(
     wait_ms: Option<u64>,
     owner: &str,
 ) -> pb::LockLease {
-    let response = acquire(client, name, ttl_ms, wait_ms, owner).await;
-    assert!(
-        response.acquired,
-        "expected to acquire {name:?}: {response:?}"
-    );
-    response
-        .lease
-        .expect("an acquired response carries the lease")
+    granted_with(client, acquire_request(name, ttl_ms, wait_ms, owner)).await
 }
 
 /// Releases the hold of `token`, panicking if the call fails.
@@ -109,7 +144,23 @@ pub async fn describe(client: &mut Client, name: &str) -> pb::LockServiceDescrib
         .into_inner()
 }
 
-/// Opens a Hold stream with no mode (so exclusive), not fair, panicking if the call fails.
+/// A Hold request with no mode (so exclusive), not fair, waiting `wait_ms` if given.
+pub fn hold_request(
+    name: &str,
+    ttl_ms: u64,
+    wait_ms: Option<u64>,
+    owner: &str,
+) -> pb::LockServiceHoldRequest {
+    pb::LockServiceHoldRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: wait_ms.map(ms),
+        owner: owner.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Opens a Hold stream of [`hold_request`], panicking if the call fails.
 pub async fn hold(
     client: &mut Client,
     name: &str,
@@ -118,16 +169,36 @@ pub async fn hold(
     owner: &str,
 ) -> Streaming<pb::LockServiceHoldResponse> {
     client
-        .hold(pb::LockServiceHoldRequest {
-            name: name.to_owned(),
-            ttl: Some(ms(ttl_ms)),
-            wait_timeout: wait_ms.map(ms),
-            owner: owner.to_owned(),
-            ..Default::default()
-        })
+        .hold(hold_request(name, ttl_ms, wait_ms, owner))
         .await
         .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
         .into_inner()
+}
+
+/// Opens a Hold stream of `request` and returns it with the lease of its `acquired` event (read
+/// within 5 s).
+pub async fn held(
+    client: &mut Client,
+    request: pb::LockServiceHoldRequest,
+) -> (Streaming<pb::LockServiceHoldResponse>, pb::LockLease) {
+    let name = request.name.clone();
+    let mut stream = client
+        .hold(request)
+        .await
+        .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
+        .into_inner();
+    match next_hold_event(&mut stream, Duration::from_secs(5), "the acquired event").await {
+        HoldEvent::Acquired(lease) => (stream, lease),
+        other => panic!("expected acquired, got {other:?}"),
+    }
+}
+
+/// Reads a Hold stream (each event within 5 s) and asserts its next event is a renewal.
+pub async fn next_renewal(stream: &mut Streaming<pb::LockServiceHoldResponse>) -> pb::LeaseRenewed {
+    match next_hold_event(stream, Duration::from_secs(5), "a renewal").await {
+        HoldEvent::Renewed(r) => r,
+        other => panic!("expected a renewal, got {other:?}"),
+    }
 }
 
 /// The next event of a Hold stream within `limit`; panics if the stream fails or ends.
@@ -252,16 +323,12 @@ pub async fn ask(
     ttl_ms: u64,
     wait_ms: Option<u64>,
     owner: &str,
-    ask: Ask,
+    how: Ask,
 ) -> pb::LockServiceAcquireResponse {
-    client
-        .acquire(ask_request(name, ttl_ms, wait_ms, owner, ask))
-        .await
-        .unwrap_or_else(|s| panic!("Acquire {name:?} ({ask:?}) failed: {s:?}"))
-        .into_inner()
+    acquire_with(client, ask_request(name, ttl_ms, wait_ms, owner, how)).await
 }
 
-/// Asks and asserts the lock was granted, returning the lease.
+/// Sends [`ask_request`] and asserts the lock was granted, returning the lease.
 pub async fn granted(
     client: &mut Client,
     name: &str,
@@ -270,18 +337,16 @@ pub async fn granted(
     owner: &str,
     how: Ask,
 ) -> pb::LockLease {
-    let response = ask(client, name, ttl_ms, wait_ms, owner, how).await;
-    assert!(
-        response.acquired,
-        "expected to acquire {name:?} ({how:?}): {response:?}"
-    );
-    response
-        .lease
-        .expect("an acquired response carries the lease")
+    granted_with(client, ask_request(name, ttl_ms, wait_ms, owner, how)).await
 }
 
 /// A Hold request asked `how`, trying once.
-pub fn hold_request(name: &str, ttl_ms: u64, owner: &str, how: Ask) -> pb::LockServiceHoldRequest {
+pub fn ask_hold_request(
+    name: &str,
+    ttl_ms: u64,
+    owner: &str,
+    how: Ask,
+) -> pb::LockServiceHoldRequest {
     pb::LockServiceHoldRequest {
         name: name.to_owned(),
         ttl: Some(ms(ttl_ms)),

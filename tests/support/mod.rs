@@ -403,6 +403,15 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port())
     }
 
+    /// The URL of the server that holds `key`: the `redis-server`, or on a cluster the master
+    /// serving the key's slot (for commands about one key's traffic, such as `MONITOR`).
+    pub async fn url_for_key(&self, key: &str) -> String {
+        match self.cluster() {
+            None => self.url(),
+            Some(cluster) => cluster.node_for_key(key).await.url(),
+        }
+    }
+
     /// The TCP port of the `redis-server` (not for a cluster).
     pub fn port(&self) -> u16 {
         match &self.deployment {
