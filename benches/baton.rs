@@ -58,18 +58,18 @@ use std::{
 };
 
 use baton::{
-    lock::LockKeys,
+    lock::{self, Mode, scripts::LockKeys},
     proto::v1::{
         self as pb, lock_service_client::LockServiceClient,
         lock_service_hold_response::Event as HoldEvent,
         rate_limit_service_client::RateLimitServiceClient,
         semaphore_service_client::SemaphoreServiceClient,
     },
-    semaphore::SemaphoreKeys,
+    semaphore::{self, scripts::SemaphoreKeys},
 };
 use futures::{FutureExt, StreamExt};
 use hdrhistogram::Histogram;
-use redis::{Script, ScriptInvocation, Value, aio::MultiplexedConnection};
+use redis::{Script, Value, aio::MultiplexedConnection};
 use support::{BatonProcess, RedisServer, ms, within};
 use tokio::{
     sync::Barrier,
@@ -609,26 +609,16 @@ fn script(source: &str) -> Script {
     Script::new(&format!("local PUBLISH = 'PUBLISH'\n{source}"))
 }
 
-macro_rules! semaphore_script {
-    ($file:literal) => {
-        script(concat!(
-            include_str!("../src/semaphore/prelude.lua"),
-            include_str!(concat!("../src/semaphore/", $file))
-        ))
-    };
-}
-
 impl Scripts {
     fn new() -> Self {
-        use baton::lock::source;
         Self {
-            lock_acquire: script(source::ACQUIRE),
-            lock_release: script(source::RELEASE),
-            lock_refresh: script(source::REFRESH),
-            lock_abandon: script(source::ABANDON),
-            sem_acquire: semaphore_script!("acquire.lua"),
-            sem_release: semaphore_script!("release.lua"),
-            sem_abandon: semaphore_script!("abandon.lua"),
+            lock_acquire: script(lock::scripts::ACQUIRE),
+            lock_release: script(lock::scripts::RELEASE),
+            lock_refresh: script(lock::scripts::REFRESH),
+            lock_abandon: script(lock::scripts::ABANDON),
+            sem_acquire: script(semaphore::scripts::ACQUIRE),
+            sem_release: script(semaphore::scripts::RELEASE),
+            sem_abandon: script(semaphore::scripts::ABANDON),
             gcra: Script::new(include_str!("../src/ratelimit/gcra.lua")),
         }
     }
@@ -678,14 +668,6 @@ enum Try {
 }
 
 /// A call of `script` with `keys`, ready for its ARGV.
-fn call_of<'a>(script: &'a Script, keys: &[&str]) -> ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
-    }
-    invocation
-}
-
 fn int(v: &Value) -> Result<i64, String> {
     match v {
         Value::Int(i) => Ok(*i),
@@ -994,7 +976,7 @@ impl Worker {
             }
         }
         let waiter = uuid::Uuid::new_v4().simple().to_string();
-        let renew_every = baton::lock::QUEUE_LEASE / 3;
+        let renew_every = baton::lease::QUEUE_LEASE / 3;
         loop {
             self.drain_messages();
             let left = deadline.saturating_duration_since(Instant::now());
@@ -1025,19 +1007,17 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let mut invocation = call_of(&scripts.lock_acquire, &self.lock_keys.all());
-        invocation
-            .arg("")
-            .arg(token)
-            .arg(millis(TTL))
-            .arg(waiter)
-            .arg(millis(left))
-            .arg(millis(baton::lock::FENCE_RETENTION))
-            .arg(if fair { "1" } else { "0" })
-            .arg("x")
-            .arg(millis(baton::lock::QUEUE_LEASE))
-            .arg("")
-            .arg(baton::lock::MAX_HOLDS);
+        let invocation = lock::scripts::Acquire {
+            owner: "",
+            token,
+            ttl: TTL,
+            waiter,
+            wait_left: left,
+            fair,
+            mode: Mode::Exclusive,
+            idempotency_key: "",
+        }
+        .invocation(&scripts.lock_acquire, &self.lock_keys);
         let reply: Vec<Value> = bounded("acquire.lua", invocation.invoke_async(conn)).await?;
         match reply.as_slice() {
             [granted, t, _fence, _remaining, _count, _mode] if int(granted)? == 1 => {
@@ -1060,8 +1040,7 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let mut invocation = call_of(&scripts.lock_abandon, &self.lock_keys.all());
-        invocation.arg(waiter);
+        let invocation = lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter);
         bounded("abandon.lua", invocation.invoke_async::<i64>(conn))
             .await
             .map(drop)
@@ -1080,8 +1059,11 @@ impl Worker {
                 }
             }
             Target::Direct { conn, scripts, .. } => {
-                let mut invocation = call_of(&scripts.lock_release, &self.lock_keys.all());
-                invocation.arg(token).arg("0");
+                let invocation = lock::scripts::Release {
+                    token,
+                    unclaimed_only: false,
+                }
+                .invocation(&scripts.lock_release, &self.lock_keys);
                 let reply: Vec<i64> = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if reply.first() == Some(&1) {
                     Ok(())
@@ -1093,22 +1075,6 @@ impl Worker {
     }
 
     // --- semaphores ------------------------------------------------------------------------
-
-    /// The semaphore scripts' KEYS, in their order (`SemaphoreKeys::all`).
-    fn sem_invocation<'a>(keys: &SemaphoreKeys, script: &'a Script) -> ScriptInvocation<'a> {
-        call_of(
-            script,
-            &[
-                &keys.holders,
-                &keys.data,
-                &keys.limits,
-                &keys.queue,
-                &keys.waiters,
-                &keys.fence,
-                &keys.channel,
-            ],
-        )
-    }
 
     async fn semaphore_acquire(&mut self, wait: Duration) -> Result<Option<String>, String> {
         if let Target::Grpc(clients) = &mut self.target {
@@ -1154,8 +1120,8 @@ impl Worker {
                 let Target::Direct { conn, scripts, .. } = &mut self.target else {
                     unreachable!("direct only")
                 };
-                let mut invocation = Self::sem_invocation(&self.sem_keys, &scripts.sem_abandon);
-                invocation.arg(&waiter);
+                let invocation =
+                    semaphore::scripts::abandon(&scripts.sem_abandon, &self.sem_keys, &waiter);
                 bounded("abandon.lua", invocation.invoke_async::<i64>(conn)).await?;
                 return Ok(None);
             }
@@ -1174,19 +1140,18 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let mut invocation = Self::sem_invocation(&self.sem_keys, &scripts.sem_acquire);
-        invocation
-            .arg(token)
-            .arg("")
-            .arg(1u32)
-            .arg(SEMAPHORE_LIMIT)
-            .arg(millis(TTL))
-            .arg(waiter)
-            .arg("0")
-            .arg(millis(left))
-            .arg(millis(baton::semaphore::QUEUE_LEASE))
-            .arg(millis(baton::semaphore::FENCE_RETENTION))
-            .arg("");
+        let invocation = semaphore::scripts::Acquire {
+            token,
+            owner: "",
+            permits: 1,
+            limit: SEMAPHORE_LIMIT,
+            ttl: TTL,
+            waiter,
+            fair: false,
+            wait_left: left,
+            idempotency_key: "",
+        }
+        .invocation(&scripts.sem_acquire, &self.sem_keys);
         let reply: Vec<Value> = bounded("acquire.lua", invocation.invoke_async(conn)).await?;
         match reply.as_slice() {
             [granted, ..] if int(granted)? == 1 => Ok(Try2::Granted),
@@ -1216,8 +1181,8 @@ impl Worker {
                 }
             }
             Target::Direct { conn, scripts, .. } => {
-                let mut invocation = Self::sem_invocation(&self.sem_keys, &scripts.sem_release);
-                invocation.arg(token).arg("0");
+                let invocation =
+                    semaphore::scripts::release(&scripts.sem_release, &self.sem_keys, token, false);
                 let held: i64 = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if held == 1 {
                     Ok(())
@@ -1634,19 +1599,17 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
             let keys = LockKeys::new(DIRECT_PREFIX, &format!("lease-{i}"));
             let token = token();
             let permit = opening.acquire_owned().await.expect("open semaphore");
-            let mut invocation = call_of(&scripts.lock_acquire, &keys.all());
-            invocation
-                .arg("")
-                .arg(&token)
-                .arg(millis(ttl))
-                .arg("")
-                .arg(0u64)
-                .arg(millis(baton::lock::FENCE_RETENTION))
-                .arg("0")
-                .arg("x")
-                .arg(millis(baton::lock::QUEUE_LEASE))
-                .arg("")
-                .arg(baton::lock::MAX_HOLDS);
+            let invocation = lock::scripts::Acquire {
+                owner: "",
+                token: &token,
+                ttl,
+                waiter: "",
+                wait_left: Duration::ZERO,
+                fair: false,
+                mode: Mode::Exclusive,
+                idempotency_key: "",
+            }
+            .invocation(&scripts.lock_acquire, &keys);
             let sent = Instant::now();
             let reply: Result<Vec<Value>, String> =
                 bounded("acquire.lua", invocation.invoke_async(&mut conn)).await;
@@ -1666,16 +1629,23 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
                     () = sleep_until(next) => {}
                 }
                 let sent = Instant::now();
-                let mut invocation = call_of(&scripts.lock_refresh, &keys.all());
-                invocation.arg(&token).arg(millis(ttl)).arg(0u64);
+                let invocation = lock::scripts::Refresh {
+                    token: &token,
+                    ttl: Some(ttl),
+                    min: Duration::ZERO,
+                }
+                .invocation(&scripts.lock_refresh, &keys);
                 let remaining: i64 =
                     bounded("refresh.lua", invocation.invoke_async(&mut conn)).await?;
                 let remaining = lease_ms(remaining).ok_or("the lease was lost")?;
                 renewals.fetch_add(1, Ordering::Relaxed);
                 next = sent + remaining / 3;
             }
-            let mut invocation = call_of(&scripts.lock_release, &keys.all());
-            invocation.arg(&token).arg("0");
+            let invocation = lock::scripts::Release {
+                token: &token,
+                unclaimed_only: false,
+            }
+            .invocation(&scripts.lock_release, &keys);
             bounded(
                 "release.lua",
                 invocation.invoke_async::<Vec<i64>>(&mut conn),

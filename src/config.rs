@@ -6,8 +6,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
-
-use crate::redis::Topology;
+use redis::Client;
 
 /// Default TCP address for the gRPC server.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -480,6 +479,96 @@ fn duration(
                 "{what}: {raw:?} is not a duration like 300ms or 10s: {e}"
             ));
             min
+        }
+    }
+}
+
+/// The deployment named by the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// A single Redis server.
+    Standalone {
+        /// Its URL.
+        url: String,
+    },
+    /// A Redis Cluster, found from any of its seed nodes.
+    Cluster {
+        /// Seed node URLs.
+        seeds: Vec<String>,
+    },
+    /// A master monitored by Redis Sentinel.
+    Sentinel {
+        /// Sentinel URLs.
+        sentinels: Vec<String>,
+        /// The master's name in the Sentinels' configuration.
+        master: String,
+        /// Where the user, password and database of the connections to the master come from:
+        /// the first Sentinel URL.
+        node_url: Option<String>,
+    },
+}
+
+impl Topology {
+    /// Parses the `--redis-mode`, `--redis-url` (comma-separated for Cluster seeds or Sentinels)
+    /// and `--redis-sentinel-master` settings, checking every URL.
+    pub fn parse(mode: &str, urls: &str, sentinel_master: Option<&str>) -> Result<Self, String> {
+        let list: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if list.is_empty() {
+            return Err("--redis-url / BATON_REDIS_URL: no URL given".to_owned());
+        }
+        for url in &list {
+            if let Err(e) = Client::open(url.as_str()) {
+                return Err(format!(
+                    "--redis-url / BATON_REDIS_URL: {url:?} is not a Redis URL: {e}"
+                ));
+            }
+        }
+        let master = sentinel_master.map(str::trim).filter(|m| !m.is_empty());
+        match mode {
+            "standalone" => {
+                if list.len() > 1 {
+                    return Err("--redis-url / BATON_REDIS_URL: standalone mode takes one URL; use --redis-mode cluster or sentinel for a list".to_owned());
+                }
+                if master.is_some() {
+                    return Err("--redis-sentinel-master / BATON_REDIS_SENTINEL_MASTER: only used with --redis-mode sentinel".to_owned());
+                }
+                Ok(Self::Standalone {
+                    url: list.into_iter().next().unwrap_or_default(),
+                })
+            }
+            "cluster" => {
+                if master.is_some() {
+                    return Err("--redis-sentinel-master / BATON_REDIS_SENTINEL_MASTER: only used with --redis-mode sentinel".to_owned());
+                }
+                Ok(Self::Cluster { seeds: list })
+            }
+            "sentinel" => {
+                let Some(master) = master else {
+                    return Err("--redis-sentinel-master / BATON_REDIS_SENTINEL_MASTER: required with --redis-mode sentinel".to_owned());
+                };
+                Ok(Self::Sentinel {
+                    node_url: list.first().cloned(),
+                    sentinels: list,
+                    master: master.to_owned(),
+                })
+            }
+            other => Err(format!(
+                "--redis-mode / BATON_REDIS_MODE: {other:?} is not one of standalone, cluster, sentinel"
+            )),
+        }
+    }
+
+    /// A short name for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Standalone { .. } => "standalone",
+            Self::Cluster { .. } => "cluster",
+            Self::Sentinel { .. } => "sentinel",
         }
     }
 }

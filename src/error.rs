@@ -9,6 +9,9 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// How long a caller is told to wait before retrying after Redis was unreachable.
 pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_millis(200);
 
+/// The proto name of a request field (`ttl`, `terms[3].score`), as errors report it.
+pub type Field = std::borrow::Cow<'static, str>;
+
 /// Why a request failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -16,7 +19,7 @@ pub enum Error {
     #[error("{field}: {reason}")]
     InvalidArgument {
         /// The field's name as written in the proto.
-        field: &'static str,
+        field: Field,
         /// What is wrong with it.
         reason: String,
     },
@@ -45,9 +48,9 @@ pub enum Error {
 
 impl Error {
     /// An `InvalidArgument` error for `field`.
-    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<Field>, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {
-            field,
+            field: field.into(),
             reason: reason.into(),
         }
     }

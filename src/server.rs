@@ -11,25 +11,19 @@ use std::{
     io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
     time::Duration,
 };
 
 use anyhow::Context as _;
 use futures::TryStreamExt;
 use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, UnixListener, UnixStream},
     task::JoinSet,
 };
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{
-    Server,
-    server::{Connected, TcpIncoming},
-};
+use tonic::transport::{Server, server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::proto::v1::rate_limit_service_server::RateLimitServiceServer;
@@ -42,8 +36,8 @@ use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
 use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
 use crate::{
     config::ServeConfig,
-    lease::Liveness,
-    lock::{Locks, service::LockApi},
+    grpc::conn::Watched,
+    lock::{Lock, Locks, service::LockApi},
     proto::{
         FILE_DESCRIPTOR_SET,
         v1::{
@@ -52,7 +46,7 @@ use crate::{
         },
     },
     redis::{Health, Notifier, Redis},
-    semaphore::{Semaphores, service::SemaphoreApi},
+    semaphore::{Semaphore, Semaphores, service::SemaphoreApi},
 };
 
 /// How often readiness checks Redis with `PING`.
@@ -162,10 +156,10 @@ pub async fn serve_with_rules(
     );
     let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
     let pings = config.client_keepalive_interval;
-    let locks = Locks::new(redis.clone(), notifier.clone());
+    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone());
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
     let semaphore_api = SemaphoreApi::new(
-        Semaphores::new(redis.clone(), notifier),
+        Semaphores::new(Semaphore::new(redis.clone()), notifier),
         shutdown.clone(),
         pings,
     );
@@ -327,93 +321,5 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             Health::Partial(down) => Some(down),
             _ => None,
         };
-    }
-}
-
-/// What Baton attaches to every request about the connection it came on.
-#[derive(Debug, Clone)]
-pub struct ClientConn {
-    /// When the connection last received anything from the client.
-    pub liveness: Liveness,
-}
-
-/// The liveness of the connection `request` came on (absent for requests that did not come
-/// through Baton's own listeners).
-pub fn liveness<T>(request: &tonic::Request<T>) -> Option<Liveness> {
-    request
-        .extensions()
-        .get::<ClientConn>()
-        .map(|conn| conn.liveness.clone())
-}
-
-/// A client connection that records in its [`Liveness`] every time it receives bytes: a request,
-/// a frame of a stream, an answer to one of the server's HTTP/2 pings.
-pub struct Watched<IO> {
-    io: IO,
-    liveness: Liveness,
-}
-
-impl<IO> Watched<IO> {
-    /// Watches `io`, heard from now.
-    pub fn new(io: IO) -> Self {
-        Self {
-            io,
-            liveness: Liveness::new(),
-        }
-    }
-}
-
-impl<IO> Connected for Watched<IO> {
-    type ConnectInfo = ClientConn;
-
-    fn connect_info(&self) -> ClientConn {
-        ClientConn {
-            liveness: self.liveness.clone(),
-        }
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.liveness.heard();
-        }
-        read
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

@@ -4,9 +4,9 @@
 //! attempt, and when the resource is busy waits for a release message, for the fallback the
 //! attempt named (a holder's expiry), for the caller's deadline, or for `stop`, whichever comes
 //! first, then tries again. A release published between the attempt and the wait is not missed.
-//! [`until_as`] does the same for a waiter woken by the messages a [`Wake`] names (a waiter with
-//! an id, which messages addressed to it also wake, as a fair queue wakes only its head; or a
-//! relay waiter, one of which each message wakes).
+//! The messages that wake the waiter are those its [`Wake`] names: every broadcast, messages
+//! addressed to its id (a fair queue wakes only its head), or one broadcast in turn among relay
+//! waiters (of which only one can take what was released).
 
 use std::{future::Future, time::Duration};
 
@@ -35,28 +35,13 @@ pub enum Attempt<T> {
     },
 }
 
-/// Attempts until done, the deadline passes, or `stop` yields an error.
+/// Attempts until done, the deadline passes, or `stop` yields an error; the waiter is woken by
+/// the messages of `channel` that `wake` names (see [`Notifier::subscribe_as`]).
 ///
 /// `attempt` receives the time left before the deadline (zero for the last attempt). `stop` is
 /// only raced against the waiting, never against an attempt in flight, so an attempt that grants
 /// is always seen through.
 pub async fn until<T, F, Fut>(
-    notifier: &Notifier,
-    channel: &str,
-    deadline: Instant,
-    stop: impl Future<Output = Error>,
-    attempt: F,
-) -> Result<T, Error>
-where
-    F: FnMut(Duration) -> Fut,
-    Fut: Future<Output = Result<Attempt<T>, Error>>,
-{
-    until_as(notifier, channel, Wake::Every, deadline, stop, attempt).await
-}
-
-/// Like [`until`], for a waiter woken by the messages `wake` names (see
-/// [`Notifier::subscribe_as`]); with [`Wake::Every`] it is exactly [`until`].
-pub async fn until_as<T, F, Fut>(
     notifier: &Notifier,
     channel: &str,
     wake: Wake<'_>,

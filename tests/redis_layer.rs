@@ -6,10 +6,11 @@ mod support;
 use std::time::Duration;
 
 use baton::{
+    config::RedisConfig,
     proto::v1::{self as pb, lock_service_client::LockServiceClient},
-    redis::{Endpoint, Notifier, Source, Subscription, Topology, Wake},
+    redis::{Endpoint, Notifier, Redis, Source, Subscription, Topology, Wake},
 };
-use support::{Baton, RedisServer, ms, wait_until, within};
+use support::{Baton, RedisServer, ms, topology::RedisCluster, wait_until, within};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -458,4 +459,280 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
         woken(&mut second, Duration::from_secs(2)).await,
         "the wake of a waiter whose check failed is passed on"
     );
+}
+
+/// The Redis servers a notifier under test subscribes on: the `redis-server`, or every master of
+/// a cluster (sharded pub/sub).
+struct PubSubNodes {
+    conns: Vec<redis::aio::MultiplexedConnection>,
+    sharded: bool,
+}
+
+/// What the nodes counted since their statistics were last reset, summed.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    /// `SUBSCRIBE` (or `SSUBSCRIBE`) commands run.
+    commands: u64,
+    /// Reads from client connections (`total_reads_processed`): a pipeline arrives in a few, a
+    /// command at a time in one read each.
+    reads: u64,
+}
+
+impl PubSubNodes {
+    /// Runs `cmd` on every node, returning each answer.
+    async fn each<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Vec<T> {
+        let mut answers = Vec::new();
+        for conn in &mut self.conns {
+            answers.push(cmd.query_async(conn).await.expect("a node-wide command"));
+        }
+        answers
+    }
+
+    /// Resets every node's statistics.
+    async fn reset_stats(&mut self) {
+        self.each::<()>(redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    }
+
+    /// What the nodes counted since the last reset.
+    async fn counts(&mut self) -> Counts {
+        let command = if self.sharded {
+            "cmdstat_ssubscribe:calls="
+        } else {
+            "cmdstat_subscribe:calls="
+        };
+        let number = |info: &str, prefix: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .map_or(0, |rest| {
+                    let n = rest.split(',').next().unwrap_or(rest).trim();
+                    n.parse().unwrap_or_else(|_| panic!("{prefix}{rest}"))
+                })
+        };
+        let infos: Vec<String> = self.each(redis::cmd("INFO").arg("all")).await;
+        Counts {
+            commands: infos.iter().map(|i| number(i, command)).sum(),
+            reads: infos
+                .iter()
+                .map(|i| number(i, "total_reads_processed:"))
+                .sum(),
+        }
+    }
+
+    /// Channels subscribed on the nodes, summed.
+    async fn channels(&mut self) -> usize {
+        let mut cmd = redis::cmd("PUBSUB");
+        cmd.arg(if self.sharded {
+            "SHARDCHANNELS"
+        } else {
+            "CHANNELS"
+        });
+        let lists: Vec<Vec<String>> = self.each(&cmd).await;
+        lists.iter().map(Vec::len).sum()
+    }
+
+    /// Kills every pub/sub connection on every node; returns how many there were.
+    async fn kill_pubsub(&mut self) -> u64 {
+        let killed: Vec<u64> = self
+            .each(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"))
+            .await;
+        killed.into_iter().sum()
+    }
+}
+
+/// The time a notifier under load test gets to have a subscription confirmed: five times the
+/// default command timeout, for thousands of channels at once in a debug build on a busy machine.
+/// How many commands and reads it takes is what the tests check.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Subscribes `channels` at once, kills the notifier's pub/sub connections, and checks that every
+/// waiter is woken once, that every channel is subscribed again within `bound`, and that a fresh
+/// publish on each channel wakes its waiter. Returns what the nodes counted for the first
+/// subscription and for the resubscription.
+async fn resubscribe_after_kill(
+    notifier: &Notifier,
+    nodes: &mut PubSubNodes,
+    publisher: &(impl redis::aio::ConnectionLike + Clone),
+    channels: usize,
+    bound: Duration,
+) -> (Counts, Counts) {
+    use futures::{FutureExt, future::join_all};
+
+    let names: Vec<String> = (0..channels)
+        .map(|i| format!("{{many-{i}}}:released"))
+        .collect();
+    // The first connection is open before the counts start.
+    drop(notifier.subscribe("warm-up").await.expect("subscribe"));
+    nodes.reset_stats().await;
+
+    let started = tokio::time::Instant::now();
+    let mut subs: Vec<Subscription> = join_all(names.iter().map(|n| notifier.subscribe(n)))
+        .await
+        .into_iter()
+        .zip(&names)
+        .map(|(r, n)| r.unwrap_or_else(|e| panic!("subscribing {n}: {e}")))
+        .collect();
+    let first = nodes.counts().await;
+    eprintln!(
+        "{channels} channels subscribed in {:?}: {first:?}",
+        started.elapsed()
+    );
+    assert_eq!(nodes.channels().await, channels, "every channel subscribed");
+
+    for s in &mut subs {
+        s.arm();
+    }
+    nodes.reset_stats().await;
+    let killed_at = tokio::time::Instant::now();
+    assert!(nodes.kill_pubsub().await >= 1, "the notifier's connection");
+    within(
+        bound,
+        async {
+            for s in &mut subs {
+                s.notified().await;
+            }
+        },
+        "every waiter to be woken after the connection dropped",
+    )
+    .await;
+    // What a woken waiter does before it waits again: make sure its channel is subscribed.
+    let resubscribed = within(
+        bound,
+        join_all(subs.iter().map(Subscription::ensure)),
+        "every channel to be subscribed again",
+    )
+    .await;
+    for (r, n) in resubscribed.iter().zip(&names) {
+        if let Err(e) = r {
+            panic!("resubscribing {n}: {e}");
+        }
+    }
+    let took = killed_at.elapsed();
+    let again = nodes.counts().await;
+    eprintln!("{channels} channels subscribed again in {took:?}: {again:?}");
+    assert!(took < bound, "resubscribed in {took:?}");
+    assert_eq!(
+        nodes.channels().await,
+        channels,
+        "every channel subscribed again"
+    );
+
+    // Woken once: nothing more arrives until a message does.
+    for s in &mut subs {
+        s.arm();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut woken_again = 0;
+    for s in &mut subs {
+        if s.notified().now_or_never().is_some() {
+            woken_again += 1;
+        }
+    }
+    assert_eq!(woken_again, 0, "waiters woken twice for one gap");
+
+    let publish = if nodes.sharded { "SPUBLISH" } else { "PUBLISH" };
+    for chunk in names.chunks(500) {
+        // Concurrent commands (a Cluster pipeline must stay within one slot).
+        let receivers: Vec<u64> = join_all(chunk.iter().map(|n| {
+            let mut publisher = publisher.clone();
+            async move {
+                redis::cmd(publish)
+                    .arg(n)
+                    .arg("released")
+                    .query_async::<u64>(&mut publisher)
+                    .await
+                    .expect("publish")
+            }
+        }))
+        .await;
+        assert!(receivers.iter().all(|r| *r == 1), "one subscriber each");
+    }
+    within(
+        bound,
+        async {
+            for s in &mut subs {
+                s.notified().await;
+            }
+        },
+        "every waiter to be woken by a fresh publish",
+    )
+    .await;
+    (first, again)
+}
+
+/// 5,000 waiters on as many channels subscribe at once, confirmed in batched SUBSCRIBE commands
+/// (at most 250); when the pub/sub connection is killed, every waiter is woken once, every
+/// channel is subscribed again in at most 50 commands within a bound, and a fresh publish wakes
+/// each waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_channels_resubscribe_in_batches() {
+    const CHANNELS: usize = 5_000;
+    let redis = RedisServer::start_standalone().await;
+    let backend = Redis::new(&redis.redis_config()).expect("redis config");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
+    let conn = redis.client().await;
+    let mut nodes = PubSubNodes {
+        conns: vec![conn.clone()],
+        sharded: false,
+    };
+    let (first, again) = resubscribe_after_kill(
+        &notifier,
+        &mut nodes,
+        &conn,
+        CHANNELS,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        first.commands <= (CHANNELS / 20) as u64,
+        "{first:?} for {CHANNELS} new channels"
+    );
+    assert!(
+        again.commands <= (CHANNELS / 100) as u64,
+        "{again:?} to subscribe {CHANNELS} channels again"
+    );
+}
+
+/// On a Cluster, 3,000 waiters on as many channels (in different slots of three masters)
+/// subscribe at once, one SSUBSCRIBE each, pipelined (at most one read per ten commands); when
+/// every master's pub/sub connection is killed, every waiter is woken once, every channel is
+/// subscribed again the same way within a bound, and a fresh publish wakes each waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_sharded_channels_resubscribe_pipelined() {
+    const CHANNELS: usize = 3_000;
+    let cluster = RedisCluster::start(3, 0).await;
+    let config = RedisConfig::with_topology(Topology::Cluster {
+        seeds: cluster.seed_urls(),
+    });
+    let backend = Redis::new(&config).expect("redis config");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
+    let mut nodes = PubSubNodes {
+        conns: Vec::new(),
+        sharded: true,
+    };
+    for master in cluster.masters().await {
+        nodes.conns.push(cluster.node_client(master.port).await);
+    }
+    let publisher = cluster.client().await;
+    let (first, again) = resubscribe_after_kill(
+        &notifier,
+        &mut nodes,
+        &publisher,
+        CHANNELS,
+        Duration::from_secs(10),
+    )
+    .await;
+    for (what, counts) in [("new", first), ("resubscribed", again)] {
+        assert!(
+            counts.commands >= CHANNELS as u64,
+            "one SSUBSCRIBE per {what} channel: {counts:?}"
+        );
+        assert!(
+            counts.reads <= (CHANNELS / 10) as u64,
+            "{what} channels' SSUBSCRIBEs pipelined: {counts:?}"
+        );
+    }
 }

@@ -38,14 +38,20 @@ pub mod service;
 pub mod text;
 
 use std::{
-    sync::{Arc, LazyLock},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
-use crate::{error::Error, redis::Redis};
+use crate::{
+    error::{Error, Field},
+    redis::{
+        Redis,
+        reply::{int, unexpected},
+    },
+};
 use cursor::{Cursor, Scope};
 pub use text::Text;
 
@@ -58,11 +64,11 @@ pub const MAX_FORM_BYTES: usize = 1024;
 /// Longest payload, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 1024;
 /// Most terms in one `Add`, or texts in one `Remove` or `RemoveRecent`.
-pub const MAX_BATCH: usize = 1000;
+pub const MAX_TERMS: usize = 1000;
 /// Results per page when the request says 0.
 pub const DEFAULT_LIMIT: u32 = 10;
 /// Most results per page.
-pub const MAX_LIMIT: u32 = 1000;
+pub const MAX_RESULTS: u32 = 1000;
 /// Largest absolute score.
 pub const MAX_ABS_SCORE: f64 = 1e15;
 /// A prefix gets its own ranked set once more than this many terms start with it, so that
@@ -1212,28 +1218,20 @@ pub enum TermPart {
 }
 
 /// The proto field name of part of batch entry `i` (e.g. `terms[3].score`), for error details.
-///
-/// Errors carry `&'static str` field names, so the names of the [`MAX_BATCH`] possible entries
-/// are built once, on first use, and kept for the life of the process (about 100 KiB).
-pub fn term_field(i: usize, part: TermPart) -> &'static str {
-    static NAMES: LazyLock<Vec<[&'static str; 4]>> = LazyLock::new(|| {
-        (0..MAX_BATCH)
-            .map(|i| {
-                let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-                [
-                    leak(format!("terms[{i}].display")),
-                    leak(format!("terms[{i}].score")),
-                    leak(format!("terms[{i}].payload")),
-                    leak(format!("displays[{i}]")),
-                ]
-            })
-            .collect()
-    });
-    let column = part as usize;
-    match NAMES.get(i) {
-        Some(names) => names[column],
-        None => ["terms", "terms", "terms", "displays"][column],
+pub fn term_field(i: usize, part: TermPart) -> Field {
+    if i >= MAX_TERMS {
+        return Field::Borrowed(if part == TermPart::Removal {
+            "displays"
+        } else {
+            "terms"
+        });
     }
+    Field::Owned(match part {
+        TermPart::Display => format!("terms[{i}].display"),
+        TermPart::Score => format!("terms[{i}].score"),
+        TermPart::Payload => format!("terms[{i}].payload"),
+        TermPart::Removal => format!("displays[{i}]"),
+    })
 }
 
 fn corrupt_token() -> Error {
@@ -1353,14 +1351,6 @@ fn payload_arg(payload: Option<&[u8]>) -> Vec<u8> {
             v
         }
     }
-}
-
-fn unexpected(what: &str) -> Error {
-    Error::Internal(format!("unexpected {what} from Redis"))
-}
-
-fn int(v: &Value) -> Result<i64, Error> {
-    redis::from_redis_value_ref(v).map_err(|_| unexpected("integer"))
 }
 
 fn bytes(v: &Value) -> Result<Vec<u8>, Error> {
@@ -1492,7 +1482,7 @@ mod tests {
         assert_eq!(term_field(0, TermPart::Display), "terms[0].display");
         assert_eq!(term_field(999, TermPart::Score), "terms[999].score");
         assert_eq!(term_field(7, TermPart::Removal), "displays[7]");
-        assert_eq!(term_field(MAX_BATCH, TermPart::Payload), "terms");
+        assert_eq!(term_field(MAX_TERMS, TermPart::Payload), "terms");
     }
 
     /// Scores pass to Lua in a form that reads back exactly.

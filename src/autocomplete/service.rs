@@ -12,15 +12,15 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
     AUTO_REQUEST_MEMORY, Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT,
-    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_BATCH, MAX_FORM_BYTES, MAX_LIMIT,
-    MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_REQUEST_ID_BYTES,
-    MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind, MatchMode, NewTerm, Order, REQUEST_MEMORY,
-    RecentItem, Record, ScoreChange, Suggestion, TermPart, Text, term_field, text,
+    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_FORM_BYTES, MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_REQUEST_ID_BYTES, MAX_RESULTS,
+    MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind, MatchMode, NewTerm, Order,
+    REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion, TermPart, Text, term_field, text,
 };
 use crate::{
-    error::{Error, UNAVAILABLE_RETRY_AFTER},
+    error::{Error, Field, UNAVAILABLE_RETRY_AFTER},
+    grpc::wire,
     proto::v1::{self as pb, autocomplete_service_server::AutocompleteService},
-    wire,
 };
 
 /// The `ErrorInfo` reason of an `Add` that failed after it may have applied part of its batch.
@@ -41,18 +41,23 @@ impl AutocompleteApi {
     }
 }
 
-fn name(field: &'static str, value: &str) -> Result<String, Error> {
+fn name(field: impl Into<Field>, value: &str) -> Result<String, Error> {
     wire::text(field, value, MAX_NAME_BYTES).map(str::to_owned)
 }
 
 /// A display text: 1 to [`MAX_TEXT_BYTES`] bytes, no U+0000, something other than whitespace.
-fn display(field: &'static str, value: &str) -> Result<Text, Error> {
-    wire::text(field, value, MAX_TEXT_BYTES)?;
+fn display(field: impl Into<Field>, value: &str) -> Result<Text, Error> {
+    let field = field.into();
+    wire::text(field.clone(), value, MAX_TEXT_BYTES)?;
     if value.contains('\0') {
         return Err(Error::invalid(field, "must not contain U+0000"));
     }
-    let text = Text::new(value)
-        .ok_or_else(|| Error::invalid(field, "must contain a character other than whitespace"))?;
+    let text = Text::new(value).ok_or_else(|| {
+        Error::invalid(
+            field.clone(),
+            "must contain a character other than whitespace",
+        )
+    })?;
     if text.key.len() > MAX_FORM_BYTES || text.id.len() > MAX_FORM_BYTES {
         return Err(Error::invalid(
             field,
@@ -85,7 +90,7 @@ fn query(value: &str) -> Result<String, Error> {
     Ok(form)
 }
 
-fn limit(field: &'static str, value: u32, default: u32, max: u32) -> Result<u32, Error> {
+fn limit(field: impl Into<Field>, value: u32, default: u32, max: u32) -> Result<u32, Error> {
     match value {
         0 => Ok(default),
         v if v <= max => Ok(v),
@@ -96,7 +101,7 @@ fn limit(field: &'static str, value: u32, default: u32, max: u32) -> Result<u32,
     }
 }
 
-fn payload(field: &'static str, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Error> {
+fn payload(field: impl Into<Field>, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Error> {
     match value {
         Some(p) if p.len() > MAX_PAYLOAD_BYTES => Err(Error::invalid(
             field,
@@ -181,14 +186,14 @@ fn add_failed(error: Error, record: Option<&Record>) -> Status {
     )
 }
 
-fn batch_size(field: &'static str, len: usize) -> Result<(), Error> {
+fn batch_size(field: impl Into<Field>, len: usize) -> Result<(), Error> {
     if len == 0 {
         return Err(Error::invalid(field, "must not be empty"));
     }
-    if len > MAX_BATCH {
+    if len > MAX_TERMS {
         return Err(Error::invalid(
             field,
-            format!("has {len} entries, more than the {MAX_BATCH} allowed"),
+            format!("has {len} entries, more than the {MAX_TERMS} allowed"),
         ));
     }
     Ok(())
@@ -196,18 +201,18 @@ fn batch_size(field: &'static str, len: usize) -> Result<(), Error> {
 
 fn term(i: usize, t: pb::AutocompleteTerm) -> Result<NewTerm, Error> {
     let text = display(term_field(i, TermPart::Display), &t.display)?;
-    let score_field = term_field(i, TermPart::Score);
+    let score_field = || term_field(i, TermPart::Score);
     let score = match (t.score, t.increment) {
         (None, false) => ScoreChange::Keep,
         (None, true) => {
             return Err(Error::invalid(
-                score_field,
+                score_field(),
                 "is required when increment is true",
             ));
         }
         (Some(v), _) if !v.is_finite() || v.abs() > MAX_ABS_SCORE => {
             return Err(Error::invalid(
-                score_field,
+                score_field(),
                 format!("must be a finite number within ±{MAX_ABS_SCORE:e}"),
             ));
         }
@@ -221,7 +226,7 @@ fn term(i: usize, t: pb::AutocompleteTerm) -> Result<NewTerm, Error> {
     })
 }
 
-fn texts(field: &'static str, values: &[String]) -> Result<Vec<Text>, Error> {
+fn texts(field: impl Into<Field>, values: &[String]) -> Result<Vec<Text>, Error> {
     batch_size(field, values.len())?;
     values
         .iter()
@@ -364,7 +369,7 @@ impl AutocompleteService for AutocompleteApi {
             query: query(&req.query)?,
             mode: mode(req.mode)?,
             order: order(req.order)?,
-            limit: limit("limit", req.limit, DEFAULT_LIMIT, MAX_LIMIT)?,
+            limit: limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?,
             page_token: req.page_token,
         };
         let page = self.autocomplete.complete(&dictionary, &completion).await?;
@@ -439,7 +444,7 @@ impl AutocompleteService for AutocompleteApi {
         let list = name("list", &req.list)?;
         let query = query(&req.query)?;
         let mode = mode(req.mode)?;
-        let limit = limit("limit", req.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+        let limit = limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?;
         let page = self
             .autocomplete
             .complete_recent(&list, &query, mode, limit, &req.page_token)

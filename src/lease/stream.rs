@@ -1,11 +1,12 @@
-//! The event stream of a keepalive call (`Hold`, `KeepAlive`): what the server has to say, in
-//! order, without a queue that a client which stops reading could fill.
+//! The events of a kept-alive lease, in order, without a queue that a client which stops reading
+//! could fill.
 //!
-//! A stream carries at most three things at once: its first event (the grant, or why there is
-//! none), the latest renewal (a newer one replaces an older one nobody has read: a renewal says
-//! how long the lease lasts, and only the latest is true), and its final event (`lost`, or an
-//! error). The final event replaces any unread renewal and always has room, so a stream never
-//! ends without it, however slowly its client reads.
+//! A stream carries at most three items at once: its first (the grant, or why there is none),
+//! the latest renewal (a newer one replaces an older one nobody has read: a renewal says how long
+//! the lease lasts, and only the latest is true), and its final item (`lost`, or an error). The
+//! final item replaces any unread renewal and always has room, so a stream never ends without
+//! it, however slowly its reader reads. Items are whatever the transport sends (for gRPC, a
+//! response message or a status).
 
 use std::{
     pin::Pin,
@@ -16,15 +17,12 @@ use std::{
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// One item of a stream: an event, or the status that ends it.
-pub type Item<T> = Result<T, tonic::Status>;
-
 struct State<T> {
-    first: Option<Item<T>>,
+    first: Option<T>,
     renewal: Option<T>,
     /// When the unread renewal was put in.
     renewal_since: Option<Instant>,
-    last: Option<Item<T>>,
+    last: Option<T>,
     /// No more items will come (the sender finished or was dropped).
     done: bool,
     waker: Option<Waker>,
@@ -54,7 +52,7 @@ impl<T> Shared<T> {
     }
 }
 
-/// The receiving half: the response stream handed to tonic.
+/// The receiving half (for gRPC, the response stream handed to tonic).
 pub struct Events<T> {
     shared: Arc<Shared<T>>,
     _gone: DropGuard,
@@ -91,8 +89,8 @@ pub fn channel<T>() -> (Sender<T>, Events<T>) {
 }
 
 impl<T> Sender<T> {
-    /// Sends the stream's first event (or the status that ends it at once).
-    pub fn first(&self, item: Item<T>) {
+    /// Sends the stream's first item (the grant, or what ends the stream at once).
+    pub fn first(&self, item: T) {
         self.shared.update(|s| s.first = Some(item));
     }
 
@@ -111,9 +109,9 @@ impl<T> Sender<T> {
         waiting
     }
 
-    /// Sends the final event: it replaces an unread renewal (no longer true) and the stream ends
+    /// Sends the final item: it replaces an unread renewal (no longer true) and the stream ends
     /// once the client has read it.
-    pub fn finish(&self, item: Item<T>) {
+    pub fn finish(&self, item: T) {
         self.shared.update(|s| {
             s.renewal = None;
             s.renewal_since = None;
@@ -145,16 +143,16 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> futures::Stream for Events<T> {
-    type Item = Item<T>;
+    type Item = T;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item<T>>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let mut state = self.shared.state();
         if let Some(item) = state.first.take() {
             return Poll::Ready(Some(item));
         }
         if let Some(event) = state.renewal.take() {
             state.renewal_since = None;
-            return Poll::Ready(Some(Ok(event)));
+            return Poll::Ready(Some(event));
         }
         if let Some(item) = state.last.take() {
             return Poll::Ready(Some(item));
@@ -178,20 +176,20 @@ mod tests {
     #[tokio::test]
     async fn renewals_coalesce_and_the_final_event_always_fits() {
         let (tx, mut rx) = channel::<u32>();
-        tx.first(Ok(1));
+        tx.first(1);
         assert_eq!(tx.renewal(2), None);
         assert!(
             tx.renewal(3).is_some(),
             "the unread renewal is reported waiting"
         );
-        assert_eq!(rx.next().await.unwrap().unwrap(), 1);
-        assert_eq!(rx.next().await.unwrap().unwrap(), 3);
+        assert_eq!(rx.next().await, Some(1));
+        assert_eq!(rx.next().await, Some(3));
         assert_eq!(tx.renewal(4), None, "read renewals are not waiting");
         for n in 5..1000 {
             tx.renewal(n);
         }
-        tx.finish(Ok(0));
-        assert_eq!(rx.next().await.unwrap().unwrap(), 0);
+        tx.finish(0);
+        assert_eq!(rx.next().await, Some(0));
         assert!(rx.next().await.is_none());
     }
 
@@ -206,9 +204,9 @@ mod tests {
         assert!(tx.is_closed());
 
         let (tx, mut rx) = channel::<u32>();
-        tx.first(Ok(7));
+        tx.first(7);
         drop(tx);
-        assert_eq!(rx.next().await.unwrap().unwrap(), 7);
+        assert_eq!(rx.next().await, Some(7));
         assert!(rx.next().await.is_none());
     }
 }

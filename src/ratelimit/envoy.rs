@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
-    Algorithm, DecidedBy, Decision, MAX_LIMIT, Rate, RateLimiter,
+    Algorithm, DecidedBy, Decision, MAX_UNITS, Rate, RateLimiter,
     rules::{
         self, MAX_DESCRIPTORS, MAX_DOMAIN_BYTES, MAX_ENTRIES, MAX_ENTRY_BYTES, Quota, Rule, Rules,
         Unit,
@@ -261,7 +261,7 @@ impl EnvoyRateLimitApi {
                     .hits_addend
                     .as_ref()
                     .map_or(request_hits, |h| h.value)
-                    .min(MAX_LIMIT + 1);
+                    .min(MAX_UNITS + 1);
                 let key_for = |algorithm| {
                     super::limiter_key(
                         prefix,

@@ -34,14 +34,14 @@ use tokio::time::Instant;
 use crate::{
     config::{FailureMode, RateLimitConfig, RedisConfig},
     error::{Error, UNAVAILABLE_RETRY_AFTER},
-    redis::Redis,
+    redis::{Redis, reply::millis},
 };
 
 /// Longest limited key, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Largest limit (and burst and cost): large enough for byte counts, small enough that counts
 /// stay exact in Lua's doubles.
-pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+pub const MAX_UNITS: u64 = 1_000_000_000_000;
 /// Largest limit of the sliding window, which keeps one entry per unit allowed in the window.
 pub const MAX_SLIDING_LIMIT: u64 = 10_000;
 /// Shortest period.
@@ -117,7 +117,7 @@ impl Rate {
     ) -> Result<Self, (RateField, String)> {
         let max = match algorithm {
             Algorithm::SlidingWindow => MAX_SLIDING_LIMIT,
-            _ => MAX_LIMIT,
+            _ => MAX_UNITS,
         };
         if limit == 0 || limit > max {
             return Err((RateField::Limit, format!("{limit} is outside 1 to {max}")));
@@ -137,8 +137,8 @@ impl Rate {
             ));
         }
         let burst = match (algorithm, burst) {
-            (Algorithm::Gcra, Some(b)) if b == 0 || b > MAX_LIMIT => {
-                return Err((RateField::Burst, format!("{b} is outside 1 to {MAX_LIMIT}")));
+            (Algorithm::Gcra, Some(b)) if b == 0 || b > MAX_UNITS => {
+                return Err((RateField::Burst, format!("{b} is outside 1 to {MAX_UNITS}")));
             }
             (Algorithm::Gcra, Some(b)) => b,
             (_, Some(_)) => {
@@ -369,10 +369,6 @@ fn in_words(period: Duration) -> String {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,9 +430,9 @@ mod tests {
                 .0,
             RateField::Burst
         );
-        assert!(Rate::new(Algorithm::Gcra, MAX_LIMIT, MAX_PERIOD, Some(MAX_LIMIT)).is_ok());
+        assert!(Rate::new(Algorithm::Gcra, MAX_UNITS, MAX_PERIOD, Some(MAX_UNITS)).is_ok());
         assert_eq!(
-            Rate::new(Algorithm::Gcra, 1, MAX_PERIOD, Some(MAX_LIMIT))
+            Rate::new(Algorithm::Gcra, 1, MAX_PERIOD, Some(MAX_UNITS))
                 .unwrap_err()
                 .0,
             RateField::Burst

@@ -23,7 +23,7 @@ use std::{
 };
 
 use super::{
-    Algorithm, MAX_LIMIT, Rate, RateField,
+    Algorithm, MAX_UNITS, Rate, RateField,
     yaml::{self, Node, Pos, Value},
 };
 
@@ -973,10 +973,10 @@ fn rule(spec: &Spec, shadow: bool, path: &str) -> Result<Rule, (Pos, String)> {
     let Some((requests, requests_pos)) = spec.requests_per_unit else {
         return Err((spec.pos, "requests_per_unit: required".to_owned()));
     };
-    if requests > MAX_LIMIT {
+    if requests > MAX_UNITS {
         return Err((
             requests_pos,
-            format!("requests_per_unit: {requests} is more than {MAX_LIMIT}"),
+            format!("requests_per_unit: {requests} is more than {MAX_UNITS}"),
         ));
     }
     let burst = spec.burst.map(|(b, _)| b);

@@ -6,8 +6,8 @@ use tonic::{Request, Response, Status};
 use super::{Algorithm, DecidedBy, Decision, MAX_KEY_BYTES, Rate, RateField, RateLimiter};
 use crate::{
     error::Error,
+    grpc::wire,
     proto::v1::{self as pb, rate_limit_service_server::RateLimitService},
-    wire,
 };
 
 /// The RateLimitService implementation.

@@ -35,9 +35,10 @@ use bb8_redis::{
 };
 use tokio::time::{Instant, timeout_at};
 
+pub use crate::config::Topology;
 pub use ::redis::Script;
 pub use notifier::{ADDRESSED, Notifier, Source, Subscription, Wake};
-pub use topology::{Endpoint, Topology};
+pub use topology::Endpoint;
 
 use crate::{config::RedisConfig, error::Error};
 
@@ -398,11 +399,6 @@ impl Redis {
     /// The time replicas get to acknowledge a grant (`--min-replicas-ack-timeout`).
     pub fn replica_ack_timeout(&self) -> Duration {
         self.replica_ack_timeout
-    }
-
-    /// The time allowed to open a connection.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) within the command timeout, counted from

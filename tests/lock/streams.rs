@@ -286,15 +286,12 @@ async fn dropping_a_hold_stream_frees_the_lock() {
     );
 }
 
-/// `Locks::refresh_many` renews a mix of leases in one script call: an exclusive lease and two
+/// `Lock::refresh_many` renews a mix of leases in one script call: an exclusive lease and two
 /// shared ones (one with its acquisition ttl) get their new ttl; a released lease, an expired
 /// shared one and an unknown token come back as not held; an empty batch sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_many_renews_a_mixed_batch_in_one_call() {
-    use baton::{
-        lock::Locks,
-        redis::{Notifier, Redis},
-    };
+    use baton::{lease::Primitive, lock::Lock, redis::Redis};
 
     // Reads node-wide counters: on a Cluster, one of this test's own.
     let redis = RedisServer::start_private().await;
@@ -306,14 +303,7 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     let mut conn = redis.conn().await;
     let mut config = redis.redis_config();
     config.key_prefix = baton.prefix().to_owned();
-    let backend = Redis::new(&config).expect("redis config");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let notifier = Notifier::start(
-        backend.pubsub_source(),
-        config.command_timeout,
-        shutdown.clone(),
-    );
-    let locks = Locks::new(backend, notifier);
+    let locks = Lock::new(Redis::new(&config).expect("redis config"));
 
     let exclusive = acquired(&mut client, lock_a, 1_000, None, "").await;
     let shared = granted(&mut client, lock_b, 1_000, None, "", SHARED).await;
@@ -340,25 +330,20 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     .await;
 
     let unknown = random_token();
+    let hold = |name: &str, token: &str, ttl: Option<u64>| {
+        (
+            name.to_owned(),
+            token.to_owned(),
+            ttl.map(Duration::from_secs),
+        )
+    };
     let batch = [
-        (
-            lock_a,
-            exclusive.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (lock_b, shared.token.as_str(), Some(Duration::from_secs(30))),
-        (lock_b, shared_default.token.as_str(), None),
-        (
-            lock_c,
-            released.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (
-            lock_d,
-            expired.token.as_str(),
-            Some(Duration::from_secs(20)),
-        ),
-        (lock_d, unknown.as_str(), Some(Duration::from_secs(20))),
+        hold(lock_a, &exclusive.token, Some(20)),
+        hold(lock_b, &shared.token, Some(30)),
+        hold(lock_b, &shared_default.token, None),
+        hold(lock_c, &released.token, Some(20)),
+        hold(lock_d, &expired.token, Some(20)),
+        hold(lock_d, &unknown, Some(20)),
     ];
     conn.reset_stats().await;
     let renewed: Vec<Option<Duration>> = locks
@@ -391,10 +376,9 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
     assert!(release(&mut client, lock_d, &still.token).await.was_held);
 
     conn.reset_stats().await;
-    let none: [(&str, &str, Option<Duration>); 0] = [];
     assert!(
         locks
-            .refresh_many(&none)
+            .refresh_many(&[])
             .await
             .expect("empty batch")
             .is_empty()
@@ -404,7 +388,6 @@ async fn refresh_many_renews_a_mixed_batch_in_one_call() {
         0,
         "an empty batch sends nothing"
     );
-    shutdown.cancel();
 }
 
 /// A client that stops reading its Hold stream (a tiny HTTP/2 window fills at once) still gets
@@ -551,11 +534,7 @@ async fn hold_fits_its_wait_into_the_deadline() {
 /// the other leases of the same batched script call are renewed, for locks and for semaphores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_broken_lease_does_not_fail_its_batch() {
-    use baton::{
-        lock::Locks,
-        redis::{Notifier, Redis},
-        semaphore::Semaphores,
-    };
+    use baton::{lease::Primitive, lock::Lock, redis::Redis, semaphore::Semaphore};
 
     let redis = RedisServer::start().await;
     let [good, bad] = redis.names_in_one_slot("lock", ["good", "bad"]);
@@ -567,14 +546,8 @@ async fn one_broken_lease_does_not_fail_its_batch() {
     let mut config = redis.redis_config();
     config.key_prefix = baton.prefix().to_owned();
     let backend = Redis::new(&config).expect("redis config");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let notifier = Notifier::start(
-        backend.pubsub_source(),
-        config.command_timeout,
-        stop.clone(),
-    );
-    let locks = Locks::new(backend.clone(), notifier.clone());
-    let semaphores = Semaphores::new(backend, notifier);
+    let locks = Lock::new(backend.clone());
+    let semaphores = Semaphore::new(backend);
 
     let fine = granted_with(&mut client, acquire_request(&good, 1_000, None, "")).await;
     let doomed = granted_with(&mut client, acquire_request(&bad, 1_000, None, "")).await;
@@ -587,13 +560,13 @@ async fn one_broken_lease_does_not_fail_its_batch() {
     let renewed = locks
         .refresh_many(&[
             (
-                good.as_str(),
-                fine.token.as_str(),
+                good.clone(),
+                fine.token.clone(),
                 Some(Duration::from_secs(20)),
             ),
             (
-                bad.as_str(),
-                doomed.token.as_str(),
+                bad.clone(),
+                doomed.token.clone(),
                 Some(Duration::from_secs(20)),
             ),
         ])
@@ -663,5 +636,4 @@ async fn one_broken_lease_does_not_fail_its_batch() {
         .expect("Describe")
         .into_inner();
     assert!(remaining(&d.holders[0].remaining_ttl, "pool") > Duration::from_secs(19));
-    stop.cancel();
 }

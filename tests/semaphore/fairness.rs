@@ -388,10 +388,8 @@ async fn a_fair_waiter_keeps_its_place_past_the_queue_lease() {
         .fencing_token
     });
     wait_for_waiters_while(&client, "pool", 2, &mut next).await;
-    tokio::time::sleep_until(
-        queued_at + baton::semaphore::QUEUE_LEASE + Duration::from_millis(500),
-    )
-    .await;
+    tokio::time::sleep_until(queued_at + baton::lease::QUEUE_LEASE + Duration::from_millis(500))
+        .await;
     assert_eq!(describe(&mut client, "pool").await.waiters, 2);
     assert!(release(&mut client, "pool", &holder.token).await);
     let head_fence = within(Duration::from_secs(2), head, "the head")

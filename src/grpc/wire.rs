@@ -1,19 +1,21 @@
-//! Checks and conversions shared by every gRPC handler: durations, names, tokens and the caller's
-//! deadline. Each failure is an [`Error::InvalidArgument`] that names the proto field.
+//! Checks and conversions shared by every gRPC handler: durations, names, tokens, idempotency keys
+//! and the caller's deadline. Each failure is an [`Error::InvalidArgument`] that names the proto
+//! field.
 
 use std::time::Duration;
 
 use tonic::metadata::MetadataMap;
 
-use crate::error::Error;
+use crate::error::{Error, Field};
 
 /// Converts a proto duration to milliseconds, rounding sub-millisecond parts up.
 ///
 /// `None` and zero are returned as `None`; negative or malformed values are an error for `field`.
 pub fn millis(
-    field: &'static str,
+    field: impl Into<Field>,
     value: Option<prost_types::Duration>,
 ) -> Result<Option<Duration>, Error> {
+    let field = field.into();
     let Some(d) = value else { return Ok(None) };
     if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
         return Err(Error::invalid(field, "must be a non-negative duration"));
@@ -30,12 +32,13 @@ pub fn millis(
 
 /// A required duration within `[min, max]`, at millisecond precision.
 pub fn bounded(
-    field: &'static str,
+    field: impl Into<Field>,
     value: Option<prost_types::Duration>,
     min: Duration,
     max: Duration,
 ) -> Result<Duration, Error> {
-    match millis(field, value)? {
+    let field = field.into();
+    match millis(field.clone(), value)? {
         None => Err(Error::invalid(
             field,
             format!("is required ({} to {})", show(min), show(max)),
@@ -46,18 +49,19 @@ pub fn bounded(
 
 /// An optional duration within `[min, max]` when present and non-zero.
 pub fn optional_bounded(
-    field: &'static str,
+    field: impl Into<Field>,
     value: Option<prost_types::Duration>,
     min: Duration,
     max: Duration,
 ) -> Result<Option<Duration>, Error> {
-    millis(field, value)?
+    let field = field.into();
+    millis(field.clone(), value)?
         .map(|d| within(field, d, min, max))
         .transpose()
 }
 
 fn within(
-    field: &'static str,
+    field: impl Into<Field>,
     d: Duration,
     min: Duration,
     max: Duration,
@@ -85,7 +89,8 @@ pub fn duration(d: Duration) -> prost_types::Duration {
 }
 
 /// A non-empty string of at most `max` bytes.
-pub fn text<'a>(field: &'static str, value: &'a str, max: usize) -> Result<&'a str, Error> {
+pub fn text(field: impl Into<Field>, value: &str, max: usize) -> Result<&str, Error> {
+    let field = field.into();
     if value.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -93,11 +98,7 @@ pub fn text<'a>(field: &'static str, value: &'a str, max: usize) -> Result<&'a s
 }
 
 /// A string of at most `max` bytes, possibly empty.
-pub fn optional_text<'a>(
-    field: &'static str,
-    value: &'a str,
-    max: usize,
-) -> Result<&'a str, Error> {
+pub fn optional_text(field: impl Into<Field>, value: &str, max: usize) -> Result<&str, Error> {
     if value.len() > max {
         return Err(Error::invalid(
             field,
@@ -108,7 +109,8 @@ pub fn optional_text<'a>(
 }
 
 /// A lease token as Baton issues them: a UUID in its 36-character hyphenated form.
-pub fn token(field: &'static str, value: &str) -> Result<uuid::Uuid, Error> {
+pub fn token(field: impl Into<Field>, value: &str) -> Result<uuid::Uuid, Error> {
+    let field = field.into();
     if value.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -147,11 +149,12 @@ pub fn in_time(elapsed: Duration, deadline: Option<Duration>) -> bool {
 
 /// An optional idempotency key: at most `max` bytes of ASCII letters, digits and `-_.:`.
 pub fn idempotency_key(
-    field: &'static str,
+    field: impl Into<Field>,
     value: &str,
     max: usize,
 ) -> Result<Option<String>, Error> {
-    optional_text(field, value, max)?;
+    let field = field.into();
+    optional_text(field.clone(), value, max)?;
     if let Some(bad) = value
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))

@@ -1,0 +1,404 @@
+//! The acquisition algorithm of every leased primitive, written once.
+//!
+//! A primitive ([`Primitive`]: a lock, a semaphore) brings its key layout and its scripts: one
+//! call that tries to grant (and registers a waiter), one that releases, one that removes a
+//! waiter, and refreshes. The [`Engine`] brings the rest:
+//!
+//! - the first try, which registers a caller that will wait (so a fair one takes its place in the
+//!   order its request reached Redis), and costs an uncontended acquisition one script call;
+//! - the wait, woken by Redis pub/sub ([`crate::wait`]), renewing a leased registration by trying
+//!   again about every third of [`QUEUE_LEASE`];
+//! - a waiter that stops waiting (timeout, cancellation, an error, even on its first try) gives
+//!   its place back, retried for as long as its registration could last;
+//! - a grant replicas did not acknowledge (`--min-replicas-ack`) is rolled back and reported as a
+//!   refusal; a grant whose reply never came (a timeout) is released; both are retried until the
+//!   lease would have expired anyway, and never release a hold that a retry with its idempotency
+//!   key has claimed;
+//! - batched renewals of kept-alive leases ([`super::batch`]) and the handle a keepalive stream
+//!   renews and releases ([`Handle`]).
+
+use std::{
+    future::Future,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{
+    QUEUE_LEASE, Renewable,
+    batch::{Batcher, Renewal},
+    clean_up,
+};
+use crate::{
+    error::Error,
+    redis::{Ack, Notifier, Redis, Wake},
+    wait::{self, Attempt},
+};
+
+/// A validated acquisition request.
+pub trait Request: Send + Sync + 'static {
+    /// The resource's name.
+    fn name(&self) -> &str;
+    /// The lease's ttl.
+    fn ttl(&self) -> Duration;
+    /// How long to wait; zero tries once.
+    fn wait(&self) -> Duration;
+    /// Whether a waiting caller's registration is leased ([`QUEUE_LEASE`]) and must be renewed by
+    /// trying again: a fair waiter's place in the queue, a lock's exclusive waiter.
+    fn renews_registration(&self) -> bool;
+    /// Which release messages wake this caller while it waits under the id `waiter`.
+    fn wake<'w>(&self, waiter: &'w str) -> Wake<'w>;
+}
+
+/// A grant.
+pub trait Grant: Send + 'static {
+    /// The resource's name.
+    fn name(&self) -> &str;
+    /// The token of the grant (the hold or lease it is).
+    fn token(&self) -> &str;
+    /// The owner it was granted to (empty for an anonymous caller).
+    fn owner(&self) -> &str;
+    /// The earliest moment it can expire, by this process's clock (when the call that granted it
+    /// was sent, plus its remaining ttl).
+    fn valid_until(&self) -> Instant;
+    /// Whether what was released is not used up by this grant (permits left over), so the next
+    /// waiter woken for it must be woken too.
+    fn leaves_some(&self) -> bool {
+        false
+    }
+}
+
+/// What kept a request out.
+pub trait Busy: Send + 'static {
+    /// When the state may change without a release message (a lease or a registration ends).
+    fn change_in(&self) -> Option<Duration>;
+    /// The refusal reported for a grant that replicas did not acknowledge and that was rolled
+    /// back: the state may change once `ack_timeout` has passed.
+    fn unacknowledged(ack_timeout: Duration) -> Self;
+}
+
+/// The outcome of an acquisition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired<G, B> {
+    /// The caller holds what it asked for.
+    Granted(G),
+    /// It stayed out of reach for the whole wait.
+    Refused(B),
+}
+
+/// One lease in a batched renewal: the resource's name, the token, the ttl (`None`: the ttl it
+/// was acquired with).
+pub type Renewing = (String, String, Option<Duration>);
+
+/// One try's outcome as a primitive reports it: a grant or what kept the caller out, and the
+/// replicas' acknowledgement of a grant.
+pub type Tried<P> = (
+    Acquired<<P as Primitive>::Grant, <P as Primitive>::Busy>,
+    Ack,
+);
+
+/// A leased primitive: its key layout and scripts, as the [`Engine`] calls them.
+pub trait Primitive: Send + Sync + Sized + 'static {
+    /// A validated acquisition request.
+    type Request: Request;
+    /// A grant.
+    type Grant: Grant;
+    /// What kept a request out.
+    type Busy: Busy;
+    /// What a release reports.
+    type Released: Send + 'static;
+    /// The primitive's name in log lines ("lock", "semaphore").
+    const KIND: &'static str;
+
+    /// The Redis the primitive lives in.
+    fn redis(&self) -> &Redis;
+    /// The pub/sub channel a release of `name` is published on.
+    fn channel(&self, name: &str) -> String;
+    /// A key of `name`, whose hash slot all its scripts run on.
+    fn slot_key(&self, name: &str) -> String;
+    /// One try (one script call): grants to `token`, or registers the caller as the waiter
+    /// `waiting.0` for the time left `waiting.1` and says what keeps it out. The reply comes with
+    /// the replicas' acknowledgement of a grant.
+    fn try_acquire(
+        &self,
+        request: &Self::Request,
+        token: &str,
+        waiting: Option<(&str, Duration)>,
+    ) -> impl Future<Output = Result<Tried<Self>, Error>> + Send;
+    /// Releases `token` of `name`; with `unclaimed_only`, keeps (and reports not held) a grant a
+    /// retry with its idempotency key has handed to its caller.
+    fn release(
+        &self,
+        name: &str,
+        token: &str,
+        unclaimed_only: bool,
+    ) -> impl Future<Output = Result<Self::Released, Error>> + Send;
+    /// Whether the token released held something.
+    fn was_held(released: &Self::Released) -> bool;
+    /// Removes the waiter `waiter` of `name`, waking those it held back.
+    fn abandon(&self, name: &str, waiter: &str) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Sets the remaining ttl of `token` to `ttl` (or its acquisition ttl); `None` when it holds
+    /// nothing; `InvalidArgument` on `ttl` (changing nothing) when the result is below `min`.
+    fn refresh(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Option<Duration>,
+        min: Duration,
+    ) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+    /// Renews many leases in one script call (all in one hash slot on a Cluster), answering per
+    /// lease in order.
+    fn refresh_many(
+        &self,
+        leases: &[Renewing],
+    ) -> impl Future<Output = Result<Vec<Renewal>, Error>> + Send;
+}
+
+/// Acquires, releases and keeps alive the leases of one primitive. Cheap to clone.
+pub struct Engine<P: Primitive> {
+    inner: Arc<Inner<P>>,
+}
+
+struct Inner<P: Primitive> {
+    primitive: P,
+    notifier: Notifier,
+    /// Batches the renewals of keepalive streams.
+    renewals: Batcher<Renewing>,
+}
+
+impl<P: Primitive> Clone for Engine<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<P: Primitive> Engine<P> {
+    /// The engine of `primitive`, its waiters woken through `notifier`.
+    pub fn new(primitive: P, notifier: Notifier) -> Self {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner<P>>| {
+            let renewals = Batcher::for_owner(weak, |inner, leases: Vec<Renewing>| async move {
+                inner.primitive.refresh_many(&leases).await
+            });
+            Inner {
+                primitive,
+                notifier,
+                renewals,
+            }
+        });
+        Self { inner }
+    }
+
+    /// The primitive, for the calls only it knows (`Describe`).
+    pub fn primitive(&self) -> &P {
+        &self.inner.primitive
+    }
+
+    /// Acquires, waiting up to the request's wait without polling.
+    ///
+    /// `stop` ends the wait early with the error it yields (the caller left, or shutdown). It is
+    /// only raced against the waiting, never against a script call, so a grant is never lost
+    /// half-way: when this returns `Granted`, the caller owns a lease it must release.
+    pub async fn acquire(
+        &self,
+        request: &P::Request,
+        stop: impl Future<Output = Error>,
+    ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
+        let name = request.name();
+        let token = Uuid::new_v4().hyphenated().to_string();
+        let wait = request.wait();
+        let deadline = Instant::now() + wait;
+
+        // Uncontended acquisitions cost one script call: subscribe only once the resource is
+        // held. A caller that will wait registers on this first try already, so a fair one takes
+        // its place in the queue in the order its request reached Redis.
+        let waiter = Uuid::new_v4().simple().to_string();
+        let first = (!wait.is_zero()).then_some((waiter.as_str(), wait));
+        match self.try_once(request, &token, first).await {
+            Ok(Acquired::Refused(_)) if !wait.is_zero() => {}
+            Err(e) => {
+                // The script may have run and registered the waiter (a fair one holds a place in
+                // the queue): take it out rather than hold the queue up until it expires.
+                if first.is_some() {
+                    self.abandon_in_background(name, &waiter);
+                }
+                return Err(e);
+            }
+            done => return done,
+        }
+
+        let renew_every = QUEUE_LEASE / 3;
+        let waited = wait::until(
+            &self.inner.notifier,
+            &self.inner.primitive.channel(name),
+            request.wake(&waiter),
+            deadline,
+            stop,
+            |left| {
+                let attempt = self.try_once(request, &token, Some((&waiter, left)));
+                async move {
+                    Ok(match attempt.await? {
+                        // What was released and is left over goes to the next local waiter.
+                        Acquired::Granted(grant) if grant.leaves_some() => {
+                            Attempt::Passing(Acquired::Granted(grant))
+                        }
+                        granted @ Acquired::Granted(_) => Attempt::Done(granted),
+                        Acquired::Refused(busy) => {
+                            // Leases and registrations end without a message; one more
+                            // millisecond lets Redis's clock pass the expiry.
+                            let change = busy.change_in().map(|c| c + Duration::from_millis(1));
+                            let retry_in = if request.renews_registration() {
+                                Some(change.map_or(renew_every, |c| c.min(renew_every)))
+                            } else {
+                                change
+                            };
+                            Attempt::Busy {
+                                answer: Acquired::Refused(busy),
+                                retry_in,
+                            }
+                        }
+                    })
+                }
+            },
+        )
+        .await;
+        if !matches!(waited, Ok(Acquired::Granted(_))) {
+            self.abandon_in_background(name, &waiter);
+        }
+        waited
+    }
+
+    /// One try, with what the engine does for every primitive around it: a grant replicas did
+    /// not acknowledge is rolled back and reported refused; a call whose reply never came may
+    /// have granted, so that is released.
+    async fn try_once(
+        &self,
+        request: &P::Request,
+        token: &str,
+        waiting: Option<(&str, Duration)>,
+    ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
+        let primitive = &self.inner.primitive;
+        match primitive.try_acquire(request, token, waiting).await {
+            Ok((Acquired::Granted(grant), Ack::Missing { replicas })) => {
+                tracing::warn!(
+                    kind = P::KIND,
+                    name = %request.name(),
+                    replicas,
+                    "grant not acknowledged by enough replicas; rolled back"
+                );
+                self.release_in_background(request.name(), grant.token(), request.ttl());
+                let wait = primitive.redis().replica_ack_timeout();
+                Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
+            }
+            Ok((outcome, _)) => Ok(outcome),
+            Err(e @ Error::Unavailable(_)) => {
+                // Redis may have run the script and only the reply missed the timeout.
+                self.release_in_background(request.name(), token, request.ttl());
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases `token` of `name` in a task of its own, retried until it would have expired
+    /// anyway (`ttl` from now): for grants whose caller will never see them (a reply that came
+    /// too late, a caller that left, a grant replicas did not acknowledge). Harmless when the
+    /// token holds nothing; a grant that its caller's retry with the same idempotency key has
+    /// claimed meanwhile is left alone.
+    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration) {
+        let (engine, name, token) = (self.clone(), name.to_owned(), token.to_owned());
+        clean_up(
+            format!("releasing an unused grant of {} {name:?}", P::KIND),
+            Instant::now() + ttl,
+            move || {
+                let (engine, name, token) = (engine.clone(), name.clone(), token.clone());
+                async move {
+                    let released = engine.inner.primitive.release(&name, &token, true).await?;
+                    if P::was_held(&released) {
+                        tracing::info!(kind = P::KIND, %name, "released a grant whose caller never saw it");
+                    }
+                    Ok(())
+                }
+            },
+        );
+    }
+
+    /// Removes a waiter that stopped waiting, waking those it held back; retried in the
+    /// background for as long as its registration could last ([`QUEUE_LEASE`]).
+    fn abandon_in_background(&self, name: &str, waiter: &str) {
+        let (engine, name, waiter) = (self.clone(), name.to_owned(), waiter.to_owned());
+        clean_up(
+            format!("removing a waiter of {} {name:?}", P::KIND),
+            Instant::now() + QUEUE_LEASE,
+            move || {
+                let (engine, name, waiter) = (engine.clone(), name.clone(), waiter.clone());
+                async move { engine.inner.primitive.abandon(&name, &waiter).await }
+            },
+        );
+    }
+
+    /// Releases `token` of `name`.
+    pub async fn release(&self, name: &str, token: &str) -> Result<P::Released, Error> {
+        self.inner.primitive.release(name, token, false).await
+    }
+
+    /// Sets the remaining ttl of `token` of `name` (see [`Primitive::refresh`]).
+    pub async fn refresh(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Option<Duration>,
+        min: Duration,
+    ) -> Result<Option<Duration>, Error> {
+        self.inner.primitive.refresh(name, token, ttl, min).await
+    }
+
+    /// The handle a keepalive stream renews (with `ttl`, or the lease's own when `None`) and
+    /// releases; `owner` names it in log lines.
+    pub fn lease(
+        &self,
+        name: String,
+        token: String,
+        owner: String,
+        ttl: Option<Duration>,
+    ) -> Handle<P> {
+        Handle {
+            engine: self.clone(),
+            name,
+            token,
+            owner,
+            ttl,
+        }
+    }
+}
+
+/// One lease of a primitive, renewable by a keepalive stream.
+pub struct Handle<P: Primitive> {
+    engine: Engine<P>,
+    name: String,
+    token: String,
+    owner: String,
+    ttl: Option<Duration>,
+}
+
+impl<P: Primitive> Renewable for Handle<P> {
+    async fn renew(&self, by: Instant) -> Result<Option<Duration>, Error> {
+        let inner = &self.engine.inner;
+        let key = inner.primitive.slot_key(&self.name);
+        let group = inner.primitive.redis().batch_group(&key);
+        let lease = (self.name.clone(), self.token.clone(), self.ttl);
+        inner.renewals.renew(lease, group, by).await
+    }
+
+    async fn release(&self) -> Result<bool, Error> {
+        let released = self.engine.release(&self.name, &self.token).await?;
+        Ok(P::was_held(&released))
+    }
+
+    fn describe(&self) -> String {
+        format!("{} {:?} owner {:?}", P::KIND, self.name, self.owner)
+    }
+}

@@ -1,0 +1,346 @@
+//! Keepalive: a lease kept alive for as long as its client keeps its stream open.
+//!
+//! [`Kept::run`] renews a [`Renewable`] lease about every third of its ttl and reports each
+//! renewal. It tracks, by this process's monotonic clock, the earliest moment the lease could
+//! expire in Redis: a renewal confirmed by a reply to a call sent at `t` keeps the lease until at
+//! least `t + remaining`. When no renewal has been confirmed by that moment minus a safety margin,
+//! it reports the lease lost *before* it can have expired. When the client goes away it releases
+//! at once; when the client stops answering (or reading) for longer than the lease's ttl it stops
+//! renewing and releases once the expiry it last reported has passed; on shutdown it says so and
+//! releases. Releases are retried until the lease would have expired anyway.
+
+use std::{
+    future::Future,
+    time::{Duration, SystemTime},
+};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ClientWatch, Stop, expires_at, loss_margin, retry_until,
+    stream::{self, Events, Sender},
+};
+use crate::error::Error;
+
+/// How long a stream ended by shutdown keeps trying to release its lease (the drain must not wait
+/// for a Redis that is down).
+const SHUTDOWN_RELEASE_WINDOW: Duration = Duration::from_secs(2);
+
+/// A lease that a keepalive stream can renew and release.
+pub trait Renewable: Send + Sync + 'static {
+    /// Renews the lease, sending the renewal no later than `by` (it may wait until then to share
+    /// a call with other leases: see [`super::batch`]). `Ok(Some(remaining))` when still held,
+    /// `Ok(None)` when it is not.
+    fn renew(&self, by: Instant) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+    /// Releases the lease once. `Ok(true)` when it was still held.
+    fn release(&self) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// The resource and owner the lease is of, for log lines.
+    fn describe(&self) -> String;
+}
+
+/// Why a kept-alive lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// Redis no longer has the lease.
+    NotHeld,
+    /// No renewal could be confirmed before the safety margin ahead of expiry.
+    Unconfirmed,
+    /// Baton is shutting down; the lease is released right after.
+    Shutdown,
+    /// The client stopped answering (or reading) for longer than the lease's ttl; the lease is no
+    /// longer renewed and is released once the expiry last reported to the client has passed.
+    ClientUnresponsive,
+}
+
+/// What a keepalive stream reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A renewal confirmed by Redis.
+    Renewed {
+        /// The remaining ttl the renewal set.
+        remaining: Duration,
+        /// Until when, by this machine's clock, the lease is certainly held (less the safety
+        /// margin).
+        expires_at: SystemTime,
+    },
+    /// The lease ended; nothing follows.
+    Lost(LostReason, String),
+}
+
+/// How the acquisition that opens a kept-alive stream ended.
+pub enum Opening<I, L> {
+    /// Granted: `first` is the stream's first item; `lease` is then kept alive.
+    Granted {
+        /// The first item of the stream.
+        first: I,
+        /// The lease to keep alive.
+        lease: L,
+        /// The lease's nominal ttl (sets the renewal pace).
+        ttl: Duration,
+        /// The earliest moment the lease can expire, by this process's clock.
+        valid_until: Instant,
+    },
+    /// Not granted within the wait: the only item of the stream.
+    Refused(I),
+}
+
+/// Opens a `Hold` stream: runs `acquire` in its own task, sends its first item, then keeps the
+/// lease alive until the client leaves, the lease is lost, or shutdown. Items are made by `wrap`
+/// from events, and by `fail` from an error that ends the stream before a grant. A grant that
+/// finds the client gone is released at once.
+pub fn hold<I, L, A, AF>(
+    shutdown: &CancellationToken,
+    client: ClientWatch,
+    wrap: fn(Event) -> I,
+    fail: fn(Error) -> I,
+    acquire: A,
+) -> Events<I>
+where
+    I: Send + 'static,
+    L: Renewable,
+    A: FnOnce(Stop) -> AF + Send + 'static,
+    AF: Future<Output = Result<Opening<I, L>, Error>> + Send,
+{
+    let (tx, rx) = stream::channel();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let stop = super::stop(tx.gone().cancelled_owned(), shutdown.clone());
+        // Boxed so that the acquisition's state (its wait, its subscription) is freed once it
+        // ends instead of staying part of this task for the life of the lease.
+        match Box::pin(acquire(stop)).await {
+            Ok(Opening::Granted {
+                first,
+                lease,
+                ttl,
+                valid_until,
+            }) => {
+                // The hold was granted for at most its ttl from now.
+                let latest = Instant::now() + ttl;
+                if tx.is_closed() {
+                    return release_for_departure(&lease, latest).await;
+                }
+                tx.first(first);
+                Kept {
+                    lease,
+                    ttl,
+                    valid_until,
+                    latest,
+                    tx,
+                    wrap,
+                    shutdown,
+                    client,
+                }
+                .run()
+                .await;
+            }
+            Ok(Opening::Refused(item)) => tx.first(item),
+            Err(Error::Cancelled) => {}
+            Err(e) => tx.first(fail(e)),
+        }
+    });
+    rx
+}
+
+/// Opens a `KeepAlive` stream: `first_renewal` renews the lease once (sent now); when it is not
+/// held the call fails with `FailedPrecondition` and no stream opens. Otherwise the first item
+/// reports that renewal and the lease is then kept alive, renewed with `ttl` (or, when `None`,
+/// with the ttl the first renewal set: the lease's own).
+pub async fn open_keep_alive<I, L>(
+    shutdown: &CancellationToken,
+    client: ClientWatch,
+    wrap: fn(Event) -> I,
+    lease: L,
+    ttl: Option<Duration>,
+    first_renewal: impl Future<Output = Result<Option<Duration>, Error>>,
+) -> Result<Events<I>, Error>
+where
+    I: Send + 'static,
+    L: Renewable,
+{
+    if shutdown.is_cancelled() {
+        return Err(Error::ShuttingDown);
+    }
+    let sent = Instant::now();
+    let remaining = first_renewal.await?.ok_or_else(|| {
+        Error::FailedPrecondition("the lease is not held: it expired or was released".into())
+    })?;
+    let ttl = ttl.unwrap_or(remaining);
+    let valid_until = sent + remaining;
+    let (tx, rx) = stream::channel();
+    tx.renewal(wrap(Event::Renewed {
+        remaining,
+        expires_at: expires_at(valid_until, ttl),
+    }));
+    tokio::spawn(
+        Kept {
+            lease,
+            ttl,
+            valid_until,
+            latest: Instant::now() + remaining,
+            tx,
+            wrap,
+            shutdown: shutdown.clone(),
+            client,
+        }
+        .run(),
+    );
+    Ok(rx)
+}
+
+/// Releases `lease`, retried until `latest` (the latest moment it can expire by itself).
+pub async fn release_until<L: Renewable>(lease: &L, latest: Instant) -> Result<bool, Error> {
+    retry_until(latest, || lease.release()).await
+}
+
+/// Delay before retrying a renewal that failed, so a brief Redis hiccup costs few calls.
+fn retry_delay(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
+}
+
+/// A lease kept alive by a stream.
+pub struct Kept<L, I> {
+    lease: L,
+    /// The nominal ttl: the renewal pace and the safety margin.
+    ttl: Duration,
+    /// The earliest moment the lease can expire, as of its acquisition or last renewal.
+    valid_until: Instant,
+    /// The latest moment it can expire by itself (how long a release is worth trying).
+    latest: Instant,
+    tx: Sender<I>,
+    wrap: fn(Event) -> I,
+    shutdown: CancellationToken,
+    client: ClientWatch,
+}
+
+impl<L: Renewable, I: Send + 'static> Kept<L, I> {
+    /// Keeps the lease alive until it is lost, the client goes away or stops answering, or
+    /// shutdown. A renewal is requested a quarter of the remaining ttl after the last one and must
+    /// be sent by a third of it, so renewals of many leases can share a call.
+    async fn run(mut self) {
+        let margin = loss_margin(self.ttl);
+        let start = Instant::now();
+        let mut next = start + self.ttl / 4;
+        let mut by = start + self.ttl / 3;
+        loop {
+            let Some(loss_at) = self.valid_until.checked_sub(margin) else {
+                return self.lost_unconfirmed().await;
+            };
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return self.release_for_shutdown().await,
+                () = self.tx.closed() => return release_for_departure(&self.lease, self.latest).await,
+                () = tokio::time::sleep_until(next.min(loss_at)) => {}
+            }
+            if Instant::now() >= loss_at {
+                return self.lost_unconfirmed().await;
+            }
+            if let Some(silent) = self.client.unresponsive(self.ttl) {
+                return self.client_unresponsive(silent).await;
+            }
+
+            let sent = Instant::now();
+            let outcome = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return self.release_for_shutdown().await,
+                () = self.tx.closed() => return release_for_departure(&self.lease, self.latest).await,
+                r = tokio::time::timeout_at(loss_at, self.lease.renew(by.max(sent))) => r,
+            };
+            match outcome {
+                Ok(Ok(Some(remaining))) => {
+                    self.valid_until = sent + remaining;
+                    self.latest = Instant::now() + remaining;
+                    next = sent + remaining / 4;
+                    by = sent + remaining / 3;
+                    let event = (self.wrap)(Event::Renewed {
+                        remaining,
+                        expires_at: expires_at(self.valid_until, self.ttl),
+                    });
+                    // A renewal the client has not read for longer than it may stay silent means
+                    // it stopped reading: give the lease up rather than renew it for nobody.
+                    if let Some(unread) = self.tx.renewal(event)
+                        && unread > self.client.silence_limit(self.ttl)
+                    {
+                        return self.client_unresponsive(unread).await;
+                    }
+                }
+                Ok(Ok(None)) => {
+                    tracing::info!(lease = %self.lease.describe(), "lease no longer held in Redis");
+                    self.finish(
+                        LostReason::NotHeld,
+                        "the lease is no longer held in Redis (expired or released elsewhere)",
+                    );
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = %self.lease.describe(), error = %e, "lease renewal failed; retrying");
+                    next = Instant::now() + retry_delay(self.ttl);
+                    by = next;
+                }
+                Err(_) => return self.lost_unconfirmed().await,
+            }
+        }
+    }
+
+    fn finish(&self, reason: LostReason, message: impl Into<String>) {
+        self.tx
+            .finish((self.wrap)(Event::Lost(reason, message.into())));
+    }
+
+    async fn lost_unconfirmed(self) {
+        self.finish(
+            LostReason::Unconfirmed,
+            "renewal could not be confirmed by Redis before the lease could expire",
+        );
+        tracing::warn!(lease = %self.lease.describe(), "lease renewal not confirmed before the safety margin; reported lost");
+        // Free the lease for others once Redis is reachable again; harmless if it is gone.
+        if let Err(e) = release_until(&self.lease, self.latest).await {
+            tracing::debug!(lease = %self.lease.describe(), error = %e, "release after an unconfirmed renewal failed");
+        }
+    }
+
+    async fn client_unresponsive(self, silent: Duration) {
+        self.finish(
+            LostReason::ClientUnresponsive,
+            format!(
+                "the client did not answer or read for {} (longer than the lease's ttl); the \
+                 lease is no longer renewed",
+                humantime::format_duration(Duration::from_millis(
+                    u64::try_from(silent.as_millis()).unwrap_or(u64::MAX)
+                ))
+            ),
+        );
+        tracing::warn!(lease = %self.lease.describe(), ?silent, "client stopped answering; lease given up");
+        // The last renewal it may read promised the lease until `valid_until`: keep that promise,
+        // then free the lease rather than let it run to its latest expiry.
+        tokio::time::sleep_until(self.valid_until).await;
+        if let Err(e) = release_until(&self.lease, self.latest).await {
+            tracing::warn!(lease = %self.lease.describe(), error = %e, "release for an unresponsive client failed; the lease expires at its ttl");
+        }
+    }
+
+    async fn release_for_shutdown(self) {
+        // Told first, so the client stops acting as the holder before anyone else can get in.
+        self.finish(
+            LostReason::Shutdown,
+            "baton is shutting down; the lease is being released",
+        );
+        let window = self.latest.min(Instant::now() + SHUTDOWN_RELEASE_WINDOW);
+        if let Err(e) = release_until(&self.lease, window).await {
+            tracing::warn!(lease = %self.lease.describe(), error = %e, "release at shutdown failed; the lease expires at its ttl");
+        }
+    }
+}
+
+async fn release_for_departure<L: Renewable>(lease: &L, latest: Instant) {
+    match release_until(lease, latest).await {
+        Ok(was_held) => {
+            tracing::debug!(lease = %lease.describe(), was_held, "client left; lease released")
+        }
+        Err(e) => tracing::warn!(
+            lease = %lease.describe(),
+            error = %e,
+            "client left but the release failed until the lease's expiry; Redis ends it then"
+        ),
+    }
+}
