@@ -20,11 +20,10 @@ use tonic::{Code, Request};
 
 use crate::support::{
     Baton, RedisServer, assert_code, assert_invalid,
-    lease::{exists, pttl},
+    lease::{exists, pttl, wait_for_waiters, wait_for_waiters_while},
     lock::{
         EXCLUSIVE, FAIR, SHARED, acquire, acquire_request, acquired, ask, ask_hold_request,
-        describe, granted, granted_with, refresh, release, wait_for_waiters,
-        wait_for_waiters_while, wait_until_free,
+        describe, granted, granted_with, refresh, release, wait_until_free,
     },
     ms, random_token, remaining, within,
 };

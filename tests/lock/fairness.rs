@@ -19,10 +19,10 @@ use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer,
+    lease::{wait_for_scripts_to_settle, wait_for_waiters, wait_for_waiters_while},
     lock::{
         Ask, Client, EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, acquire, acquire_request, acquired, ask,
-        ask_request, describe, granted, granted_with, release, wait_for_queued, wait_for_waiters,
-        wait_for_waiters_while,
+        ask_request, describe, granted, granted_with, release, wait_for_queued,
     },
     wait_until, within,
 };
@@ -264,15 +264,7 @@ async fn a_release_wakes_only_waiters_that_can_go_ahead() {
         wait_for_waiters(client, name, WAITERS).await;
         // A waiter registers on its first try and tries once more once subscribed: wait until
         // every such attempt has run (no script call for 50 ms) before counting.
-        let mut last = conn.command_calls("evalsha").await;
-        loop {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let now = conn.command_calls("evalsha").await;
-            if now == last {
-                break;
-            }
-            last = now;
-        }
+        wait_for_scripts_to_settle(conn).await;
 
         conn.reset_stats().await;
         assert!(release(client, name, &holder.token).await.was_held);

@@ -17,11 +17,10 @@ use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus}
 
 use crate::support::{
     Baton, Proxy, RedisServer, assert_code, health_status,
-    lease::expect_end,
+    lease::{expect_end, next_event, read_until_lost, wait_for_waiters, wait_for_waiters_while},
     lock::{
         SHARED, acquire, acquire_request, acquired, ask_hold_request, describe, held, hold,
-        hold_request, next_hold_event, refresh, release, wait_for_waiters, wait_for_waiters_while,
-        wait_until_free,
+        hold_request, refresh, release, wait_until_free,
     },
     ms, remaining, unavailable_within_1s, wait_for_health, wait_until, within,
 };
@@ -112,7 +111,7 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
 
     let mut stream = hold(&mut client, "orders", 1_000, None, "alice").await;
     let (mut confirmed_at, mut valid_for) =
-        match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+        match next_event(&mut stream, Duration::from_secs(2), "acquired").await {
             HoldEvent::Acquired(lease) => {
                 (Instant::now(), remaining(&lease.remaining_ttl, "acquired"))
             }
@@ -120,16 +119,10 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
         };
     redis.kill();
 
-    let lost = loop {
-        match next_hold_event(&mut stream, Duration::from_secs(3), "lost").await {
-            HoldEvent::Renewed(r) => {
-                confirmed_at = Instant::now();
-                valid_for = remaining(&r.remaining_ttl, "renewed");
-            }
-            HoldEvent::Lost(lost) => break lost,
-            other => panic!("expected renewed or lost, got {other:?}"),
-        }
-    };
+    let (lost, renewals) = read_until_lost(&mut stream, Duration::from_secs(3), "lost").await;
+    if let Some((at, r)) = renewals.last() {
+        (confirmed_at, valid_for) = (*at, remaining(&r.remaining_ttl, "renewed"));
+    }
     let lost_at = Instant::now();
     assert_eq!(lost.reason(), LeaseLostReason::Unconfirmed, "{lost:?}");
     let expiry = confirmed_at + valid_for;
@@ -194,23 +187,17 @@ async fn a_shared_hold_reports_lost_before_expiry_when_redis_dies() {
         .expect("Hold")
         .into_inner();
     let (mut confirmed_at, mut valid_for) =
-        match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+        match next_event(&mut stream, Duration::from_secs(2), "acquired").await {
             HoldEvent::Acquired(lease) => {
                 (Instant::now(), remaining(&lease.remaining_ttl, "acquired"))
             }
             other => panic!("expected acquired, got {other:?}"),
         };
     redis.kill();
-    let lost = loop {
-        match next_hold_event(&mut stream, Duration::from_secs(3), "lost").await {
-            HoldEvent::Renewed(r) => {
-                confirmed_at = Instant::now();
-                valid_for = remaining(&r.remaining_ttl, "renewed");
-            }
-            HoldEvent::Lost(lost) => break lost,
-            other => panic!("expected renewed or lost, got {other:?}"),
-        }
-    };
+    let (lost, renewals) = read_until_lost(&mut stream, Duration::from_secs(3), "lost").await;
+    if let Some((at, r)) = renewals.last() {
+        (confirmed_at, valid_for) = (*at, remaining(&r.remaining_ttl, "renewed"));
+    }
     assert_eq!(lost.reason(), LeaseLostReason::Unconfirmed, "{lost:?}");
     assert!(
         Instant::now() < confirmed_at + valid_for,
@@ -460,7 +447,7 @@ async fn failure_mode_2_crashed_holder_frees_lock_promptly() {
     let mut a = proxy.client().await;
     let mut stream = hold(&mut a, "streamed", 30_000, None, "alice").await;
     assert!(matches!(
-        next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await,
+        next_event(&mut stream, Duration::from_secs(2), "acquired").await,
         HoldEvent::Acquired(_)
     ));
     let mut waiter_client = b.clone();

@@ -11,9 +11,10 @@ use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer, assert_code,
+    lease::next_renewal,
     lock::{
         EXCLUSIVE, FAIR, SHARED, acquire, acquire_request, acquired, ask, ask_request, describe,
-        granted, granted_with, held, hold_request, next_renewal, refused_with, release,
+        granted, granted_with, held, hold_request, refused_with, release,
     },
     ms, remaining, within,
 };

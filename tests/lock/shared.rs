@@ -19,9 +19,10 @@ use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer, assert_code,
+    lease::next_event,
     lock::{
-        EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, ask, ask_hold_request, describe, granted,
-        next_hold_event, next_keep_alive_event, refresh, release, wait_until_free,
+        EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, ask, ask_hold_request, describe, granted, refresh,
+        release, wait_until_free,
     },
     remaining, wait_until, within,
 };
@@ -255,7 +256,7 @@ async fn shared_leases_in_hold_and_keep_alive_streams() {
             .await
             .expect("Hold")
             .into_inner();
-        match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+        match next_event(&mut stream, Duration::from_secs(2), "acquired").await {
             HoldEvent::Acquired(lease) => {
                 assert_eq!(lease.mode(), pb::LockMode::Shared);
                 assert_eq!(lease.owner, owner);
@@ -275,7 +276,7 @@ async fn shared_leases_in_hold_and_keep_alive_streams() {
         .expect("KeepAlive")
         .into_inner();
     assert!(matches!(
-        next_keep_alive_event(&mut kept, Duration::from_millis(200), "first renewal").await,
+        next_event(&mut kept, Duration::from_millis(200), "first renewal").await,
         KeepAliveEvent::Renewed(_)
     ));
 
@@ -283,12 +284,12 @@ async fn shared_leases_in_hold_and_keep_alive_streams() {
     while Instant::now() < end {
         for stream in &mut streams {
             assert!(matches!(
-                next_hold_event(stream, Duration::from_millis(300), "a renewal").await,
+                next_event(stream, Duration::from_millis(300), "a renewal").await,
                 HoldEvent::Renewed(_)
             ));
         }
         assert!(matches!(
-            next_keep_alive_event(&mut kept, Duration::from_millis(300), "a renewal").await,
+            next_event(&mut kept, Duration::from_millis(300), "a renewal").await,
             KeepAliveEvent::Renewed(_)
         ));
     }

@@ -17,11 +17,13 @@ use tonic::{Code, Request};
 
 use crate::support::{
     Baton, RedisServer, assert_code, assert_invalid,
-    lease::{expect_end, pttl},
+    lease::{
+        expect_end, next_event, next_renewal, pttl, read_until_lost, renewals_until,
+        wait_for_waiters_while,
+    },
     lock::{
         SHARED, acquire, acquire_request, acquired, describe, granted, granted_with, held, hold,
-        hold_request, next_hold_event, next_keep_alive_event, next_renewal, refresh, release,
-        wait_for_waiters_while, wait_until_free,
+        hold_request, refresh, release, wait_until_free,
     },
     ms, random_token, remaining, wait_until, within,
 };
@@ -35,7 +37,7 @@ async fn hold_sends_acquired_then_renewals() {
     let mut client = baton.client().await;
 
     let mut stream = hold(&mut client, "orders", 300, None, "holder").await;
-    let lease = match next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await {
+    let lease = match next_event(&mut stream, Duration::from_secs(2), "acquired").await {
         HoldEvent::Acquired(lease) => lease,
         other => panic!("expected acquired, got {other:?}"),
     };
@@ -47,22 +49,14 @@ async fn hold_sends_acquired_then_renewals() {
         Duration::from_millis(300)
     );
 
-    let end = Instant::now() + Duration::from_secs(1);
-    let mut renewals = 0;
-    while let Ok(message) = tokio::time::timeout_at(end, stream.message()).await {
-        match message {
-            Ok(Some(pb::LockServiceHoldResponse {
-                event: Some(HoldEvent::Renewed(r)),
-            })) => {
-                renewals += 1;
-                assert_eq!(
-                    remaining(&r.remaining_ttl, "renewed"),
-                    Duration::from_millis(300)
-                );
-            }
-            other => panic!("expected only renewals, got {other:?}"),
-        }
+    let renewals = renewals_until(&mut stream, Instant::now() + Duration::from_secs(1)).await;
+    for r in &renewals {
+        assert_eq!(
+            remaining(&r.remaining_ttl, "renewed"),
+            Duration::from_millis(300)
+        );
     }
+    let renewals = renewals.len();
     assert!(
         renewals >= 5,
         "{renewals} renewals in 1 s with a 300 ms ttl"
@@ -87,7 +81,7 @@ async fn hold_on_a_held_lock_reports_not_acquired() {
 
     acquired(&mut client, "orders", 10_000, None, "alice").await;
     let mut stream = hold(&mut client, "orders", 1_000, None, "bob").await;
-    match next_hold_event(&mut stream, Duration::from_secs(1), "not_acquired").await {
+    match next_event(&mut stream, Duration::from_secs(1), "not_acquired").await {
         HoldEvent::NotAcquired(n) => {
             let left = remaining(&n.holder_remaining_ttl, "not_acquired");
             assert!(
@@ -119,7 +113,7 @@ async fn keep_alive_keeps_an_acquired_lease_alive() {
         .await
         .expect("KeepAlive")
         .into_inner();
-    match next_keep_alive_event(&mut stream, Duration::from_millis(200), "first renewal").await {
+    match next_event(&mut stream, Duration::from_millis(200), "first renewal").await {
         KeepAliveEvent::Renewed(r) => assert_eq!(
             remaining(&r.remaining_ttl, "renewed"),
             Duration::from_millis(300)
@@ -127,16 +121,9 @@ async fn keep_alive_keeps_an_acquired_lease_alive() {
         other => panic!("expected renewed first, got {other:?}"),
     }
 
-    let end = Instant::now() + Duration::from_secs(1);
-    let mut renewals = 0;
-    while let Ok(message) = tokio::time::timeout_at(end, stream.message()).await {
-        match message {
-            Ok(Some(pb::LockServiceKeepAliveResponse {
-                event: Some(KeepAliveEvent::Renewed(_)),
-            })) => renewals += 1,
-            other => panic!("expected only renewals, got {other:?}"),
-        }
-    }
+    let renewals = renewals_until(&mut stream, Instant::now() + Duration::from_secs(1))
+        .await
+        .len();
     assert!(
         renewals >= 5,
         "{renewals} renewals in 1 s with a 300 ms ttl"
@@ -169,20 +156,13 @@ async fn keep_alive_reports_not_held_when_released_elsewhere() {
         .expect("KeepAlive")
         .into_inner();
     assert!(matches!(
-        next_keep_alive_event(&mut stream, Duration::from_millis(200), "first renewal").await,
+        next_event(&mut stream, Duration::from_millis(200), "first renewal").await,
         KeepAliveEvent::Renewed(_)
     ));
     assert!(release(&mut client, "orders", &lease.token).await.was_held);
 
-    loop {
-        match next_keep_alive_event(&mut stream, Duration::from_secs(1), "lost").await {
-            KeepAliveEvent::Renewed(_) => continue,
-            KeepAliveEvent::Lost(lost) => {
-                assert_eq!(lost.reason(), LeaseLostReason::NotHeld, "{lost:?}");
-                break;
-            }
-        }
-    }
+    let (lost, _) = read_until_lost(&mut stream, Duration::from_secs(1), "lost").await;
+    assert_eq!(lost.reason(), LeaseLostReason::NotHeld, "{lost:?}");
     expect_end(&mut stream, "the KeepAlive stream after lost").await;
 }
 
@@ -264,7 +244,7 @@ async fn dropping_a_hold_stream_frees_the_lock() {
 
     let mut stream = hold(&mut a, "orders", 30_000, None, "alice").await;
     assert!(matches!(
-        next_hold_event(&mut stream, Duration::from_secs(2), "acquired").await,
+        next_event(&mut stream, Duration::from_secs(2), "acquired").await,
         HoldEvent::Acquired(_)
     ));
     let mut waiter = tokio::spawn(async move {
@@ -413,20 +393,13 @@ async fn a_slow_reader_always_gets_lost() {
     release(&mut client, "orders", &lease.token).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let mut renewals = 0;
-    loop {
-        match next_hold_event(
-            &mut stream,
-            Duration::from_secs(5),
-            "events after the pause",
-        )
-        .await
-        {
-            HoldEvent::Renewed(_) => renewals += 1,
-            HoldEvent::Lost(_) => break,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let (_, renewals) = read_until_lost(
+        &mut stream,
+        Duration::from_secs(5),
+        "events after the pause",
+    )
+    .await;
+    let renewals = renewals.len();
     assert!(
         renewals < 10,
         "{renewals} stale renewals were queued for a slow reader"

@@ -11,12 +11,14 @@ use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer, assert_code, assert_invalid,
-    lease::{keys_under, pttl, redis_time, zscore},
+    lease::{
+        keys_under, pttl, redis_time, wait_for_state, wait_for_waiters, wait_for_waiters_while,
+        zscore,
+    },
     ms, random_token, remaining,
     semaphore::{
         acquire, acquired, describe, hold, hold_acquired, hold_request, keep_alive, refresh,
-        refused, release, request, wait_for_state, wait_for_waiters, wait_for_waiters_while,
-        waiting,
+        refused, release, request, waiting,
     },
     within,
 };

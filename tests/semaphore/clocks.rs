@@ -9,11 +9,9 @@ use tokio::time::Instant;
 
 use crate::support::{
     Baton, RedisServer,
-    lease::{redis_time, zcard, zscore},
+    lease::{redis_time, wait_for_state, zcard, zscore},
     remaining,
-    semaphore::{
-        acquire, acquired, describe, refresh, refused, release, request, wait_for_state, waiting,
-    },
+    semaphore::{acquire, acquired, describe, refresh, refused, release, request, waiting},
 };
 
 /// No request of the SemaphoreService (nor any message a request embeds) carries a point in time:

@@ -10,10 +10,11 @@ use baton::proto::v1 as pb;
 use tokio::{task::JoinSet, time::Instant};
 
 use crate::support::{
-    Baton, RedisServer, ms,
+    Baton, RedisServer,
+    lease::{wait_for_scripts_to_settle, wait_for_waiters, wait_for_waiters_while},
+    ms,
     semaphore::{
-        acquire, acquired, describe, hold, hold_request, refused, release, request,
-        wait_for_waiters, wait_for_waiters_while, waiting,
+        acquire, acquired, describe, hold, hold_request, refused, release, request, waiting,
     },
     wait_until, within,
 };
@@ -261,15 +262,7 @@ async fn a_release_wakes_as_many_waiters_as_it_frees_permits() {
     }
     wait_for_waiters(&client, name, WAITERS as u32).await;
     // Each waiter tries once more once subscribed: let those attempts run before counting.
-    let mut last = conn.command_calls("evalsha").await;
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = conn.command_calls("evalsha").await;
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    wait_for_scripts_to_settle(&mut conn).await;
 
     conn.reset_stats().await;
     assert!(release(&mut client, name, &holder.token).await);

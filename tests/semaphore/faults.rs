@@ -3,18 +3,15 @@
 
 use std::time::Duration;
 
-use baton::proto::v1::{
-    self as pb, LeaseLostReason, semaphore_service_hold_response::Event as HoldEvent,
-};
+use baton::proto::v1::{self as pb, LeaseLostReason};
 use tokio::time::Instant;
 
 use crate::support::{
     Baton, RedisServer,
-    lease::expect_end,
+    lease::{expect_end, read_until_lost, wait_for_waiters_while},
     remaining,
     semaphore::{
-        acquired, hold, hold_acquired, hold_request, keep_alive, next_hold_event, refresh, request,
-        wait_for_waiters_while, waiting,
+        acquired, hold, hold_acquired, hold_request, keep_alive, refresh, request, waiting,
     },
     unavailable_within_1s, wait_until,
 };
@@ -94,16 +91,10 @@ async fn redis_killed_during_hold_reports_lost_before_expiry() {
         (Instant::now(), remaining(&permit.remaining_ttl, "acquired"));
     redis.kill();
 
-    let lost = loop {
-        match next_hold_event(&mut stream, Duration::from_secs(3), "lost").await {
-            HoldEvent::Renewed(r) => {
-                confirmed_at = Instant::now();
-                valid_for = remaining(&r.remaining_ttl, "renewed");
-            }
-            HoldEvent::Lost(lost) => break lost,
-            other => panic!("expected renewed or lost, got {other:?}"),
-        }
-    };
+    let (lost, renewals) = read_until_lost(&mut stream, Duration::from_secs(3), "lost").await;
+    if let Some((at, r)) = renewals.last() {
+        (confirmed_at, valid_for) = (*at, remaining(&r.remaining_ttl, "renewed"));
+    }
     let lost_at = Instant::now();
     assert_eq!(lost.reason(), LeaseLostReason::Unconfirmed, "{lost:?}");
     let expiry = confirmed_at + valid_for;

@@ -14,10 +14,8 @@ use tonic_types::StatusExt;
 
 use crate::support::{
     Baton, RedisServer,
-    semaphore::{
-        Client, acquire, acquired, describe, refused, release, request, wait_for_waiters_while,
-        waiting,
-    },
+    lease::wait_for_waiters_while,
+    semaphore::{Client, acquire, acquired, describe, refused, release, request, waiting},
     within,
 };
 

@@ -13,12 +13,14 @@ use tonic::Code;
 
 use crate::support::{
     Baton, Proxy, RedisServer, assert_code, assert_invalid,
-    lease::expect_end,
+    lease::{
+        expect_end, next_event, read_until_lost, renewals_until, wait_for_state,
+        wait_for_waiters_while,
+    },
     ms, random_token, remaining,
     semaphore::{
-        acquire, acquired, describe, hold, hold_acquired, hold_request, keep_alive,
-        next_hold_event, next_keep_alive_event, refresh, release, request, wait_for_state,
-        wait_for_waiters_while, waiting,
+        acquire, acquired, describe, hold, hold_acquired, hold_request, keep_alive, refresh,
+        release, request, waiting,
     },
     within,
 };
@@ -51,22 +53,14 @@ async fn hold_sends_acquired_then_renewals() {
         Duration::from_millis(300)
     );
 
-    let end = Instant::now() + Duration::from_secs(1);
-    let mut renewals = 0;
-    while let Ok(message) = tokio::time::timeout_at(end, stream.message()).await {
-        match message {
-            Ok(Some(pb::SemaphoreServiceHoldResponse {
-                event: Some(HoldEvent::Renewed(r)),
-            })) => {
-                renewals += 1;
-                assert_eq!(
-                    remaining(&r.remaining_ttl, "renewed"),
-                    Duration::from_millis(300)
-                );
-            }
-            other => panic!("expected only renewals, got {other:?}"),
-        }
+    let renewals = renewals_until(&mut stream, Instant::now() + Duration::from_secs(1)).await;
+    for r in &renewals {
+        assert_eq!(
+            remaining(&r.remaining_ttl, "renewed"),
+            Duration::from_millis(300)
+        );
     }
+    let renewals = renewals.len();
     assert!(
         renewals >= 5,
         "{renewals} renewals in 1 s with a 300 ms ttl"
@@ -94,7 +88,7 @@ async fn hold_on_a_full_semaphore_reports_not_acquired() {
 
     acquired(&mut client, request("pool", 3, 2, 10_000)).await;
     let mut stream = hold(&mut client, hold_request("pool", 3, 2, 1_000)).await;
-    match next_hold_event(&mut stream, Duration::from_secs(1), "not_acquired").await {
+    match next_event(&mut stream, Duration::from_secs(1), "not_acquired").await {
         HoldEvent::NotAcquired(n) => {
             assert_eq!(n.available, 1);
             let left = remaining(&n.earliest_expiry, "not_acquired");
@@ -119,7 +113,7 @@ async fn hold_on_a_full_semaphore_reports_not_acquired() {
         },
     )
     .await;
-    match next_hold_event(&mut stream, Duration::from_secs(2), "not_acquired").await {
+    match next_event(&mut stream, Duration::from_secs(2), "not_acquired").await {
         HoldEvent::NotAcquired(n) => assert_eq!(n.available, 1),
         other => panic!("expected not_acquired, got {other:?}"),
     }
@@ -144,7 +138,7 @@ async fn keep_alive_keeps_an_acquired_permit_alive() {
     let mut stream = keep_alive(&mut client, "pool", &permit.token, None)
         .await
         .expect("KeepAlive");
-    match next_keep_alive_event(&mut stream, Duration::from_millis(200), "first renewal").await {
+    match next_event(&mut stream, Duration::from_millis(200), "first renewal").await {
         KeepAliveEvent::Renewed(r) => {
             assert_eq!(
                 remaining(&r.remaining_ttl, "renewed"),
@@ -153,16 +147,9 @@ async fn keep_alive_keeps_an_acquired_permit_alive() {
         }
         other => panic!("expected renewed first, got {other:?}"),
     }
-    let end = Instant::now() + Duration::from_secs(1);
-    let mut renewals = 0;
-    while let Ok(message) = tokio::time::timeout_at(end, stream.message()).await {
-        match message {
-            Ok(Some(pb::SemaphoreServiceKeepAliveResponse {
-                event: Some(KeepAliveEvent::Renewed(_)),
-            })) => renewals += 1,
-            other => panic!("expected only renewals, got {other:?}"),
-        }
-    }
+    let renewals = renewals_until(&mut stream, Instant::now() + Duration::from_secs(1))
+        .await
+        .len();
     assert!(
         renewals >= 5,
         "{renewals} renewals in 1 s with a 300 ms ttl"
@@ -206,19 +193,12 @@ async fn keep_alive_without_the_lease() {
         .await
         .expect("KeepAlive");
     assert!(matches!(
-        next_keep_alive_event(&mut stream, Duration::from_millis(200), "first renewal").await,
+        next_event(&mut stream, Duration::from_millis(200), "first renewal").await,
         KeepAliveEvent::Renewed(_)
     ));
     assert!(release(&mut client, "pool", &permit.token).await);
-    loop {
-        match next_keep_alive_event(&mut stream, Duration::from_secs(1), "lost").await {
-            KeepAliveEvent::Renewed(_) => continue,
-            KeepAliveEvent::Lost(lost) => {
-                assert_eq!(lost.reason(), LeaseLostReason::NotHeld, "{lost:?}");
-                break;
-            }
-        }
-    }
+    let (lost, _) = read_until_lost(&mut stream, Duration::from_secs(1), "lost").await;
+    assert_eq!(lost.reason(), LeaseLostReason::NotHeld, "{lost:?}");
     expect_end(&mut stream, "the KeepAlive stream after lost").await;
 }
 
@@ -254,7 +234,7 @@ async fn keep_alive_needs_a_ttl_of_at_least_100ms() {
     let mut stream = keep_alive(&mut client, "pool", &permit.token, Some(100))
         .await
         .expect("KeepAlive with 100 ms");
-    match next_keep_alive_event(&mut stream, Duration::from_millis(200), "first renewal").await {
+    match next_event(&mut stream, Duration::from_millis(200), "first renewal").await {
         KeepAliveEvent::Renewed(r) => {
             assert_eq!(
                 remaining(&r.remaining_ttl, "renewed"),
@@ -351,13 +331,7 @@ async fn shutdown_releases_held_permits() {
     wait_for_waiters_while(&watcher, "pool", 1, &mut waiter).await;
 
     stopping.begin_shutdown();
-    let lost = loop {
-        match next_hold_event(&mut stream, Duration::from_secs(3), "lost").await {
-            HoldEvent::Renewed(_) => continue,
-            HoldEvent::Lost(lost) => break lost,
-            other => panic!("expected lost, got {other:?}"),
-        }
-    };
+    let (lost, _) = read_until_lost(&mut stream, Duration::from_secs(3), "lost").await;
     assert_eq!(lost.reason(), LeaseLostReason::Shutdown, "{lost:?}");
     let waited = within(Duration::from_secs(3), waiter, "the waiter to answer")
         .await

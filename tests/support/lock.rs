@@ -1,17 +1,19 @@
 //! Helpers of the LockService suite (`tests/lock/`): request builders, calls that panic naming
-//! the call when it fails, the next event of a stream within a bound, and bounded waits on what
-//! Describe reports.
+//! the call when it fails, and bounded waits on what Describe reports (the generic stream and
+//! Describe helpers are in `lease.rs`).
 
 use std::time::Duration;
 
 use baton::proto::v1::{
     self as pb, lock_service_client::LockServiceClient,
     lock_service_hold_response::Event as HoldEvent,
-    lock_service_keep_alive_response::Event as KeepAliveEvent,
 };
 use tonic::{Status, Streaming, transport::Channel};
 
-use super::{ms, wait_until, within};
+use super::{
+    lease::{Described, next_event, wait_for_state, wait_for_state_within},
+    ms,
+};
 
 /// A LockService client.
 pub type Client = LockServiceClient<Channel>;
@@ -144,6 +146,18 @@ pub async fn describe(client: &mut Client, name: &str) -> pb::LockServiceDescrib
         .into_inner()
 }
 
+impl Described for Client {
+    type Description = pb::LockServiceDescribeResponse;
+
+    async fn describe_name(&mut self, name: &str) -> Self::Description {
+        describe(self, name).await
+    }
+
+    fn waiters(description: &Self::Description) -> u32 {
+        description.waiters
+    }
+}
+
 /// A Hold request with no mode (so exclusive), not fair, waiting `wait_ms` if given.
 pub fn hold_request(
     name: &str,
@@ -187,85 +201,16 @@ pub async fn held(
         .await
         .unwrap_or_else(|s| panic!("Hold {name:?} failed: {s:?}"))
         .into_inner();
-    match next_hold_event(&mut stream, Duration::from_secs(5), "the acquired event").await {
+    match next_event(&mut stream, Duration::from_secs(5), "the acquired event").await {
         HoldEvent::Acquired(lease) => (stream, lease),
         other => panic!("expected acquired, got {other:?}"),
-    }
-}
-
-/// Reads a Hold stream (each event within 5 s) and asserts its next event is a renewal.
-pub async fn next_renewal(stream: &mut Streaming<pb::LockServiceHoldResponse>) -> pb::LeaseRenewed {
-    match next_hold_event(stream, Duration::from_secs(5), "a renewal").await {
-        HoldEvent::Renewed(r) => r,
-        other => panic!("expected a renewal, got {other:?}"),
-    }
-}
-
-/// The next event of a Hold stream within `limit`; panics if the stream fails or ends.
-pub async fn next_hold_event(
-    stream: &mut Streaming<pb::LockServiceHoldResponse>,
-    limit: Duration,
-    what: &str,
-) -> HoldEvent {
-    within(limit, stream.message(), what)
-        .await
-        .unwrap_or_else(|s| panic!("{what}: the Hold stream failed: {s:?}"))
-        .unwrap_or_else(|| panic!("{what}: the Hold stream ended"))
-        .event
-        .unwrap_or_else(|| panic!("{what}: an event without payload"))
-}
-
-/// The next event of a KeepAlive stream within `limit`; panics if the stream fails or ends.
-pub async fn next_keep_alive_event(
-    stream: &mut Streaming<pb::LockServiceKeepAliveResponse>,
-    limit: Duration,
-    what: &str,
-) -> KeepAliveEvent {
-    within(limit, stream.message(), what)
-        .await
-        .unwrap_or_else(|s| panic!("{what}: the KeepAlive stream failed: {s:?}"))
-        .unwrap_or_else(|| panic!("{what}: the KeepAlive stream ended"))
-        .event
-        .unwrap_or_else(|| panic!("{what}: an event without payload"))
-}
-
-/// Waits (bounded) until Describe reports `n` waiters on `name`.
-pub async fn wait_for_waiters(client: &Client, name: &str, n: u32) {
-    let what = format!("{n} waiter(s) on {name:?}");
-    wait_until(Duration::from_secs(5), &what, || {
-        let mut client = client.clone();
-        async move {
-            let d = describe(&mut client, name).await;
-            if d.waiters == n { Ok(()) } else { Err(d) }
-        }
-    })
-    .await;
-}
-
-/// Like [`wait_for_waiters`], but fails at once with the waiter's outcome if `waiter` ends first.
-pub async fn wait_for_waiters_while<T: std::fmt::Debug>(
-    client: &Client,
-    name: &str,
-    n: u32,
-    waiter: &mut tokio::task::JoinHandle<T>,
-) {
-    tokio::select! {
-        () = wait_for_waiters(client, name, n) => {}
-        outcome = waiter => panic!("the waiter ended before waiting on {name:?}: {outcome:?}"),
     }
 }
 
 /// Waits (at most `limit`) until Describe reports `name` free.
 pub async fn wait_until_free(client: &Client, name: &str, limit: Duration) {
     let what = format!("{name:?} to be free");
-    wait_until(limit, &what, || {
-        let mut client = client.clone();
-        async move {
-            let d = describe(&mut client, name).await;
-            if d.held { Err(d) } else { Ok(()) }
-        }
-    })
-    .await;
+    wait_for_state_within(client, name, limit, &what, |d| !d.held).await;
 }
 
 /// How a test asks for a lock: fair or not, exclusive or shared.
@@ -360,12 +305,5 @@ pub fn ask_hold_request(
 /// Waits (bounded) until Describe reports `n` waiters in the fair queue of `name`.
 pub async fn wait_for_queued(client: &Client, name: &str, n: u32) {
     let what = format!("{n} queued waiter(s) on {name:?}");
-    wait_until(Duration::from_secs(5), &what, || {
-        let mut client = client.clone();
-        async move {
-            let d = describe(&mut client, name).await;
-            if d.queued == n { Ok(()) } else { Err(d) }
-        }
-    })
-    .await;
+    wait_for_state(client, name, &what, |d| d.queued == n).await;
 }

@@ -1,17 +1,19 @@
-//! Helpers of the SemaphoreService suite (`tests/semaphore/`): request builders, calls that panic
-//! naming the call when it fails, the next event of a stream within a bound, and bounded waits on
-//! what Describe reports.
+//! Helpers of the SemaphoreService suite (`tests/semaphore/`): request builders and calls that
+//! panic naming the call when it fails (the generic stream and Describe helpers are in
+//! `lease.rs`).
 
 use std::time::Duration;
 
 use baton::proto::v1::{
     self as pb, semaphore_service_client::SemaphoreServiceClient,
     semaphore_service_hold_response::Event as HoldEvent,
-    semaphore_service_keep_alive_response::Event as KeepAliveEvent,
 };
 use tonic::{Status, Streaming, transport::Channel};
 
-use super::{ms, wait_until, within};
+use super::{
+    lease::{Described, next_event},
+    ms,
+};
 
 /// A SemaphoreService client.
 pub type Client = SemaphoreServiceClient<Channel>;
@@ -154,6 +156,18 @@ pub async fn describe(client: &mut Client, name: &str) -> pb::SemaphoreServiceDe
         .into_inner()
 }
 
+impl Described for Client {
+    type Description = pb::SemaphoreServiceDescribeResponse;
+
+    async fn describe_name(&mut self, name: &str) -> Self::Description {
+        describe(self, name).await
+    }
+
+    fn waiters(description: &Self::Description) -> u32 {
+        description.waiters
+    }
+}
+
 /// Opens a Hold stream, panicking if the call fails.
 pub async fn hold(
     client: &mut Client,
@@ -184,77 +198,12 @@ pub async fn keep_alive(
         .map(tonic::Response::into_inner)
 }
 
-/// The next event of a Hold stream within `limit`; panics if the stream fails or ends.
-pub async fn next_hold_event(
-    stream: &mut Streaming<pb::SemaphoreServiceHoldResponse>,
-    limit: Duration,
-    what: &str,
-) -> HoldEvent {
-    within(limit, stream.message(), what)
-        .await
-        .unwrap_or_else(|s| panic!("{what}: the Hold stream failed: {s:?}"))
-        .unwrap_or_else(|| panic!("{what}: the Hold stream ended"))
-        .event
-        .unwrap_or_else(|| panic!("{what}: an event without payload"))
-}
-
 /// The `acquired` event that opens a Hold stream.
 pub async fn hold_acquired(
     stream: &mut Streaming<pb::SemaphoreServiceHoldResponse>,
 ) -> pb::SemaphorePermit {
-    match next_hold_event(stream, Duration::from_secs(2), "acquired").await {
+    match next_event(stream, Duration::from_secs(2), "acquired").await {
         HoldEvent::Acquired(permit) => permit,
         other => panic!("expected acquired, got {other:?}"),
-    }
-}
-
-/// The next event of a KeepAlive stream within `limit`; panics if the stream fails or ends.
-pub async fn next_keep_alive_event(
-    stream: &mut Streaming<pb::SemaphoreServiceKeepAliveResponse>,
-    limit: Duration,
-    what: &str,
-) -> KeepAliveEvent {
-    within(limit, stream.message(), what)
-        .await
-        .unwrap_or_else(|s| panic!("{what}: the KeepAlive stream failed: {s:?}"))
-        .unwrap_or_else(|| panic!("{what}: the KeepAlive stream ended"))
-        .event
-        .unwrap_or_else(|| panic!("{what}: an event without payload"))
-}
-
-/// Waits (bounded) until Describe satisfies `check`, returning that Describe.
-pub async fn wait_for_state(
-    client: &Client,
-    name: &str,
-    what: &str,
-    check: impl Fn(&pb::SemaphoreServiceDescribeResponse) -> bool,
-) -> pb::SemaphoreServiceDescribeResponse {
-    let check = &check;
-    wait_until(Duration::from_secs(5), what, || {
-        let mut client = client.clone();
-        async move {
-            let d = describe(&mut client, name).await;
-            if check(&d) { Ok(d) } else { Err(d) }
-        }
-    })
-    .await
-}
-
-/// Waits (bounded) until Describe reports `n` waiters on `name`.
-pub async fn wait_for_waiters(client: &Client, name: &str, n: u32) {
-    let what = format!("{n} waiter(s) on {name:?}");
-    wait_for_state(client, name, &what, |d| d.waiters == n).await;
-}
-
-/// Like [`wait_for_waiters`], but fails at once with the waiter's outcome if `waiter` ends first.
-pub async fn wait_for_waiters_while<T: std::fmt::Debug>(
-    client: &Client,
-    name: &str,
-    n: u32,
-    waiter: &mut tokio::task::JoinHandle<T>,
-) {
-    tokio::select! {
-        () = wait_for_waiters(client, name, n) => {}
-        outcome = waiter => panic!("the waiter ended before {n} waited on {name:?}: {outcome:?}"),
     }
 }
