@@ -7,7 +7,9 @@
 //! - [`fairness`]: wake-ups without polling, FIFO with `fair`, what a handoff costs;
 //! - [`shared`]: readers and writers;
 //! - [`streams`]: `Hold` and `KeepAlive`, `lost`, batched renewals;
-//! - [`faults`]: Redis down, killed or frozen, clean-ups retried, the classic failure modes.
+//! - [`faults`]: Redis down, killed or frozen, clean-ups retried, the classic failure modes;
+//! - [`scripts`]: each scheduling rule of the lock scripts on a crafted Redis state, without gRPC
+//!   or waiting (`cargo test --test lock scripts::`: a few seconds).
 //!
 //! Helpers live in `tests/support/` (`lock.rs`, and `lease.rs` for what semaphores share).
 
@@ -18,5 +20,6 @@ mod basics;
 mod fairness;
 mod faults;
 mod reentrancy;
+mod scripts;
 mod shared;
 mod streams;

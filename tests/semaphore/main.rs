@@ -7,7 +7,9 @@
 //! - [`fairness`]: FIFO with `fair`, wake-ups without polling, as many as permits freed;
 //! - [`streams`]: `Hold` and `KeepAlive`, `lost`, clients that go away;
 //! - [`faults`]: Redis down or killed;
-//! - [`clocks`]: Redis time only, each holder's own ttl.
+//! - [`clocks`]: Redis time only, each holder's own ttl;
+//! - [`scripts`]: each scheduling rule of the semaphore scripts on a crafted Redis state, without
+//!   gRPC or waiting (`cargo test --test semaphore scripts::`: a few seconds).
 //!
 //! The headline test is [`limits::limit_safety_under_load`]: 32 clients with random weights and
 //! random hold times against a limit of 5, checked both by a Redis counter kept inside the
@@ -23,4 +25,5 @@ mod clocks;
 mod fairness;
 mod faults;
 mod limits;
+mod scripts;
 mod streams;

@@ -363,6 +363,14 @@ impl RedisServer {
         RedisConfig::with_topology(self.topology())
     }
 
+    /// Baton's Redis handle on this deployment under a key prefix of its own, for calling the
+    /// scripts directly (no Baton, no gRPC).
+    pub fn baton_redis(&self) -> baton::redis::Redis {
+        let mut config = self.redis_config();
+        config.key_prefix = unique_prefix();
+        baton::redis::Redis::new(&config).expect("redis config")
+    }
+
     /// `names` unchanged on a single Redis; on a Cluster, names whose hash tags
     /// (`{KIND:NAME}`) all fall in the first name's slot: the others get the first `-N` suffix
     /// that does. For calls a Cluster restricts to one slot (a batch over several objects).
