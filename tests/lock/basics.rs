@@ -585,13 +585,18 @@ async fn every_lock_key_expires() {
 
     let reader = granted(&mut client, "doc", 30_000, None, "reader", SHARED).await;
     let mut waiting = JoinSet::new();
-    // The writer first: once it waits, the second reader waits too.
-    for (n, (owner, how)) in [("writer", EXCLUSIVE), ("reader-2", SHARED), ("fair", FAIR)]
-        .into_iter()
-        .enumerate()
+    // The writer first: once it waits, the second reader waits too. The writer waits longest:
+    // were it to give up first, the second reader would join the first.
+    for (n, (owner, how, wait)) in [
+        ("writer", EXCLUSIVE, 4_000),
+        ("reader-2", SHARED, 2_000),
+        ("fair", FAIR, 2_000),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut c = baton.client().await;
-        waiting.spawn(async move { ask(&mut c, "doc", 1_000, Some(2_000), owner, how).await });
+        waiting.spawn(async move { ask(&mut c, "doc", 1_000, Some(wait), owner, how).await });
         wait_for_waiters(&client, "doc", u32::try_from(n).expect("small") + 1).await;
     }
     let pattern = format!("{}*", baton.prefix());
@@ -607,7 +612,7 @@ async fn every_lock_key_expires() {
         assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
     }
     within(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async {
             while let Some(joined) = waiting.join_next().await {
                 let response = joined.expect("waiter task");
