@@ -320,11 +320,13 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     }
 
     async fn release_for_shutdown(self) {
-        // Told first, so the client stops acting as the holder before anyone else can get in.
-        self.finish(
+        // Told first, so the client stops acting as the holder before anyone else can get in;
+        // the stream stays open until the release is done (`self` dropped), so the server's
+        // drain waits for it instead of the process exiting in the middle of it.
+        self.tx.finish_later((self.wrap)(Event::Lost(
             LostReason::Shutdown,
-            "baton is shutting down; the lease is being released",
-        );
+            "baton is shutting down; the lease is being released".into(),
+        )));
         let window = self.latest.min(Instant::now() + SHUTDOWN_RELEASE_WINDOW);
         if let Err(e) = release_until(&self.lease, window).await {
             tracing::warn!(lease = %self.lease.describe(), error = %e, "release at shutdown failed; the lease expires at its ttl");

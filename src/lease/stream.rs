@@ -120,6 +120,17 @@ impl<T> Sender<T> {
         });
     }
 
+    /// Sends the final item as [`Sender::finish`] does, but the stream ends only when this
+    /// sender is dropped: work done after it (a release at shutdown) keeps the stream open, and
+    /// a server draining its open streams waits for that work.
+    pub fn finish_later(&self, item: T) {
+        self.shared.update(|s| {
+            s.renewal = None;
+            s.renewal_since = None;
+            s.last = Some(item);
+        });
+    }
+
     /// Resolves when the client has gone away (the receiving half was dropped).
     pub async fn closed(&self) {
         self.shared.gone.cancelled().await;
@@ -190,6 +201,24 @@ mod tests {
         }
         tx.finish(0);
         assert_eq!(rx.next().await, Some(0));
+        assert!(rx.next().await.is_none());
+    }
+
+    /// An item sent with `finish_later` is read at once, but the stream ends only when its sender
+    /// is dropped.
+    #[tokio::test]
+    async fn a_stream_finished_later_ends_when_its_sender_is_dropped() {
+        let (tx, mut rx) = channel::<u32>();
+        tx.renewal(1);
+        tx.finish_later(0);
+        assert_eq!(
+            rx.next().await,
+            Some(0),
+            "the final item replaces the renewal"
+        );
+        let pending = futures::poll!(rx.next());
+        assert!(pending.is_pending(), "still open: {pending:?}");
+        drop(tx);
         assert!(rx.next().await.is_none());
     }
 

@@ -21,6 +21,9 @@
 // Each test file uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod lease;
+pub mod lock;
+pub mod semaphore;
 pub mod topology;
 
 use std::{
@@ -360,6 +363,14 @@ impl RedisServer {
         RedisConfig::with_topology(self.topology())
     }
 
+    /// Baton's Redis handle on this deployment under a key prefix of its own, for calling the
+    /// scripts directly (no Baton, no gRPC).
+    pub fn baton_redis(&self) -> baton::redis::Redis {
+        let mut config = self.redis_config();
+        config.key_prefix = unique_prefix();
+        baton::redis::Redis::new(&config).expect("redis config")
+    }
+
     /// `names` unchanged on a single Redis; on a Cluster, names whose hash tags
     /// (`{KIND:NAME}`) all fall in the first name's slot: the others get the first `-N` suffix
     /// that does. For calls a Cluster restricts to one slot (a batch over several objects).
@@ -398,6 +409,15 @@ impl RedisServer {
     /// [`RedisServer::topology`] and [`RedisServer::baton_args`]).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port())
+    }
+
+    /// The URL of the server that holds `key`: the `redis-server`, or on a cluster the master
+    /// serving the key's slot (for commands about one key's traffic, such as `MONITOR`).
+    pub async fn url_for_key(&self, key: &str) -> String {
+        match self.cluster() {
+            None => self.url(),
+            Some(cluster) => cluster.node_for_key(key).await.url(),
+        }
     }
 
     /// The TCP port of the `redis-server` (not for a cluster).
@@ -873,6 +893,12 @@ impl Baton {
     /// The Redis key of lock `name`'s state.
     pub fn lock_key(&self, name: &str) -> String {
         lock_key(&self.prefix, name)
+    }
+
+    /// The Redis key of semaphore `name`'s data hash (`PREFIX{sem:NAME}`); its other keys add a
+    /// suffix to it.
+    pub fn semaphore_key(&self, name: &str) -> String {
+        format!("{}{{sem:{name}}}", self.prefix)
     }
 
     /// A LockService client over a new TCP connection.
