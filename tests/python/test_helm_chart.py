@@ -421,14 +421,17 @@ class RunWhatTheChartRenders(unittest.TestCase):
         return proc, out_path
 
     @staticmethod
-    def probe(probe, passes):
+    def probe(probe, passes, proc):
         """Runs a gRPC probe as the kubelet does: Health/Check of the probe's service on the
         pod's address and port, `timeoutSeconds` each, every `periodSeconds`; returns after the
-        first success, fails after `passes` attempts."""
+        first success, fails after `passes` attempts or as soon as the process has exited."""
         target = f'127.0.0.1:{probe["grpc"]["port"]}'
         service = probe["grpc"].get("service", "")
         last = None
         for attempt in range(passes):
+            if proc.poll() is not None:
+                raise AssertionError(f"baton exited with {proc.returncode} before its "
+                                     f"{service!r} probe passed")
             if attempt:
                 time.sleep(probe.get("periodSeconds", 10))
             with grpc.insecure_channel(target) as channel:
@@ -458,18 +461,22 @@ class RunWhatTheChartRenders(unittest.TestCase):
         proc, log = self.start(baton, self.mapper(baton, folders), pod_name + "-0")
         try:
             startup = baton["startupProbe"]
-            self.probe(startup, startup["failureThreshold"])
+            self.probe(startup, startup["failureThreshold"], proc)
             # Readiness follows Redis (checked every second): allow a few probe periods.
-            self.probe(baton["readinessProbe"], 10)
-            self.probe(baton["livenessProbe"], 1)
+            self.probe(baton["readinessProbe"], 10, proc)
+            self.probe(baton["livenessProbe"], 1, proc)
 
             # The app: its own environment names Baton; it sees the socket through its mounts.
             app_env = self.environment(app, self.mapper(app, folders), pod_name + "-0")
             addr = app_env["BATON_ADDR"]
+            options = []
             if addr.startswith("unix://"):
                 socket_path = addr[len("unix://"):]
                 self.assertEqual(oct(os.stat(socket_path).st_mode & 0o777), "0o660")
-            with grpc.insecure_channel(addr) as channel:
+                # grpcio names the socket's path as the HTTP/2 authority, which Baton's HTTP/2
+                # server refuses: an app sets `localhost`, as NOTES.txt and the README say.
+                options = [("grpc.default_authority", "localhost")]
+            with grpc.insecure_channel(addr, options=options) as channel:
                 locks = lock_pb2_grpc.LockServiceStub(channel)
                 got = locks.Acquire(lock_pb2.LockServiceAcquireRequest(
                     name="from-the-app", ttl=ms(10_000), owner=pod_name), timeout=10)
@@ -494,6 +501,9 @@ class RunWhatTheChartRenders(unittest.TestCase):
             proc.send_signal(signal.SIGTERM)
             grace = spec["terminationGracePeriodSeconds"]
             self.assertEqual(proc.wait(timeout=grace), 0, "exit status after SIGTERM")
+        except AssertionError as e:
+            with open(log) as f:
+                raise AssertionError(f"{e}\nbaton's output:\n{f.read()}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()
