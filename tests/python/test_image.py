@@ -138,7 +138,7 @@ class ImageFromTheBuiltBinary(unittest.TestCase):
         log_path = os.path.join(workdir, "baton.log")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                ["chroot", f"--userspec={USER}", self.rootfs, "/baton", "serve",
+                [shutil.which("chroot"), f"--userspec={USER}", self.rootfs, "/baton", "serve",
                  "--listen", f"127.0.0.1:{port}", "--health-listen", f"127.0.0.1:{health}",
                  "--redis-url", f"redis://127.0.0.1:{redis.port}"],
                 stdout=log, stderr=subprocess.STDOUT, env={})
