@@ -59,6 +59,8 @@ pub struct Cli {
 }
 
 /// The `baton` subcommands.
+// Parsed once at start: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API.
