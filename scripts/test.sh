@@ -14,7 +14,7 @@ echo "==> cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "==> buf lint"
 .tools/node_modules/.bin/buf lint
-echo "==> Python contract tests (client generated from proto/)"
+echo "==> Python tests: the contract from a generated client, the Helm chart, the image"
 scripts/python-tests.sh
 echo "==> client packages (clients/python, clients/node)"
 scripts/client-tests.sh

@@ -3,7 +3,12 @@
 //! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
 //! together before Baton exits, instead of one per attempt.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    io::Read as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand};
 use redis::Client;
@@ -26,6 +31,12 @@ pub const DEFAULT_REDIS_COMMAND_TIMEOUT: Duration = Duration::from_millis(400);
 pub const DEFAULT_REDIS_POOL_SIZE: u32 = 4;
 /// Default time allowed for a graceful drain after SIGTERM or SIGINT.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time Baton keeps serving, not ready, after SIGTERM or SIGINT before it drains: none.
+pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::ZERO;
+/// Longest shutdown delay accepted.
+pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(600);
+/// Largest Redis password file accepted, in bytes.
+pub const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
 /// Default silence after which Baton pings a client over HTTP/2: a live client answers, so a
 /// stream's client that answers nothing for longer than its lease's ttl has stopped.
 pub const DEFAULT_CLIENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
@@ -67,6 +78,8 @@ pub enum Command {
     Complete(cli::CompleteArgs),
     /// Ask Baton whether it serves (readiness by default).
     Health(cli::HealthArgs),
+    /// Take a lock in turns with other holders, saying each step (the Helm chart's demo app).
+    Hold(cli::HoldArgs),
 }
 
 /// Raw `baton serve` arguments, before validation.
@@ -78,6 +91,10 @@ pub struct ServeArgs {
     /// Unix socket path to serve gRPC on as well (created with mode 0660).
     #[arg(long, env = "BATON_SOCKET")]
     pub socket: Option<String>,
+    /// TCP address serving only the gRPC health service (for probes that must reach the pod's
+    /// address while the API stays on the socket or localhost); empty: none.
+    #[arg(long, env = "BATON_HEALTH_LISTEN", default_value = "")]
+    pub health_listen: String,
     /// Redis URL (redis://[user:password@]host:port[/db] or unix:///path); with
     /// `--redis-mode cluster` a comma-separated list of seed nodes, with `sentinel` of Sentinels.
     #[arg(long, env = "BATON_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
@@ -88,6 +105,10 @@ pub struct ServeArgs {
     /// The master's name in the Sentinels' configuration (`--redis-mode sentinel` only).
     #[arg(long, env = "BATON_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
+    /// File holding the Redis password (one line), used for every Redis URL as a password in the
+    /// URL would be; the URLs must not carry one then. Read once at start.
+    #[arg(long, env = "BATON_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<String>,
     /// Replicas that must acknowledge a grant (`WAIT`) before it is confirmed; a grant they do not
     /// acknowledge in time is rolled back and reported as not acquired. 0 turns this off.
     #[arg(long, env = "BATON_MIN_REPLICAS_ACK", default_value = "0")]
@@ -110,6 +131,10 @@ pub struct ServeArgs {
     /// Time allowed for a graceful drain on SIGTERM/SIGINT before stopping hard (e.g. 10s).
     #[arg(long, env = "BATON_DRAIN_TIMEOUT", default_value = "10s")]
     pub drain_timeout: String,
+    /// Time Baton keeps serving every call, new ones too, after SIGTERM/SIGINT before the drain
+    /// starts, with readiness NOT_SERVING (e.g. 5s; at most 10m); another signal cuts it short.
+    #[arg(long, env = "BATON_SHUTDOWN_DELAY", default_value = "0s")]
+    pub shutdown_delay: String,
     /// Silence after which Baton pings a client over HTTP/2 (e.g. 1s); 0 turns pings off. A
     /// `Hold`/`KeepAlive` stream whose client answers nothing for longer than its lease's ttl (at
     /// least two intervals) loses its lease.
@@ -200,10 +225,14 @@ pub struct ServeConfig {
     pub listen: Option<SocketAddr>,
     /// Unix socket path to serve on, if any.
     pub socket: Option<PathBuf>,
+    /// TCP address serving only the health service, if any.
+    pub health_listen: Option<SocketAddr>,
     /// Redis settings.
     pub redis: RedisConfig,
     /// Time allowed for a graceful drain before stopping hard.
     pub drain_timeout: Duration,
+    /// Time kept serving, not ready, between the first signal and the drain.
+    pub shutdown_delay: Duration,
     /// Silence after which clients are pinged over HTTP/2; `None`: never.
     pub client_keepalive_interval: Option<Duration>,
     /// Time a client has to answer a ping before its connection is closed.
@@ -262,8 +291,10 @@ impl ServeConfig {
         Self {
             listen: None,
             socket: None,
+            health_listen: None,
             redis,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            shutdown_delay: DEFAULT_SHUTDOWN_DELAY,
             client_keepalive_interval: Some(DEFAULT_CLIENT_KEEPALIVE_INTERVAL),
             client_keepalive_timeout: DEFAULT_CLIENT_KEEPALIVE_TIMEOUT,
             log_format: LogFormat::Plain,
@@ -298,6 +329,20 @@ impl ServeConfig {
         if listen.is_none() && socket.is_none() && errors.is_empty() {
             errors.push("--listen / --socket: nothing to serve on; give at least one".to_owned());
         }
+        let health_listen = if args.health_listen.trim().is_empty() {
+            None
+        } else {
+            match args.health_listen.parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(e) => {
+                    errors.push(format!(
+                        "--health-listen / BATON_HEALTH_LISTEN: {:?} is not an address like 0.0.0.0:50052: {e}",
+                        args.health_listen
+                    ));
+                    None
+                }
+            }
+        };
 
         let topology = Topology::parse(
             &args.redis_mode,
@@ -310,6 +355,21 @@ impl ServeConfig {
                 url: DEFAULT_REDIS_URL.to_owned(),
             }
         });
+        let topology = match args
+            .redis_password_file
+            .as_deref()
+            .filter(|p| !p.is_empty())
+        {
+            None => topology,
+            Some(path) => read_password_file(Path::new(path))
+                .and_then(|password| topology.with_password(&password))
+                .unwrap_or_else(|e| {
+                    errors.push(format!(
+                        "--redis-password-file / BATON_REDIS_PASSWORD_FILE: {e}"
+                    ));
+                    topology
+                }),
+        };
 
         let prefix = &args.key_prefix;
         if prefix.contains(['{', '}']) {
@@ -343,6 +403,13 @@ impl ServeConfig {
             &args.drain_timeout,
             Duration::ZERO,
             Duration::from_secs(600),
+        );
+        let shutdown_delay = duration(
+            &mut errors,
+            "--shutdown-delay / BATON_SHUTDOWN_DELAY",
+            &args.shutdown_delay,
+            Duration::ZERO,
+            MAX_SHUTDOWN_DELAY,
         );
         let client_keepalive_interval = duration(
             &mut errors,
@@ -445,6 +512,7 @@ impl ServeConfig {
         Ok(Self {
             listen,
             socket,
+            health_listen,
             redis: RedisConfig {
                 topology,
                 key_prefix: args.key_prefix.clone(),
@@ -455,6 +523,7 @@ impl ServeConfig {
                 replica_ack_timeout,
             },
             drain_timeout,
+            shutdown_delay,
             client_keepalive_interval: (!client_keepalive_interval.is_zero())
                 .then_some(client_keepalive_interval),
             client_keepalive_timeout,
@@ -496,6 +565,67 @@ fn duration(
             min
         }
     }
+}
+
+/// Reads a Redis password file: at most [`MAX_PASSWORD_FILE_BYTES`], UTF-8, one line (a final
+/// line break is not part of the password), not empty.
+fn read_password_file(path: &Path) -> Result<String, String> {
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PASSWORD_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_PASSWORD_FILE_BYTES {
+        return Err(format!(
+            "{} is longer than {MAX_PASSWORD_FILE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+    let password = text
+        .strip_suffix('\n')
+        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+        .unwrap_or(&text);
+    if password.is_empty() {
+        return Err(format!("{} holds no password", path.display()));
+    }
+    if password.chars().any(char::is_control) {
+        return Err(format!(
+            "{} holds more than one line or a control character",
+            path.display()
+        ));
+    }
+    Ok(password.to_owned())
+}
+
+/// `url` with `password`: in the user information of a TCP URL, as the `pass` parameter of a
+/// `unix://` one.
+fn url_with_password(url: &str, password: &str) -> Result<String, String> {
+    let mut parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
+    if parsed.scheme().ends_with("unix") {
+        let others: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if others.iter().any(|(k, _)| k == "pass") {
+            return Err("a Redis URL already carries a password; give it in one place".to_owned());
+        }
+        parsed
+            .query_pairs_mut()
+            .clear()
+            .extend_pairs(others)
+            .append_pair("pass", password);
+    } else {
+        if parsed.password().is_some() {
+            return Err("a Redis URL already carries a password; give it in one place".to_owned());
+        }
+        parsed
+            .set_password(Some(password))
+            .map_err(|()| format!("cannot add a password to {url:?}"))?;
+    }
+    Ok(parsed.into())
 }
 
 /// The deployment named by the configuration.
@@ -578,6 +708,27 @@ impl Topology {
         }
     }
 
+    /// The same deployment with `password` given to every URL (the Sentinels' too, as a password
+    /// in the first URL would be); an error if a URL already carries a password.
+    pub fn with_password(&self, password: &str) -> Result<Self, String> {
+        let set = |url: &String| url_with_password(url, password);
+        Ok(match self {
+            Self::Standalone { url } => Self::Standalone { url: set(url)? },
+            Self::Cluster { seeds } => Self::Cluster {
+                seeds: seeds.iter().map(set).collect::<Result<_, _>>()?,
+            },
+            Self::Sentinel {
+                sentinels,
+                master,
+                node_url,
+            } => Self::Sentinel {
+                sentinels: sentinels.iter().map(set).collect::<Result<_, _>>()?,
+                master: master.clone(),
+                node_url: node_url.as_ref().map(set).transpose()?,
+            },
+        })
+    }
+
     /// A short name for logs and errors.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -610,6 +761,83 @@ mod tests {
         assert_eq!(cfg.redis.connect_timeout, DEFAULT_REDIS_CONNECT_TIMEOUT);
         assert_eq!(cfg.redis.key_prefix, DEFAULT_KEY_PREFIX);
         assert_eq!(cfg.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+    }
+
+    /// A password from a file reaches every URL as the redis crate reads it back, percent-encoded
+    /// in a TCP URL and as the `pass` parameter of a `unix://` one, the username kept.
+    #[test]
+    fn password_goes_into_every_url() {
+        let password = "p@ss:w/rd %?&=";
+        let info = |url: &str| redis::IntoConnectionInfo::into_connection_info(url).expect("url");
+        let cluster = Topology::parse("cluster", "redis://a:1,redis://user@b:2", None)
+            .expect("topology")
+            .with_password(password)
+            .expect("with a password");
+        let Topology::Cluster { seeds } = cluster else {
+            panic!("{cluster:?}")
+        };
+        for seed in &seeds {
+            assert_eq!(info(seed).redis_settings().password(), Some(password));
+        }
+        assert_eq!(info(&seeds[1]).redis_settings().username(), Some("user"));
+        let unix = Topology::parse("standalone", "unix:///tmp/r.sock?db=2", None)
+            .expect("topology")
+            .with_password(password)
+            .expect("with a password");
+        let Topology::Standalone { url } = unix else {
+            panic!("{unix:?}")
+        };
+        assert_eq!(info(&url).redis_settings().password(), Some(password));
+        assert_eq!(info(&url).redis_settings().db(), 2);
+        let sentinel = Topology::parse("sentinel", "redis://s1:26379,redis://s2:26379", Some("m"))
+            .expect("topology")
+            .with_password(password)
+            .expect("with a password");
+        let Topology::Sentinel {
+            sentinels,
+            node_url: Some(node),
+            ..
+        } = sentinel
+        else {
+            panic!("{sentinel:?}")
+        };
+        assert_eq!(info(&node).redis_settings().password(), Some(password));
+        assert_eq!(
+            info(&sentinels[1]).redis_settings().password(),
+            Some(password)
+        );
+        for carrying in ["redis://:x@a:1", "unix:///tmp/r.sock?pass=x"] {
+            let topology = Topology::parse("standalone", carrying, None).expect("topology");
+            assert!(topology.with_password(password).is_err(), "{carrying}");
+        }
+    }
+
+    /// `--shutdown-delay` defaults to none and is bounded by 10 minutes; `--health-listen` is an
+    /// address or nothing.
+    #[test]
+    fn shutdown_delay_and_health_listen_are_checked() {
+        let cfg = ServeConfig::from_args(&args(&[])).expect("defaults are valid");
+        assert_eq!(cfg.shutdown_delay, Duration::ZERO);
+        assert_eq!(cfg.health_listen, None);
+        let cfg = ServeConfig::from_args(&args(&[
+            "--shutdown-delay",
+            "10m",
+            "--health-listen",
+            "0.0.0.0:50052",
+        ]))
+        .expect("valid");
+        assert_eq!(cfg.shutdown_delay, MAX_SHUTDOWN_DELAY);
+        assert_eq!(cfg.health_listen, Some("0.0.0.0:50052".parse().unwrap()));
+        let errors = ServeConfig::from_args(&args(&[
+            "--shutdown-delay",
+            "11m",
+            "--health-listen",
+            "everywhere",
+        ]))
+        .expect_err("invalid");
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(errors[0].starts_with("--health-listen"), "{errors:#?}");
+        assert!(errors[1].starts_with("--shutdown-delay"), "{errors:#?}");
     }
 
     /// Every bad value is reported in one pass, each naming its flag.

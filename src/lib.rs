@@ -26,6 +26,7 @@
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
 //! - [`codec`]: the protobuf codec of the generated services, with small per-call buffers.
+//! - [`client`]: `baton health` and `baton hold`, small command-line clients of a running Baton.
 
 #![warn(missing_docs)]
 

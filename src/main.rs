@@ -2,9 +2,13 @@
 //! and drain on SIGTERM or SIGINT with a deadline. Every other subcommand is the command-line
 //! client ([`baton::cli`], whose exit codes are listed there).
 //!
+//! With `--shutdown-delay`, the first signal turns readiness NOT_SERVING and Baton goes on serving
+//! every call for that long before it drains; another signal during the delay starts the drain at
+//! once.
+//!
 //! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
-//! flags, or a Redis older than 7.0 found at start), 1 for any other failure, 130 on a second
-//! signal.
+//! flags, or a Redis older than 7.0 found at start), 1 for any other failure, 130 on a signal
+//! during the drain.
 
 use std::process::ExitCode;
 
@@ -13,12 +17,11 @@ use baton::{
     config::{Cli, Command, ServeArgs, ServeConfig},
     ratelimit::rules::Rules,
     redis::UnsupportedServer,
-    server::{self, Listeners},
+    server::{self, Listeners, Stop},
     telemetry::{self, say},
 };
 use clap::Parser;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// jemalloc: less CPU per call than glibc's allocator at the same resident memory
 /// (docs/PERFORMANCE.md, "Allocator").
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Hold(args) => cli::hold(args),
     }
 }
 
@@ -98,26 +102,55 @@ fn configure(args: &ServeArgs) -> Result<(ServeConfig, Option<Rules>), Vec<Strin
 
 async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&config).await?;
-    let shutdown = CancellationToken::new();
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let trigger = shutdown.clone();
+    let stop = Stop::default();
+    let mut signals = Signals {
+        terminate: signal(SignalKind::terminate())?,
+        interrupt: signal(SignalKind::interrupt())?,
+    };
+    let trigger = stop.clone();
+    let delay = config.shutdown_delay;
     // Act first, log after: a log line that cannot be written must not stop the drain.
     tokio::spawn(async move {
-        let name = tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
-        };
-        trigger.cancel();
-        tracing::info!(signal = name, "signal received; draining");
-        // A second signal means the operator does not want to wait for the drain.
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
+        let name = signals.next().await;
+        trigger.unready.cancel();
+        if delay.is_zero() {
+            trigger.drain.cancel();
+            tracing::info!(signal = name, "signal received; draining");
+        } else {
+            tracing::info!(signal = name, delay = ?delay, "signal received; not ready, serving until the shutdown delay ends");
+            let end = tokio::time::Instant::now() + delay;
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => {
+                    trigger.drain.cancel();
+                    tracing::info!("shutdown delay over; draining");
+                }
+                name = signals.next() => {
+                    trigger.drain.cancel();
+                    tracing::info!(signal = name, "signal received during the shutdown delay; draining now");
+                }
+            }
         }
+        // A signal during the drain means the operator does not want to wait for it.
+        signals.next().await;
         // Logging cannot fail a task (see `telemetry`), so this line cannot keep Baton alive.
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });
-    server::serve_with_rules(config, rules, listeners, shutdown).await
+    server::serve_until(config, rules, listeners, stop).await
+}
+
+/// The signals that stop Baton.
+struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    /// Waits for the next SIGTERM or SIGINT and names it.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
 }

@@ -3,9 +3,10 @@
 //!
 //! Health answers for `""` and `liveness` (SERVING while the process serves) and for `readiness`
 //! and each Baton service (SERVING while Baton can serve: a single Redis answers `PING`; on a
-//! Cluster, at least one master answers with `cluster_state:ok`, see [`Redis::health`]). On
-//! shutdown everything turns NOT_SERVING first, so probes stop routing traffic while streams
-//! drain.
+//! Cluster, at least one master answers with `cluster_state:ok`, see [`Redis::health`]). It is
+//! also served alone on the health listener, if any, for probes from outside the pod. Stopping
+//! has two stages ([`Stop`]): readiness turns NOT_SERVING while every call is still served (the
+//! shutdown delay), then everything turns NOT_SERVING and streams drain.
 
 use std::{
     io,
@@ -70,6 +71,8 @@ pub struct Listeners {
     pub tcp: Option<TcpListener>,
     /// The Unix socket listener and its path (removed when serving ends), if any.
     pub unix: Option<(UnixListener, PathBuf)>,
+    /// The TCP listener serving only the health service, if any.
+    pub health: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -88,7 +91,35 @@ impl Listeners {
             Some(path) => Some((bind_unix(path).await?, path.clone())),
             None => None,
         };
-        Ok(Self { tcp, unix })
+        let health = match config.health_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the health listener {addr}"))?,
+            ),
+            None => None,
+        };
+        Ok(Self { tcp, unix, health })
+    }
+}
+
+/// The two stages of stopping a serving Baton.
+#[derive(Debug, Clone, Default)]
+pub struct Stop {
+    /// Cancelled first: readiness turns NOT_SERVING while every call, new ones too, is still
+    /// served (the shutdown delay, while the application beside Baton winds down).
+    pub unready: CancellationToken,
+    /// Cancelled next: the drain starts (readiness turns NOT_SERVING then if it had not yet).
+    pub drain: CancellationToken,
+}
+
+impl Stop {
+    /// Both stages on one token: cancelling it starts the drain at once.
+    pub fn at_once(shutdown: CancellationToken) -> Self {
+        Self {
+            unready: shutdown.clone(),
+            drain: shutdown,
+        }
     }
 }
 
@@ -141,6 +172,18 @@ pub async fn serve_with_rules(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    serve_until(config, rules, listeners, Stop::at_once(shutdown)).await
+}
+
+/// [`serve_with_rules`] stopped in two stages: readiness turns NOT_SERVING when `stop.unready`
+/// is cancelled, and the drain starts when `stop.drain` is.
+pub async fn serve_until(
+    config: ServeConfig,
+    rules: Option<Rules>,
+    listeners: Listeners,
+    stop: Stop,
+) -> anyhow::Result<()> {
+    let shutdown = stop.drain;
     let redis = Redis::new(&config.redis)?;
     // A Redis that answers but is too old stops Baton here; one that does not answer yet is
     // checked again on every connection, and readiness says whether it answers.
@@ -187,7 +230,7 @@ pub async fn serve_with_rules(
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    let readiness = tokio::spawn(readiness(redis, reporter.clone(), shutdown.clone()));
+    let mut readiness = tokio::spawn(readiness(redis, reporter.clone(), stop.unready));
 
     let router = || -> anyhow::Result<_> {
         let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -233,10 +276,23 @@ pub async fn serve_with_rules(
     if servers.is_empty() {
         anyhow::bail!("no listener to serve on");
     }
+    if let Some(tcp) = listeners.health {
+        tracing::info!(addr = %tcp.local_addr()?, "serving gRPC health alone over TCP");
+        let incoming = TcpIncoming::from(tcp).with_nodelay(Some(true));
+        let stop = shutdown.clone().cancelled_owned();
+        servers.spawn(
+            Server::builder()
+                .add_service(health.clone())
+                .serve_with_incoming_shutdown(incoming, stop),
+        );
+    }
 
     let result = tokio::select! {
         biased;
         () = shutdown.cancelled() => {
+            // Ended first, so that it cannot turn readiness back to SERVING below.
+            readiness.abort();
+            let _ = (&mut readiness).await;
             for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
@@ -274,25 +330,26 @@ async fn first_failure(
 }
 
 /// Keeps readiness in step with Redis: SERVING while Baton can serve ([`Redis::health`], asked
-/// every [`READINESS_INTERVAL`]). A Cluster with some masters down stays SERVING (the names on the
-/// other masters are served) and says which are down in the log.
+/// every [`READINESS_INTERVAL`]), until `unready` is cancelled, which turns it NOT_SERVING for
+/// good. A Cluster with some masters down stays SERVING (the names on the other masters are
+/// served) and says which are down in the log.
 ///
 /// Each change is made before it is logged: a log line that cannot be written (a closed stderr)
 /// must not keep readiness from following Redis.
-async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: CancellationToken) {
+async fn readiness(redis: Redis, reporter: HealthReporter, unready: CancellationToken) {
     let mut ticks = tokio::time::interval(READINESS_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<ServingStatus> = None;
     let mut last_partial: Option<String> = None;
     loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        let health = redis.health().await;
-        if shutdown.is_cancelled() {
-            return;
-        }
+        let health = tokio::select! {
+            biased;
+            () = unready.cancelled() => break,
+            health = async {
+                ticks.tick().await;
+                redis.health().await
+            } => health,
+        };
         let status = match health {
             Health::Up | Health::Partial(_) => ServingStatus::Serving,
             Health::Down(_) => ServingStatus::NotServing,
@@ -324,4 +381,10 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             _ => None,
         };
     }
+    for name in READY_NAMES {
+        reporter
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    tracing::info!("stopping: readiness is NOT_SERVING");
 }

@@ -11,10 +11,15 @@ use baton::proto::v1::{
     lock_service_keep_alive_response::Event as KeepAliveEvent,
 };
 use support::{
-    Baton, BatonProcess, RedisServer, baton_command, lock_key, ms, run_baton, unique_prefix, within,
+    Baton, BatonProcess, RedisServer, baton_command, lock_key, ms, run_baton, unique_prefix,
+    wait_for_health, within,
 };
 use tokio::time::Instant;
 use tonic::{Code, Streaming, transport::Channel};
+use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+/// How long readiness may take to change: it checks Redis every second.
+const READY: Duration = Duration::from_secs(5);
 
 type Client = LockServiceClient<Channel>;
 
@@ -420,4 +425,144 @@ async fn a_closed_stderr_stops_neither_readiness_nor_the_drain() {
     );
     let (events, end) = rest_of_hold(&mut held).await;
     assert_lost_for_shutdown("piped", &events, &end);
+}
+
+/// The next event of a Hold stream, or how the stream ended, within `limit`.
+async fn next_hold_event(
+    stream: &mut Streaming<pb::LockServiceHoldResponse>,
+    limit: Duration,
+) -> Option<Result<Option<pb::LockServiceHoldResponse>, tonic::Status>> {
+    tokio::time::timeout(limit, stream.message()).await.ok()
+}
+
+/// With `--shutdown-delay 5s`, SIGTERM turns readiness NOT_SERVING at once while liveness stays
+/// SERVING, an open Hold stream keeps its lock and new connections and calls are served during
+/// the delay; then the drain ends the stream with `lost` SHUTDOWN, no sooner than 5 s after the
+/// signal, and the process exits with success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_delay_keeps_serving_while_not_ready_then_drains() {
+    let redis = RedisServer::start().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let delay = Duration::from_secs(5);
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--shutdown-delay",
+        "5s",
+        "--drain-timeout",
+        "5s",
+    ])
+    .await;
+    let mut health = HealthClient::new(support::channel(baton.addr()).await);
+    wait_for_health(&mut health, "readiness", ServingStatus::Serving, READY).await;
+    let mut a = baton.client().await;
+    let mut held = hold(&mut a, "kept", 30_000).await;
+
+    let signalled = Instant::now();
+    baton.sigterm();
+    wait_for_health(&mut health, "readiness", ServingStatus::NotServing, READY).await;
+    assert!(
+        signalled.elapsed() < delay,
+        "readiness turned NOT_SERVING only {:?} after SIGTERM",
+        signalled.elapsed()
+    );
+    let liveness = support::health_status(&mut health, "liveness").await;
+    assert!(
+        matches!(liveness, Ok(ServingStatus::Serving)),
+        "liveness during the delay: {liveness:?}"
+    );
+    // A new connection and a new call are served while the app beside Baton winds down.
+    let mut late = baton.client().await;
+    let got = late
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "taken-during-the-delay".to_owned(),
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire during the shutdown delay")
+        .into_inner();
+    assert!(got.acquired, "{got:?}");
+    assert!(
+        lock_exists(&redis, &lock_key(&prefix, "kept")).await,
+        "the held lock is kept during the delay"
+    );
+    assert!(
+        signalled.elapsed() < delay,
+        "the checks above took {:?}, past the delay: the test proves nothing on this machine",
+        signalled.elapsed()
+    );
+
+    let (events, end) = rest_of_hold(&mut held).await;
+    let ended = signalled.elapsed();
+    assert_lost_for_shutdown("kept", &events, &end);
+    assert!(
+        ended >= delay - Duration::from_millis(100),
+        "the stream was ended {ended:?} after SIGTERM, inside the 5 s delay"
+    );
+    let status = baton
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 10 s after the delay"));
+    assert!(
+        status.success(),
+        "exit {status}; stderr:\n{}",
+        baton.stderr()
+    );
+    let stderr = baton.stderr();
+    assert!(stderr.contains("shutdown delay over"), "{stderr}");
+}
+
+/// A second SIGTERM during a long shutdown delay (10 minutes) starts the drain at once: the open
+/// Hold stream gets `lost` SHUTDOWN and the process exits with success (a drain, not 130).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_cuts_the_shutdown_delay_short() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &unique_prefix(),
+        "--shutdown-delay",
+        "10m",
+    ])
+    .await;
+    let mut health = HealthClient::new(support::channel(baton.addr()).await);
+    wait_for_health(&mut health, "readiness", ServingStatus::Serving, READY).await;
+    let mut a = baton.client().await;
+    let mut held = hold(&mut a, "cut-short", 30_000).await;
+
+    baton.sigterm();
+    wait_for_health(&mut health, "readiness", ServingStatus::NotServing, READY).await;
+    // Still held: the first signal only started the delay.
+    match next_hold_event(&mut held, Duration::from_millis(500)).await {
+        None
+        | Some(Ok(Some(pb::LockServiceHoldResponse {
+            event: Some(HoldEvent::Renewed(_)),
+        }))) => {}
+        other => panic!("the stream changed during the delay: {other:?}"),
+    }
+    let second = Instant::now();
+    baton.sigterm();
+    let (events, end) = rest_of_hold(&mut held).await;
+    assert_lost_for_shutdown("cut-short", &events, &end);
+    let status = baton
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 10 s after the second SIGTERM"));
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", baton.stderr());
+    assert!(
+        second.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        second.elapsed()
+    );
+    let stderr = baton.stderr();
+    assert!(
+        stderr.contains("signal received during the shutdown delay"),
+        "{stderr}"
+    );
 }

@@ -16,6 +16,7 @@
 //! | N | `lock`/`semaphore`: the command's own exit code |
 //! | 128+N | `lock`/`semaphore`: the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
+mod demo;
 mod leased;
 mod oneshot;
 
@@ -244,6 +245,46 @@ pub struct HealthArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `baton hold`: take a lock in turns with other holders, saying each step (the Helm chart's demo
+/// application).
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The lock to take.
+    #[arg(long, default_value = "demo")]
+    pub name: String,
+    /// Who holds it, as `Describe` shows it (a pod's name by default).
+    #[arg(long, env = "HOSTNAME", default_value = "baton-hold")]
+    pub owner: String,
+    /// The lease's ttl, renewed while the lock is held (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long each turn holds the lock (e.g. 5s).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub hold_for: Duration,
+    /// Pause between releasing the lock and asking for it again (e.g. 2s).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub pause: Duration,
+}
+
+/// Runs `baton hold` until a signal (ending the process closes the stream, which releases the
+/// lock) or a failure.
+pub fn hold(args: HoldArgs) -> ExitCode {
+    block_on(async move {
+        let interrupted = |e: std::io::Error| Failure::new(EXIT_SOFTWARE, format!("signals: {e}"));
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(interrupted)?;
+        tokio::select! {
+            r = demo::hold(args) => r,
+            _ = terminate.recv() => Ok(0),
+            r = tokio::signal::ctrl_c() => r.map(|()| 0).map_err(interrupted),
+        }
+    })
 }
 
 /// Runs `baton lock`.

@@ -47,24 +47,29 @@ def wait_until(what, check, timeout=10.0):
 
 
 class Redis:
-    """A redis-server child on a free port, restartable on the same port."""
+    """A redis-server child on a free port, restartable on the same port; with `password`, it
+    requires that password (`requirepass`)."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, password=None):
         self.dir = workdir
         self.port = free_port()
+        self.password = password
         self.proc = None
         self.start()
 
     def start(self):
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir,
-             "--logfile", os.path.join(self.dir, "redis.log")])
+             "--logfile", os.path.join(self.dir, "redis.log"), *auth])
 
         def pong():
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                # Without a password a PING answers PONG; with one, it answers NOAUTH: either
+                # way the server is up.
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         wait_until("redis-server to answer PING", pong)
 
     def kill(self):

@@ -137,7 +137,7 @@ pub fn lock_key(prefix: &str, name: &str) -> String {
 }
 
 /// A port that was free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = StdTcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
     listener.local_addr().expect("local address").port()
 }

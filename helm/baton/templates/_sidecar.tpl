@@ -1,0 +1,201 @@
+{{/*
+The pieces a pod needs to run Baton beside its app containers. A parent chart that depends on
+this one (as `baton`) includes them in its pod template, each with
+`(dict "baton" .Values.baton "context" $)`:
+
+  metadata:
+    labels: {{- include "baton.podLabels" $b | nindent 8 }}
+    annotations: {{- include "baton.podAnnotations" $b | nindent 8 }}
+  spec:
+    terminationGracePeriodSeconds: {{ include "baton.terminationGracePeriodSeconds" $b }}
+    securityContext: {{- include "baton.podSecurityContext" $b | nindent 6 }}
+    initContainers: {{- include "baton.sidecar" $b | nindent 6 }}
+    containers:
+      - name: app
+        env: {{- include "baton.appEnv" $b | nindent 10 }}
+        volumeMounts: {{- include "baton.appVolumeMounts" $b | nindent 10 }}
+    volumes: {{- include "baton.volumes" $b | nindent 6 }}
+
+With `nativeSidecar: false`, put "baton.sidecar" among `containers` instead.
+*/}}
+
+{{/* Baton's container, as a list item. */}}
+{{- define "baton.sidecar" -}}
+{{- $v := .baton -}}
+{{- include "baton.checkGracePeriod" . -}}
+- name: baton
+  image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if $v.nativeSidecar }}
+  restartPolicy: Always
+  {{- end }}
+  command:
+    - /baton
+  args:
+    - serve
+    {{- if eq $v.transport "socket" }}
+    - "--listen="
+    - {{ printf "--socket=%v" (include "baton.socketPath" .) | quote }}
+    {{- else }}
+    - {{ printf "--listen=127.0.0.1:%v" ($v.tcp.port) | quote }}
+    {{- end }}
+    - {{ printf "--health-listen=%v:%v" ($v.health.address) ($v.health.port) | quote }}
+    - {{ printf "--redis-mode=%v" ($v.redis.mode) | quote }}
+    - {{ printf "--redis-url=%v" (include "baton.redisUrl" .) | quote }}
+    {{- if eq $v.redis.mode "sentinel" }}
+    - {{ printf "--redis-sentinel-master=%v" ($v.redis.sentinelMaster) | quote }}
+    {{- end }}
+    {{- if $v.redis.password.existingSecret }}
+    - {{ printf "--redis-password-file=%v/password" (include "baton.passwordDir" .) | quote }}
+    {{- end }}
+    - {{ printf "--key-prefix=%v" ($v.redis.keyPrefix) | quote }}
+    - {{ printf "--min-replicas-ack=%v" ($v.redis.minReplicasAck) | quote }}
+    - {{ printf "--min-replicas-ack-timeout=%v" ($v.redis.minReplicasAckTimeout) | quote }}
+    - {{ printf "--redis-connect-timeout=%v" ($v.redis.connectTimeout) | quote }}
+    - {{ printf "--redis-command-timeout=%v" ($v.redis.commandTimeout) | quote }}
+    - {{ printf "--redis-pool-size=%v" ($v.redis.poolSize) | quote }}
+    - {{ printf "--ratelimit-timeout=%v" ($v.rateLimit.timeout) | quote }}
+    - {{ printf "--ratelimit-failure-mode=%v" ($v.rateLimit.failureMode) | quote }}
+    {{- if $v.rateLimit.rules }}
+    - {{ printf "--ratelimit-config=%v" (include "baton.rulesDir" .) | quote }}
+    - {{ printf "--ratelimit-config-reload=%v" ($v.rateLimit.reloadInterval) | quote }}
+    {{- end }}
+    - {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
+    - {{ printf "--shutdown-delay=%v" ($v.shutdownDelay) | quote }}
+    - {{ printf "--log-format=%v" ($v.log.format) | quote }}
+    - {{ printf "--log=%v" ($v.log.level) | quote }}
+    {{- if $v.metrics.enabled }}
+    - {{ printf "--metrics-listen=%v:%v" ($v.health.address) ($v.metrics.port) | quote }}
+    {{- end }}
+    {{- range $v.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  ports:
+    - name: grpc-health
+      containerPort: {{ $v.health.port }}
+      protocol: TCP
+    {{- if $v.metrics.enabled }}
+    - name: metrics
+      containerPort: {{ $v.metrics.port }}
+      protocol: TCP
+    {{- end }}
+  startupProbe:
+    grpc:
+      port: {{ $v.health.port }}
+      service: {{ $v.probes.startup.service }}
+    periodSeconds: {{ $v.probes.startup.periodSeconds }}
+    failureThreshold: {{ $v.probes.startup.failureThreshold }}
+    timeoutSeconds: {{ $v.probes.timeoutSeconds }}
+  readinessProbe:
+    grpc:
+      port: {{ $v.health.port }}
+      service: readiness
+    periodSeconds: {{ $v.probes.readiness.periodSeconds }}
+    failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+    timeoutSeconds: {{ $v.probes.timeoutSeconds }}
+  livenessProbe:
+    grpc:
+      port: {{ $v.health.port }}
+      service: liveness
+    periodSeconds: {{ $v.probes.liveness.periodSeconds }}
+    failureThreshold: {{ $v.probes.liveness.failureThreshold }}
+    timeoutSeconds: {{ $v.probes.timeoutSeconds }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  volumeMounts:
+    {{- if eq $v.transport "socket" }}
+    - name: baton-socket
+      mountPath: {{ $v.socket.dir }}
+    {{- end }}
+    {{- if $v.redis.password.existingSecret }}
+    - name: baton-redis-password
+      mountPath: {{ include "baton.passwordDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if $v.rateLimit.rules }}
+    - name: baton-ratelimit
+      mountPath: {{ include "baton.rulesDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.rateLimit.rules) }} []{{ end }}
+{{- end -}}
+
+{{/* The pod's volumes Baton uses, as list items (an empty list when it uses none). */}}
+{{- define "baton.volumes" -}}
+{{- $v := .baton -}}
+{{- if eq $v.transport "socket" }}
+- name: baton-socket
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ $v.socket.sizeLimit }}
+{{- end }}
+{{- if $v.redis.password.existingSecret }}
+- name: baton-redis-password
+  secret:
+    secretName: {{ $v.redis.password.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.redis.password.key }}
+        path: password
+{{- end }}
+{{- if $v.rateLimit.rules }}
+- name: baton-ratelimit
+  configMap:
+    name: {{ include "baton.rulesConfigMap" . }}
+{{- end }}
+{{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.rateLimit.rules) }} []{{ end }}
+{{- end -}}
+
+{{/* The environment an app container needs to find Baton, as list items. */}}
+{{- define "baton.appEnv" -}}
+{{- $v := .baton -}}
+- name: BATON_ADDR
+  {{- if eq $v.transport "socket" }}
+  value: {{ printf "unix://%s" (include "baton.socketPath" .) | quote }}
+  {{- else }}
+  value: {{ printf "127.0.0.1:%v" $v.tcp.port | quote }}
+  {{- end }}
+{{- end -}}
+
+{{/* The volume mounts an app container needs to reach Baton, as list items (an empty list over
+TCP). */}}
+{{- define "baton.appVolumeMounts" -}}
+{{- $v := .baton -}}
+{{- if eq $v.transport "socket" }}
+- name: baton-socket
+  mountPath: {{ $v.socket.dir }}
+{{- else }} []
+{{- end }}
+{{- end -}}
+
+{{/* The pod security context Baton needs: the socket's group as fsGroup. */}}
+{{- define "baton.podSecurityContext" -}}
+fsGroup: {{ .baton.socket.group }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The label that marks pods carrying this Baton (the PodMonitor and the metrics Service select
+it). */}}
+{{- define "baton.podLabels" -}}
+baton-sidecar: {{ include "baton.fullname" . }}
+{{- end -}}
+
+{{/* Prometheus scrape annotations for the pod (an empty map without metrics). */}}
+{{- define "baton.podAnnotations" -}}
+{{- $v := .baton -}}
+{{- if and $v.metrics.enabled $v.metrics.annotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ $v.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- else }} {}
+{{- end }}
+{{- end -}}
+
+{{/* The pod's grace period, checked against the shutdown delay and the drain. */}}
+{{- define "baton.terminationGracePeriodSeconds" -}}
+{{- include "baton.checkGracePeriod" . -}}
+{{- .baton.terminationGracePeriodSeconds -}}
+{{- end -}}

@@ -1,0 +1,554 @@
+"""The Helm chart (helm/baton) proven, not just present.
+
+Rendered with Helm's own engine (helm-python-sdk, no helm binary) for every values file under
+helm/baton/ci/ and through the example parent chart (helm/examples/myapp), linted strictly,
+validated strictly against the Kubernetes 1.29 and 1.33 schemas (kubernetes-validate), and
+then run: the Baton container of the rendered pod is started from its own command, args and
+environment (each volume mapped to a temporary folder), its startup, readiness and liveness
+probes are run as the kubelet runs them, and an app connects from the address in its own
+container's environment and takes a lock.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.environ["BATON_PY_GEN"])
+sys.path.insert(0, os.path.dirname(__file__))
+
+import grpc  # noqa: E402
+import helm_python as helm  # noqa: E402
+import jsonschema  # noqa: E402
+import kubernetes_validate  # noqa: E402
+import yaml  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
+from harness import Redis, free_port, ms, wait_until  # noqa: E402
+from baton.v1 import lock_pb2, lock_pb2_grpc  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(ROOT, "helm", "baton")
+CI_VALUES = os.path.join(CHART, "ci")
+KUBE_VERSIONS = ["1.29.0", "1.33.0"]
+
+# The Prometheus Operator's kinds are not in Kubernetes' schemas: these check the fields the
+# chart writes, strictly (no field the operator would not know).
+_MONITOR_ENDPOINT = {
+    "type": "object", "additionalProperties": False, "required": ["port"],
+    "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                   "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}},
+}
+_MONITOR_SCHEMAS = {
+    kind: {
+        "type": "object", "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": kind},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object", "additionalProperties": False,
+                "required": ["selector", endpoints],
+                "properties": {
+                    "selector": {"type": "object", "additionalProperties": False,
+                                 "properties": {"matchLabels": {
+                                     "type": "object", "minProperties": 1,
+                                     "additionalProperties": {"type": "string"}}}},
+                    endpoints: {"type": "array", "minItems": 1, "items": _MONITOR_ENDPOINT},
+                },
+            },
+        },
+    }
+    for kind, endpoints in [("PodMonitor", "podMetricsEndpoints"),
+                            ("ServiceMonitor", "endpoints")]
+}
+
+
+def values_file(name):
+    with open(os.path.join(CI_VALUES, name)) as f:
+        return yaml.safe_load(f)
+
+
+def merge(base, override):
+    """`override` laid over `base`, maps merged key by key (as Helm merges values)."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def documents(rendered):
+    """The Kubernetes objects of a render (NOTES.txt and empty documents left out)."""
+    objects = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objects.append(doc)
+    return objects
+
+
+def pod_specs(objects):
+    """(name, pod spec) of every Deployment and Pod."""
+    for o in objects:
+        if o["kind"] == "Deployment":
+            yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+        elif o["kind"] == "Pod":
+            yield o["metadata"]["name"], o["spec"]
+
+
+class Rendered:
+    """A chart copied to a temporary folder (helm/ whole, so that the example's relative
+    `file://` dependency resolves), its dependencies updated there."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="baton-chart-")
+        shutil.copytree(os.path.join(ROOT, "helm"), os.path.join(self.dir, "helm"))
+        self.chart = os.path.join(self.dir, "helm", "baton")
+        self.example = os.path.join(self.dir, "helm", "examples", "myapp")
+        helm.dependency_update(self.example)
+
+    def render(self, chart, values, name="baton"):
+        with helm.Chart.load(chart) as c:
+            return c.render(values=values, name=name, namespace="default", is_install=True)
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ChartRenders(unittest.TestCase):
+    """Lint, schemas, Kubernetes validation and the chart's own promises, without running."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.charts = Rendered()
+        cls.cases = {f: values_file(f) for f in sorted(os.listdir(CI_VALUES))}
+        cls.renders = {f: cls.charts.render(cls.charts.chart, v) for f, v in cls.cases.items()}
+        cls.renders["examples/myapp"] = cls.charts.render(cls.charts.example, {})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.charts.close()
+
+    def test_values_files_cover_every_case(self):
+        """The CI values files cover the demo, Cluster, Sentinel, TCP and metrics cases."""
+        self.assertEqual(
+            sorted(self.cases),
+            ["cluster-values.yaml", "demo-values.yaml", "metrics-values.yaml",
+             "sentinel-values.yaml", "tcp-values.yaml"])
+
+    def test_lint_is_clean_in_strict_mode(self):
+        """`helm lint --strict` finds nothing, for the defaults, every values file, the example."""
+        for kube in ["v1.29.0", "v1.33.0"]:
+            for name, values in [("defaults", None), *self.cases.items()]:
+                with self.subTest(values=name, kube=kube):
+                    report = helm.lint(self.charts.chart, values, strict=True, kube_version=kube)
+                    self.assertEqual(report["errors"], [], report)
+                    self.assertEqual([m for m in report["messages"] if m["severity"] >= 2], [],
+                                     report)
+            with self.subTest(values="examples/myapp", kube=kube):
+                report = helm.lint(self.charts.example, strict=True, with_subcharts=True,
+                                   kube_version=kube)
+                self.assertEqual(report["errors"], [], report)
+                self.assertEqual([m for m in report["messages"] if m["severity"] >= 2], [], report)
+
+    def test_every_manifest_validates_strictly_against_kubernetes(self):
+        """Every rendered object validates against the 1.29 and 1.33 schemas in strict mode (no
+        unknown field); the Prometheus Operator's kinds against the fields they define."""
+        kinds = set()
+        for name, rendered in self.renders.items():
+            for obj in documents(rendered):
+                kinds.add(obj["kind"])
+                for version in KUBE_VERSIONS:
+                    with self.subTest(values=name, object=f'{obj["kind"]}/{obj["metadata"]["name"]}',
+                                      kube=version):
+                        if obj["kind"] in _MONITOR_SCHEMAS:
+                            jsonschema.validate(obj, _MONITOR_SCHEMAS[obj["kind"]])
+                        else:
+                            kubernetes_validate.validate(obj, version, strict=True)
+        self.assertEqual(kinds, {"ConfigMap", "Deployment", "Pod", "PodMonitor", "Service",
+                                 "ServiceMonitor"})
+
+    def test_baton_runs_as_a_restricted_native_sidecar(self):
+        """In every render Baton is an init container with restartPolicy Always, gRPC startup,
+        readiness and liveness probes on its health port, and the restrictive security context;
+        every pod's grace period covers the shutdown delay and the drain."""
+        for name, rendered in self.renders.items():
+            for pod, spec in pod_specs(documents(rendered)):
+                batons = [c for c in spec.get("initContainers", []) if c["name"] == "baton"]
+                if not batons:
+                    continue
+                with self.subTest(values=name, pod=pod):
+                    self.assertEqual([c["name"] for c in spec["containers"]
+                                      if c["name"] == "baton"], [])
+                    (baton,) = batons
+                    self.assertEqual(baton["restartPolicy"], "Always")
+                    flags = dict(a.split("=", 1) for a in baton["args"][1:] if "=" in a)
+                    health_port = int(flags["--health-listen"].rsplit(":", 1)[1])
+                    probes = {k: baton[f"{k}Probe"]["grpc"] for k in
+                              ["startup", "readiness", "liveness"]}
+                    self.assertEqual({p["port"] for p in probes.values()}, {health_port})
+                    self.assertEqual(probes["readiness"]["service"], "readiness")
+                    self.assertEqual(probes["liveness"]["service"], "liveness")
+                    sc = baton["securityContext"]
+                    self.assertTrue(sc["runAsNonRoot"])
+                    self.assertNotEqual(sc["runAsUser"], 0)
+                    self.assertTrue(sc["readOnlyRootFilesystem"])
+                    self.assertFalse(sc["allowPrivilegeEscalation"])
+                    self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+                    self.assertEqual(sc["seccompProfile"]["type"], "RuntimeDefault")
+                    self.assertIn("requests", baton["resources"])
+                    seconds = lambda d: float(d[:-2]) / 1000 if d.endswith("ms") else (
+                        float(d[:-1]) * 60 if d.endswith("m") else float(d[:-1]))
+                    self.assertGreater(spec["terminationGracePeriodSeconds"],
+                                       seconds(flags["--shutdown-delay"])
+                                       + seconds(flags["--drain-timeout"]))
+                    self.assertNotRegex(" ".join(baton["args"]), r"redis://[^ ,]*:[^ ,]*@",
+                                        "a password in the arguments")
+                    self.assertNotIn("valueFrom", str(baton.get("env", [])))
+
+    def test_password_comes_from_the_secret_as_a_file(self):
+        """With an existing Secret, the password reaches Baton as a mounted file named by
+        --redis-password-file: never in arguments, the environment or a ConfigMap."""
+        objects = documents(self.renders["tcp-values.yaml"])
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        (baton,) = spec["initContainers"]
+        self.assertIn("--redis-password-file=/var/run/secrets/baton/redis/password", baton["args"])
+        (volume,) = [v for v in spec["volumes"] if "secret" in v]
+        self.assertEqual(volume["secret"]["secretName"], "redis-auth")
+        self.assertEqual(volume["secret"]["items"], [{"key": "redis-password", "path": "password"}])
+        mount = [m for m in baton["volumeMounts"] if m["name"] == volume["name"]]
+        self.assertEqual(mount, [{"name": volume["name"], "readOnly": True,
+                                  "mountPath": "/var/run/secrets/baton/redis"}])
+        self.assertEqual([o for o in objects if o["kind"] == "Secret"], [])
+
+    def test_metrics_are_exposed_when_asked(self):
+        """With metrics on: the flag, the port, the scrape annotations, a PodMonitor and a
+        ServiceMonitor whose Service selects the pods carrying Baton."""
+        objects = documents(self.renders["metrics-values.yaml"])
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"
+                         and o["metadata"]["name"].endswith("-demo")]
+        (baton,) = spec["initContainers"]
+        self.assertIn("--metrics-listen=0.0.0.0:9090", baton["args"])
+        self.assertIn({"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                      baton["ports"])
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(annotations["prometheus.io/scrape"], "true")
+        self.assertEqual(annotations["prometheus.io/port"], "9090")
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        (service,) = [o for o in objects if o["kind"] == "Service"
+                      and o["metadata"]["name"].endswith("-metrics")]
+        self.assertTrue(service["spec"]["selector"].items() <= pod_labels.items())
+        (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+        self.assertTrue(monitor["spec"]["selector"]["matchLabels"].items()
+                        <= service["metadata"]["labels"].items())
+        (podmonitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+        self.assertEqual(podmonitor["metadata"]["labels"]["release"], "prometheus")
+        self.assertTrue(podmonitor["spec"]["selector"]["matchLabels"].items()
+                        <= pod_labels.items())
+
+    def test_modes_reach_the_flags(self):
+        """Cluster and Sentinel values become Baton's flags; the evaluation Redis is absent."""
+        cluster = documents(self.renders["cluster-values.yaml"])
+        sentinel = documents(self.renders["sentinel-values.yaml"])
+        for objects, expected in [
+            (cluster, ["--redis-mode=cluster", "--min-replicas-ack=1",
+                       "--min-replicas-ack-timeout=100ms"]),
+            (sentinel, ["--redis-mode=sentinel", "--redis-sentinel-master=mymaster",
+                        "--shutdown-delay=5s", "--drain-timeout=15s"]),
+        ]:
+            (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+            for flag in expected:
+                self.assertIn(flag, spec["initContainers"][0]["args"])
+            self.assertFalse([o for o in objects if o["metadata"]["name"].endswith("-redis")])
+
+    def test_labels_and_notes(self):
+        """Every object carries the app.kubernetes.io labels and helm.sh/chart; NOTES.txt gives
+        the app's address."""
+        for name, rendered in self.renders.items():
+            if name == "examples/myapp":
+                continue
+            for obj in documents(rendered):
+                with self.subTest(values=name, object=obj["metadata"]["name"]):
+                    labels = obj["metadata"]["labels"]
+                    for key in ["app.kubernetes.io/name", "app.kubernetes.io/instance",
+                                "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+                                "helm.sh/chart"]:
+                        self.assertIn(key, labels)
+        notes = self.renders["demo-values.yaml"]["baton/templates/NOTES.txt"]
+        self.assertIn("BATON_ADDR=unix:///var/run/baton/baton.sock", notes)
+        notes = self.renders["tcp-values.yaml"]["baton/templates/NOTES.txt"]
+        self.assertIn("BATON_ADDR=127.0.0.1:50051", notes)
+
+    def test_bad_values_are_rejected(self):
+        """Typos, wrong types, a password in the URL, a Sentinel without its master, a key prefix
+        with braces and a grace period shorter than the drain are refused before anything is
+        rendered, each with the value's path in the message."""
+        bad = [
+            ({"redis": {"urll": "redis://x:6379"}}, "urll"),
+            ({"demo": {"enabled": "yes"}}, "/demo/enabled"),
+            ({"transport": "udp"}, "/transport"),
+            ({"redis": {"url": "redis://:secret@redis:6379"}}, "/redis/url"),
+            ({"redis": {"mode": "sentinel"}}, "/redis/sentinelMaster"),
+            ({"redis": {"url": "redis://a:1,redis://b:1"}}, "/redis/url"),
+            ({"redis": {"keyPrefix": "a{b}"}}, "/redis/keyPrefix"),
+            ({"drainTimeout": "10"}, "/drainTimeout"),
+            ({"health": {"port": 70000}}, "/health/port"),
+            ({"securityContext": {"runAsNonRoot": False}}, "/securityContext/runAsNonRoot"),
+            ({"rateLimit": {"rules": [{"descriptors": []}]}}, "domain"),
+        ]
+        for values, path in bad:
+            with self.subTest(values=values):
+                with self.assertRaises(helm.HelmError) as caught:
+                    self.charts.render(self.charts.chart, values)
+                self.assertIn(path, str(caught.exception))
+        with self.assertRaises(helm.HelmError) as caught:
+            self.charts.render(self.charts.chart, {"shutdownDelay": "25s", "drainTimeout": "10s",
+                                                   "demo": {"enabled": True}})
+        self.assertIn("terminationGracePeriodSeconds (30) must be longer", str(caught.exception))
+
+    def test_every_value_is_documented(self):
+        """Each key of values.yaml has a `# --` comment, or lies in a value documented as a whole,
+        or is a section whose keys are; the image tag is the chart's appVersion."""
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            lines = f.read().splitlines()
+        comments = []  # the comment lines right above this line
+        documented_above = []  # (indent, documented) of the keys enclosing this line
+        for i, line in enumerate(lines):
+            m = re.match(r"^(\s*)([A-Za-z][A-Za-z0-9]*):(.*)$", line)
+            if m:
+                indent = len(m.group(1))
+                while documented_above and documented_above[-1][0] >= indent:
+                    documented_above.pop()
+                documented = any(c.startswith("# --") for c in comments) or any(
+                    d for _, d in documented_above)
+                section = m.group(3).strip() == "" and not documented
+                with self.subTest(line=line):
+                    self.assertTrue(section or documented, f"line {i + 1} is not documented")
+                documented_above.append((indent, documented))
+            comments = comments + [line.strip()] if line.strip().startswith("#") else []
+        with helm.Chart.load(self.charts.chart) as c:
+            self.assertEqual(c.values["image"]["tag"], c.metadata["appVersion"])
+            self.assertEqual(c.metadata["kubeVersion"], ">=1.29.0-0")
+
+
+class RunWhatTheChartRenders(unittest.TestCase):
+    """The rendered pod, run: Baton from its container's command, args and environment; its
+    probes as the kubelet runs them; an app from its container's environment."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.charts = Rendered()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.charts.close()
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="baton-pod-")
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def volumes(self, spec, objects, password):
+        """Each volume of the pod as a folder: emptyDirs empty, the Secret's items and the
+        ConfigMap's data written as the kubelet writes them."""
+        folders = {}
+        for v in spec["volumes"]:
+            folder = os.path.join(self.dir, v["name"])
+            os.makedirs(folder)
+            if "secret" in v:
+                for item in v["secret"]["items"]:
+                    with open(os.path.join(folder, item["path"]), "w") as f:
+                        f.write(password + "\n")
+            if "configMap" in v:
+                (cm,) = [o for o in objects if o["kind"] == "ConfigMap"
+                         and o["metadata"]["name"] == v["configMap"]["name"]]
+                for key, text in cm["data"].items():
+                    with open(os.path.join(folder, key), "w") as f:
+                        f.write(text)
+            folders[v["name"]] = folder
+        return folders
+
+    @staticmethod
+    def mapper(container, folders):
+        """Rewrites a string naming a path under one of the container's mounts to the folder."""
+        mounts = sorted(container.get("volumeMounts", []), key=lambda m: -len(m["mountPath"]))
+
+        def rewrite(text):
+            for m in mounts:
+                text = text.replace(m["mountPath"], folders[m["name"]])
+            return text
+        return rewrite
+
+    @staticmethod
+    def environment(container, rewrite, pod_name):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+        for e in container.get("env", []):
+            if "value" in e:
+                env[e["name"]] = rewrite(e["value"])
+            elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                env[e["name"]] = pod_name
+            else:
+                raise AssertionError(f"cannot play {e}")
+        return env
+
+    def start(self, container, rewrite, pod_name):
+        """Starts a container's process: its command (the image's /baton is the binary under
+        test) and args, with its environment; returns the process and its output file."""
+        command = [rewrite(c) for c in container["command"] + container.get("args", [])]
+        self.assertEqual(command[0], "/baton", "the image's entrypoint path")
+        command[0] = os.environ["BATON_BIN"]
+        out_path = os.path.join(self.dir, f'{container["name"]}.log')
+        out = open(out_path, "wb")
+        proc = subprocess.Popen(command, env=self.environment(container, rewrite, pod_name),
+                                stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        self.procs.append(proc)
+        return proc, out_path
+
+    @staticmethod
+    def probe(probe, passes, proc):
+        """Runs a gRPC probe as the kubelet does: Health/Check of the probe's service on the
+        pod's address and port, `timeoutSeconds` each, every `periodSeconds`; returns after the
+        first success, fails after `passes` attempts or as soon as the process has exited."""
+        target = f'127.0.0.1:{probe["grpc"]["port"]}'
+        service = probe["grpc"].get("service", "")
+        last = None
+        for attempt in range(passes):
+            if proc.poll() is not None:
+                raise AssertionError(f"baton exited with {proc.returncode} before its "
+                                     f"{service!r} probe passed")
+            if attempt:
+                time.sleep(probe.get("periodSeconds", 10))
+            with grpc.insecure_channel(target) as channel:
+                try:
+                    status = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=service),
+                        timeout=probe.get("timeoutSeconds", 1)).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return attempt + 1
+                    last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                except grpc.RpcError as e:
+                    last = e.code()
+        raise AssertionError(f"probe {service!r} on {target} failed {passes} times: {last}")
+
+    def run_pod(self, chart, values, password=None, demo_app=False):
+        """Renders `chart` with `values`, runs its Baton container against a private Redis and
+        proves it as described in the class; returns the rendered objects."""
+        redis = Redis(self.dir, password=password)
+        self.addCleanup(redis.kill)
+        prefix = f"chart-{uuid.uuid4().hex[:8]}:"
+        objects = documents(self.charts.render(chart, values(redis.port, prefix)))
+        (pod_name, spec), = [p for p in pod_specs(objects) if p[0].endswith(("-demo", "-myapp"))]
+        (baton,) = [c for c in spec["initContainers"] if c["name"] == "baton"]
+        (app,) = spec["containers"]
+        folders = self.volumes(spec, objects, password)
+
+        proc, log = self.start(baton, self.mapper(baton, folders), pod_name + "-0")
+        try:
+            startup = baton["startupProbe"]
+            self.probe(startup, startup["failureThreshold"], proc)
+            # Readiness follows Redis (checked every second): allow a few probe periods.
+            self.probe(baton["readinessProbe"], 10, proc)
+            self.probe(baton["livenessProbe"], 1, proc)
+
+            # The app: its own environment names Baton; it sees the socket through its mounts.
+            app_env = self.environment(app, self.mapper(app, folders), pod_name + "-0")
+            addr = app_env["BATON_ADDR"]
+            options = []
+            if addr.startswith("unix://"):
+                socket_path = addr[len("unix://"):]
+                self.assertEqual(oct(os.stat(socket_path).st_mode & 0o777), "0o660")
+                # grpcio names the socket's path as the HTTP/2 authority, which Baton's HTTP/2
+                # server refuses: an app sets `localhost`, as NOTES.txt and the README say.
+                options = [("grpc.default_authority", "localhost")]
+            with grpc.insecure_channel(addr, options=options) as channel:
+                locks = lock_pb2_grpc.LockServiceStub(channel)
+                got = locks.Acquire(lock_pb2.LockServiceAcquireRequest(
+                    name="from-the-app", ttl=ms(10_000), owner=pod_name), timeout=10)
+                self.assertTrue(got.acquired, got)
+                self.assertGreater(got.lease.fencing_token, 0)
+                described = locks.Describe(
+                    lock_pb2.LockServiceDescribeRequest(name="from-the-app"), timeout=10)
+                self.assertTrue(described.held)
+                self.assertEqual(described.owner, pod_name)
+
+            if demo_app:
+                # The demo's app container as rendered: it takes the demo lock and says so.
+                app_proc, app_log = self.start(app, self.mapper(app, folders), pod_name + "-0")
+
+                def holds():
+                    with open(app_log) as f:
+                        return re.search(r'holds "demo" with fencing token \d+', f.read())
+                wait_until("the demo app to take its lock", holds, timeout=20)
+                app_proc.send_signal(signal.SIGTERM)
+                self.assertEqual(app_proc.wait(timeout=10), 0)
+
+            proc.send_signal(signal.SIGTERM)
+            grace = spec["terminationGracePeriodSeconds"]
+            self.assertEqual(proc.wait(timeout=grace), 0, "exit status after SIGTERM")
+        except AssertionError as e:
+            with open(log) as f:
+                raise AssertionError(f"{e}\nbaton's output:\n{f.read()}") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            with open(log) as f:
+                self.log = f.read()
+        return objects
+
+    def test_demo_over_the_socket(self):
+        """The demo values: Baton on the Unix socket in the shared folder, probes pass, the app
+        takes a lock from BATON_ADDR, and the demo app container takes the demo lock."""
+        def values(port, prefix):
+            return merge(values_file("demo-values.yaml"), {
+                "health": {"port": free_port()},
+                "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
+                "demo": {"redis": {"enabled": False}},
+            })
+        self.run_pod(self.charts.chart, values, demo_app=True)
+        self.assertIn("serving gRPC over a Unix socket", self.log)
+        self.assertNotIn("serving gRPC over TCP", self.log)
+
+    def test_tcp_with_password_secret_and_rate_limit_rules(self):
+        """The TCP values: Baton on 127.0.0.1, the Redis password read from the mounted Secret
+        (Redis requires it), Envoy's rules read from the mounted ConfigMap."""
+        password = "p@ss word/" + uuid.uuid4().hex
+
+        def values(port, prefix):
+            return merge(values_file("tcp-values.yaml"), {
+                "tcp": {"port": free_port()},
+                "health": {"port": free_port()},
+                "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
+            })
+        self.run_pod(self.charts.chart, values, password=password)
+        self.assertIn("serving Envoy's rate limit API", self.log)
+        self.assertNotIn(password, self.log)
+
+    def test_embedded_in_the_example_parent_chart(self):
+        """The example parent chart (helm/examples/myapp) with its defaults: its pod carries
+        Baton; the password comes from its Secret; its app container finds Baton."""
+        def values(port, prefix):
+            return {"baton": {"health": {"port": free_port()},
+                              "redis": {"url": f"redis://127.0.0.1:{port}",
+                                        "keyPrefix": prefix}}}
+        self.run_pod(self.charts.example, values, password=uuid.uuid4().hex)
+
+
+if __name__ == "__main__":
+    unittest.main()
