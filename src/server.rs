@@ -38,6 +38,7 @@ use crate::{
     config::ServeConfig,
     grpc::conn::Watched,
     lock::{Lock, Locks, service::LockApi},
+    metrics::{self, grpc::RpcLayer},
     proto::{
         FILE_DESCRIPTOR_SET,
         v1::{
@@ -62,6 +63,13 @@ const READY_NAMES: &[&str] = &[
 ];
 /// Health service names that follow the process.
 const LIVE_NAMES: &[&str] = &["", "liveness"];
+/// Methods served beside those of Baton's and health's descriptor sets: reflection, and Envoy's
+/// rate limit API.
+const OTHER_METHODS: &[&str] = &[
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+];
 
 /// The sockets Baton serves on, bound before [`serve`] so tests can bind port 0.
 #[derive(Debug, Default)]
@@ -70,6 +78,8 @@ pub struct Listeners {
     pub tcp: Option<TcpListener>,
     /// The Unix socket listener and its path (removed when serving ends), if any.
     pub unix: Option<(UnixListener, PathBuf)>,
+    /// The listener of the metrics endpoint (`--metrics-listen`), if any.
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -88,7 +98,15 @@ impl Listeners {
             Some(path) => Some((bind_unix(path).await?, path.clone())),
             None => None,
         };
-        Ok(Self { tcp, unix })
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr} for metrics"))?,
+            ),
+            None => None,
+        };
+        Ok(Self { tcp, unix, metrics })
     }
 }
 
@@ -141,6 +159,13 @@ pub async fn serve_with_rules(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let settings = config
+        .summary()
+        .into_iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %settings, "baton starting");
     let redis = Redis::new(&config.redis)?;
     // A Redis that answers but is too old stops Baton here; one that does not answer yet is
     // checked again on every connection, and readiness says whether it answers.
@@ -189,6 +214,14 @@ pub async fn serve_with_rules(
     }
     let readiness = tokio::spawn(readiness(redis, reporter.clone(), shutdown.clone()));
 
+    // Every method served, for the metrics layer's labels; any other path counts as `unknown`.
+    let mut paths = crate::proto::method_paths(FILE_DESCRIPTOR_SET);
+    paths.extend(crate::proto::method_paths(
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ));
+    paths.extend(OTHER_METHODS.iter().map(|p| (*p).to_owned()));
+    let rpc_metrics = RpcLayer::new(paths.iter().map(String::as_str));
+
     let router = || -> anyhow::Result<_> {
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -201,6 +234,7 @@ pub async fn serve_with_rules(
         Ok(Server::builder()
             .http2_keepalive_interval(config.client_keepalive_interval)
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
+            .layer(rpc_metrics.clone())
             .add_service(health.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -231,6 +265,12 @@ pub async fn serve_with_rules(
     if servers.is_empty() {
         anyhow::bail!("no listener to serve on");
     }
+    let metrics = listeners.metrics.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(addr = %addr, path = metrics::http::PATH, "serving metrics");
+        }
+        tokio::spawn(metrics::http::serve(listener, shutdown.clone()))
+    });
 
     let result = tokio::select! {
         biased;
@@ -251,6 +291,9 @@ pub async fn serve_with_rules(
         r = first_failure(&mut servers) => r.and(Err(anyhow::anyhow!("the gRPC server stopped on its own"))),
     };
     readiness.abort();
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     if let Some(path) = socket_path
         && let Err(e) = std::fs::remove_file(&path)
         && e.kind() != io::ErrorKind::NotFound
@@ -282,6 +325,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<ServingStatus> = None;
     let mut last_partial: Option<String> = None;
+    let mut last_refused = false;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -296,6 +340,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             Health::Down(_) => ServingStatus::NotServing,
         };
         let changed = last != Some(status);
+        let refused = matches!(&health, Health::Down(e) if crate::redis::refuses_credentials(e));
         if changed {
             for name in READY_NAMES {
                 reporter.set_service_status(name, status).await;
@@ -303,6 +348,10 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             last = Some(status);
         }
         match &health {
+            // Said again when the cause turns into a refusal: a password to fix, not an outage.
+            Health::Down(e) if refused && (changed || !last_refused) => {
+                tracing::warn!(error = %e, "redis refuses Baton's credentials (authentication failed); readiness is NOT_SERVING")
+            }
             Health::Down(e) if changed => {
                 tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING")
             }
@@ -317,6 +366,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, shutdown: Cancellatio
             }
             _ => {}
         }
+        last_refused = refused;
         last_partial = match health {
             Health::Partial(down) => Some(down),
             _ => None,

@@ -449,6 +449,11 @@ impl Notifier {
             kick: tokio::sync::Notify::new(),
         });
         tokio::spawn(run(inner.clone(), shutdown));
+        let counted = Arc::downgrade(&inner);
+        crate::metrics::watch_subscriptions(move || {
+            let inner = counted.upgrade()?;
+            Some(inner.channels().values().filter(|c| c.subscribed).count())
+        });
         Self { inner }
     }
 
