@@ -742,6 +742,40 @@ async fn scrapes_pass_promtool_in_both_formats() {
     }
 
     if let Some(promtool) = promtool() {
+        // Prometheus's own OpenMetrics parser reads the OpenMetrics scrape (as a backfill, which
+        // wants a timestamp on every sample).
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stamped: String = open
+            .body
+            .lines()
+            .map(|l| {
+                if l.starts_with('#') {
+                    format!("{l}\n")
+                } else {
+                    format!("{l} 1700000000\n")
+                }
+            })
+            .collect();
+        let input = dir.path().join("scrape.om");
+        std::fs::write(&input, stamped).expect("writing the scrape");
+        let blocks = dir.path().join("blocks");
+        let (ok, report) = run_promtool(
+            &promtool,
+            &[
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                input.to_str().expect("a UTF-8 path"),
+                blocks.to_str().expect("a UTF-8 path"),
+            ],
+            "",
+        );
+        assert!(
+            ok,
+            "promtool could not read the OpenMetrics scrape:\n{report}\n{}",
+            open.body
+        );
+
         let (ok, report) = run_promtool(&promtool, &["check", "metrics"], &text.body);
         assert!(
             ok && report.trim().is_empty(),

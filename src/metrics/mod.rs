@@ -226,7 +226,8 @@ fn lost_label(reason: LostReason) -> &'static str {
 /// The metrics of one leased primitive (locks or semaphores), resolved once.
 pub struct LeaseMetrics {
     acquisitions: [Counter; 4],
-    waits: [Histogram; 4],
+    /// By result; none for `NotAcquired`, which never waits.
+    waits: [Option<Histogram>; 4],
     held: Gauge<i64>,
     waiters: Gauge<i64>,
     renewals: [Counter; 3],
@@ -249,8 +250,8 @@ impl LeaseMetrics {
     pub fn acquisition(&self, outcome: Acquisition, waited: Option<Duration>) {
         let i = outcome as usize;
         self.acquisitions[i].inc();
-        if let Some(waited) = waited {
-            self.waits[i].observe(waited.as_secs_f64());
+        if let (Some(waited), Some(waits)) = (waited, &self.waits[i]) {
+            waits.observe(waited.as_secs_f64());
         }
     }
 
@@ -471,7 +472,8 @@ impl LeaseFamilies {
                     kind,
                     result: a.label(),
                 };
-                self.waits.with_or_new(&labels, Histogram::clone)
+                (a != Acquisition::NotAcquired)
+                    .then(|| self.waits.with_or_new(&labels, Histogram::clone))
             }),
             held: self.held.with_or_new(&KindLabels { kind }, Gauge::clone),
             waiters: self.waiters.with_or_new(&KindLabels { kind }, Gauge::clone),
