@@ -737,6 +737,11 @@ async fn scrapes_pass_promtool_in_both_formats() {
         "{}",
         open.body
     );
+    let log = served.baton.stderr();
+    assert!(
+        !log.contains('\u{1b}'),
+        "no colour codes in a log that is not a terminal:\n{log}"
+    );
     for path in ["/", "/metrics/", "/healthz"] {
         assert_eq!(get(served.metrics, path, None).await.status, 404, "{path}");
     }
