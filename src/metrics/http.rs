@@ -20,6 +20,8 @@ use super::Format;
 pub const PATH: &str = "/metrics";
 /// Longest time a scraper may take to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (out of file descriptors) before the next one.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 /// Most media ranges of an `Accept` header looked at.
 const MAX_ACCEPT_RANGES: usize = 32;
 
@@ -104,8 +106,13 @@ pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Out of file descriptors and the like: the next accept may succeed.
+                // Out of file descriptors and the like: a later accept may succeed; pause so a
+                // lasting failure does not spin.
                 tracing::debug!(error = %e, "the metrics listener could not accept a connection");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(tokio::time::Instant::now() + ACCEPT_PAUSE) => {}
+                }
                 continue;
             }
         };
