@@ -18,7 +18,7 @@ use std::{
     time::Instant,
 };
 
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -61,6 +61,11 @@ fn server_side(code: usize) -> bool {
         "UNKNOWN" | "DEADLINE_EXCEEDED" | "INTERNAL" | "UNAVAILABLE" | "DATA_LOSS"
     )
 }
+
+/// The header of a gRPC status, parsed once.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// The W3C trace context header, parsed once.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Longest `traceparent` header read; a longer one is ignored.
 const MAX_TRACEPARENT_BYTES: usize = 512;
@@ -175,7 +180,7 @@ where
         // A span only for traced calls: the others pay nothing for it.
         let span = request
             .headers()
-            .get("traceparent")
+            .get(TRACEPARENT)
             .and_then(|v| trace_id(v.as_bytes()))
             .map(|trace_id| {
                 let (service, method) = metrics.names();
@@ -217,7 +222,7 @@ where
         let mut call = this.call.take();
         Poll::Ready(outcome.map(|response| {
             // A trailers-only answer carries its status in the headers, and its body is empty.
-            if let Some(status) = response.headers().get("grpc-status")
+            if let Some(status) = response.headers().get(GRPC_STATUS)
                 && let Some(mut call) = call.take()
             {
                 call.finish(code_of(status.as_bytes()), Some(response.headers()));
