@@ -209,15 +209,17 @@ impl<P: Primitive> Engine<P> {
         request: &P::Request,
         stop: impl Future<Output = Error>,
     ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
-        let started = Instant::now();
+        // Only a caller that may wait has its wait timed (a clock read costs tens of ns).
+        let may_wait = !request.wait().is_zero();
+        let started = may_wait.then(Instant::now);
         let outcome = self.acquire_once(request, stop).await;
-        let counted = match (&outcome, request.wait().is_zero()) {
+        let counted = match (&outcome, may_wait) {
             (Ok(Acquired::Granted(_)), _) => Acquisition::Acquired,
-            (Ok(Acquired::Refused(_)), true) => Acquisition::NotAcquired,
-            (Ok(Acquired::Refused(_)), false) => Acquisition::TimedOut,
+            (Ok(Acquired::Refused(_)), false) => Acquisition::NotAcquired,
+            (Ok(Acquired::Refused(_)), true) => Acquisition::TimedOut,
             (Err(_), _) => Acquisition::Failed,
         };
-        let waited = (!request.wait().is_zero()).then(|| started.elapsed());
+        let waited = started.map(|s| s.elapsed());
         metrics::lease(P::KIND).acquisition(counted, waited);
         outcome
     }

@@ -489,16 +489,18 @@ impl Redis {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
         let started = Instant::now();
-        let result = self.eval_once(invocation).await;
+        let result = self.eval_once(invocation, started).await;
         observe(RedisCall::Script, started, &result);
         result
     }
 
+    /// [`Redis::eval`], unrecorded, for a call that started at `started`.
     async fn eval_once<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
+        started: Instant,
     ) -> Result<T, Error> {
-        let deadline = Instant::now() + self.command_timeout;
+        let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
                 let mut conn = pool.checkout(deadline).await?;
@@ -604,13 +606,18 @@ impl Redis {
         cmd: &redis::Cmd,
     ) -> Result<T, Error> {
         let started = Instant::now();
-        let result = self.command_once(cmd).await;
+        let result = self.command_once(cmd, started).await;
         observe(kind, started, &result);
         result
     }
 
-    async fn command_once<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
-        let deadline = Instant::now() + self.command_timeout;
+    /// [`Redis::command`], unrecorded, for a call that started at `started`.
+    async fn command_once<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        started: Instant,
+    ) -> Result<T, Error> {
+        let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
                 let mut conn = pool.checkout(deadline).await?;
