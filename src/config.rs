@@ -162,6 +162,10 @@ pub struct ServeArgs {
     /// How often the rules file is checked for changes and reloaded (e.g. 10s); 0 never reloads.
     #[arg(long, env = "BATON_RATELIMIT_CONFIG_RELOAD", default_value = "10s")]
     pub ratelimit_config_reload: String,
+    /// TCP address to serve Prometheus metrics on (`GET /metrics`, plain HTTP), e.g.
+    /// 0.0.0.0:9090; empty (the default) serves none.
+    #[arg(long, env = "BATON_METRICS_LISTEN", default_value = "")]
+    pub metrics_listen: String,
 }
 
 impl ServeArgs {
@@ -243,6 +247,8 @@ pub struct ServeConfig {
     pub log_filter: String,
     /// Rate limiting settings.
     pub ratelimit: RateLimitConfig,
+    /// TCP address to serve Prometheus metrics on, if any.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Validated Redis connection settings.
@@ -300,6 +306,7 @@ impl ServeConfig {
             log_format: LogFormat::Plain,
             log_filter: "info".to_owned(),
             ratelimit: RateLimitConfig::default(),
+            metrics_listen: None,
         }
     }
 
@@ -499,6 +506,20 @@ impl ServeConfig {
             Duration::ZERO,
             Duration::from_secs(3600),
         );
+        let metrics_listen = if args.metrics_listen.trim().is_empty() {
+            None
+        } else {
+            match args.metrics_listen.trim().parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(e) => {
+                    errors.push(format!(
+                        "--metrics-listen / BATON_METRICS_LISTEN: {:?} is not an address like 0.0.0.0:9090: {e}",
+                        args.metrics_listen
+                    ));
+                    None
+                }
+            }
+        };
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&args.log) {
             errors.push(format!(
                 "--log / BATON_LOG: {:?} is not a log filter: {e}",
@@ -535,7 +556,97 @@ impl ServeConfig {
                 rules_path: args.ratelimit_config_path(),
                 reload_interval: ratelimit_reload,
             },
+            metrics_listen,
         })
+    }
+
+    /// The effective configuration as `(setting, value)` pairs for the startup log line:
+    /// every setting but the log's own, with the passwords of Redis URLs masked.
+    pub fn summary(&self) -> Vec<(&'static str, String)> {
+        let or_none = |v: Option<String>| v.unwrap_or_else(|| "none".to_owned());
+        let urls = match &self.redis.topology {
+            Topology::Standalone { url } => vec![url.clone()],
+            Topology::Cluster { seeds } => seeds.clone(),
+            Topology::Sentinel { sentinels, .. } => sentinels.clone(),
+        };
+        let urls: Vec<String> = urls.iter().map(|u| masked(u)).collect();
+        let mut summary = vec![
+            ("listen", or_none(self.listen.map(|a| a.to_string()))),
+            (
+                "socket",
+                or_none(self.socket.as_ref().map(|p| p.display().to_string())),
+            ),
+            (
+                "metrics_listen",
+                or_none(self.metrics_listen.map(|a| a.to_string())),
+            ),
+            ("redis_mode", self.redis.topology.kind().to_owned()),
+            ("redis_url", urls.join(",")),
+        ];
+        if let Topology::Sentinel { master, .. } = &self.redis.topology {
+            summary.push(("redis_sentinel_master", master.clone()));
+        }
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        summary.extend([
+            ("key_prefix", self.redis.key_prefix.clone()),
+            ("redis_pool_size", self.redis.pool_size.to_string()),
+            ("redis_connect_timeout", show(self.redis.connect_timeout)),
+            ("redis_command_timeout", show(self.redis.command_timeout)),
+            ("min_replicas_ack", self.redis.min_replicas_ack.to_string()),
+            (
+                "min_replicas_ack_timeout",
+                show(self.redis.replica_ack_timeout),
+            ),
+            ("drain_timeout", show(self.drain_timeout)),
+            (
+                "client_keepalive_interval",
+                self.client_keepalive_interval.map_or("0s".to_owned(), show),
+            ),
+            (
+                "client_keepalive_timeout",
+                show(self.client_keepalive_timeout),
+            ),
+            ("ratelimit_timeout", show(self.ratelimit.timeout)),
+            (
+                "ratelimit_failure_mode",
+                match self.ratelimit.failure_mode {
+                    FailureMode::Open => "open",
+                    FailureMode::Closed => "closed",
+                }
+                .to_owned(),
+            ),
+            (
+                "ratelimit_config",
+                or_none(
+                    self.ratelimit
+                        .rules_path
+                        .as_ref()
+                        .map(|p| p.display().to_string()),
+                ),
+            ),
+            (
+                "ratelimit_config_reload",
+                show(self.ratelimit.reload_interval),
+            ),
+        ]);
+        summary
+    }
+}
+
+/// `url` with its password, if any, replaced by `***` (for log lines).
+pub fn masked(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // Only a URL that cannot have a password refuses one; this one has one.
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        // Not a URL the parser reads: say nothing of what it holds after a user part.
+        Err(_) => match url.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => url.to_owned(),
+        },
     }
 }
 
@@ -838,6 +949,48 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:#?}");
         assert!(errors[0].starts_with("--health-listen"), "{errors:#?}");
         assert!(errors[1].starts_with("--shutdown-delay"), "{errors:#?}");
+    }
+
+    /// A metrics address is optional, and a bad one is reported with its flag.
+    #[test]
+    fn metrics_listen_is_checked() {
+        let cfg = ServeConfig::from_args(&args(&[])).expect("defaults are valid");
+        assert_eq!(cfg.metrics_listen, None, "off by default");
+        let cfg =
+            ServeConfig::from_args(&args(&["--metrics-listen", "0.0.0.0:9090"])).expect("valid");
+        assert_eq!(cfg.metrics_listen, Some("0.0.0.0:9090".parse().unwrap()));
+        let errors = ServeConfig::from_args(&args(&["--metrics-listen", "9090"]))
+            .expect_err("not an address");
+        assert!(
+            errors[0].starts_with("--metrics-listen / BATON_METRICS_LISTEN"),
+            "{errors:?}"
+        );
+    }
+
+    /// The startup summary names every setting and never shows a Redis password.
+    #[test]
+    fn summary_masks_passwords() {
+        let cfg = ServeConfig::from_args(&args(&[
+            "--redis-mode",
+            "cluster",
+            "--redis-url",
+            "redis://admin:s3cret@10.0.0.1:7000,redis://:other-secret@10.0.0.2:7000",
+        ]))
+        .expect("valid");
+        let summary = format!("{:?}", cfg.summary());
+        assert!(
+            !summary.contains("s3cret") && !summary.contains("other-secret"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("redis://admin:***@10.0.0.1:7000"),
+            "{summary}"
+        );
+        assert_eq!(masked("unix:///run/redis.sock"), "unix:///run/redis.sock");
+        assert_eq!(
+            masked("redis://127.0.0.1:6379/2"),
+            "redis://127.0.0.1:6379/2"
+        );
     }
 
     /// Every bad value is reported in one pass, each naming its flag.

@@ -9,6 +9,8 @@
 //! - [`server`]: [`server::serve`] builds the gRPC router (services, health, reflection) on
 //!   already-bound listeners and drains on a shutdown token with a deadline.
 //! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
+//! - [`metrics`]: Prometheus metrics: the registry, what the rest records, the tower layer that
+//!   counts RPCs and the `/metrics` endpoint (`--metrics-listen`).
 //! - [`redis`]: the topologies (standalone, Sentinel, Cluster), script calls with timeouts, and
 //!   the shared pub/sub subscriber ([`redis::Notifier`]) that wakes local waiters.
 //! - [`wait`]: waiting without polling: subscribe, attempt, wait for a release message or a
@@ -38,6 +40,7 @@ pub mod error;
 pub mod grpc;
 pub mod lease;
 pub mod lock;
+pub mod metrics;
 pub mod proto;
 pub mod ratelimit;
 pub mod redis;

@@ -39,6 +39,7 @@ use crate::{
     config::ServeConfig,
     grpc::{authority::FixAuthority, conn::Watched},
     lock::{Lock, Locks, service::LockApi},
+    metrics::{self, grpc::RpcLayer},
     proto::{
         FILE_DESCRIPTOR_SET,
         v1::{
@@ -63,6 +64,13 @@ const READY_NAMES: &[&str] = &[
 ];
 /// Health service names that follow the process.
 const LIVE_NAMES: &[&str] = &["", "liveness"];
+/// Methods served beside those of Baton's and health's descriptor sets: reflection, and Envoy's
+/// rate limit API.
+const OTHER_METHODS: &[&str] = &[
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+];
 
 /// The sockets Baton serves on, bound before [`serve`] so tests can bind port 0.
 #[derive(Debug, Default)]
@@ -73,6 +81,8 @@ pub struct Listeners {
     pub unix: Option<(UnixListener, PathBuf)>,
     /// The TCP listener serving only the health service, if any.
     pub health: Option<TcpListener>,
+    /// The listener of the metrics endpoint (`--metrics-listen`), if any.
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -99,7 +109,20 @@ impl Listeners {
             ),
             None => None,
         };
-        Ok(Self { tcp, unix, health })
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr} for metrics"))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            tcp,
+            unix,
+            health,
+            metrics,
+        })
     }
 }
 
@@ -184,6 +207,13 @@ pub async fn serve_until(
     stop: Stop,
 ) -> anyhow::Result<()> {
     let shutdown = stop.drain;
+    let settings = config
+        .summary()
+        .into_iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %settings, "baton starting");
     let redis = Redis::new(&config.redis)?;
     // A Redis that answers but is too old stops Baton here; one that does not answer yet is
     // checked again on every connection, and readiness says whether it answers.
@@ -232,6 +262,14 @@ pub async fn serve_until(
     }
     let mut readiness = tokio::spawn(readiness(redis, reporter.clone(), stop.unready));
 
+    // Every method served, for the metrics layer's labels; any other path counts as `unknown`.
+    let mut paths = crate::proto::method_paths(FILE_DESCRIPTOR_SET);
+    paths.extend(crate::proto::method_paths(
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ));
+    paths.extend(OTHER_METHODS.iter().map(|p| (*p).to_owned()));
+    let rpc_metrics = RpcLayer::new(paths.iter().map(String::as_str));
+
     let router = || -> anyhow::Result<_> {
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -244,6 +282,7 @@ pub async fn serve_until(
         Ok(Server::builder()
             .http2_keepalive_interval(config.client_keepalive_interval)
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
+            .layer(rpc_metrics.clone())
             .add_service(health.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -286,6 +325,12 @@ pub async fn serve_until(
                 .serve_with_incoming_shutdown(incoming, stop),
         );
     }
+    let metrics = listeners.metrics.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(addr = %addr, path = metrics::http::PATH, "serving metrics");
+        }
+        tokio::spawn(metrics::http::serve(listener, shutdown.clone()))
+    });
 
     let result = tokio::select! {
         biased;
@@ -309,6 +354,9 @@ pub async fn serve_until(
         r = first_failure(&mut servers) => r.and(Err(anyhow::anyhow!("the gRPC server stopped on its own"))),
     };
     readiness.abort();
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     if let Some(path) = socket_path
         && let Err(e) = std::fs::remove_file(&path)
         && e.kind() != io::ErrorKind::NotFound
@@ -341,6 +389,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<ServingStatus> = None;
     let mut last_partial: Option<String> = None;
+    let mut last_refused = false;
     loop {
         let health = tokio::select! {
             biased;
@@ -355,6 +404,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
             Health::Down(_) => ServingStatus::NotServing,
         };
         let changed = last != Some(status);
+        let refused = matches!(&health, Health::Down(e) if crate::redis::refuses_credentials(e));
         if changed {
             for name in READY_NAMES {
                 reporter.set_service_status(name, status).await;
@@ -362,6 +412,10 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
             last = Some(status);
         }
         match &health {
+            // Said again when the cause turns into a refusal: a password to fix, not an outage.
+            Health::Down(e) if refused && (changed || !last_refused) => {
+                tracing::warn!(error = %e, "redis refuses Baton's credentials (authentication failed); readiness is NOT_SERVING")
+            }
             Health::Down(e) if changed => {
                 tracing::warn!(error = %e, "redis is not answering; readiness is NOT_SERVING")
             }
@@ -376,6 +430,7 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
             }
             _ => {}
         }
+        last_refused = refused;
         last_partial = match health {
             Health::Partial(down) => Some(down),
             _ => None,

@@ -719,6 +719,21 @@ async fn sentinel_failover_during_contention() {
         let token = r.lease.expect("lease").fencing_token;
         assert!(token > hold.fencing_token, "{}: {token}", hold.name);
     }
+    assert!(
+        failovers_counted("sentinel") >= 1.0,
+        "the new master is counted as a failover"
+    );
+}
+
+/// Failovers of `topology` counted by this process's metrics so far (by every test of this
+/// binary: the registry is the process's).
+fn failovers_counted(topology: &str) -> f64 {
+    let scrape = baton::metrics::encode(baton::metrics::Format::Prometheus).expect("a scrape");
+    let series = format!("baton_redis_failovers_total{{topology=\"{topology}\"}} ");
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0.0, |v| v.parse().expect("a number"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1837,6 +1852,10 @@ async fn cluster_master_failover_is_followed() {
         let old = lost_side.iter().find(|w| w.name == name).expect("its hold");
         assert!(r.lease.expect("lease").fencing_token > old.fencing_token);
     }
+    assert!(
+        failovers_counted("cluster") >= 1.0,
+        "the promoted replica is counted as a failover"
+    );
 }
 
 /// Locks honour `--min-replicas-ack` as semaphores do: with the replica frozen an exclusive and a

@@ -20,6 +20,7 @@ use super::{
 use crate::{
     error::{Error, Field, UNAVAILABLE_RETRY_AFTER},
     grpc::wire,
+    metrics,
     proto::v1::{self as pb, autocomplete_service_server::AutocompleteService},
 };
 
@@ -235,6 +236,17 @@ fn texts(field: impl Into<Field>, values: &[String]) -> Result<Vec<Text>, Error>
         .collect()
 }
 
+/// A match mode as the metrics label it.
+fn mode_label(mode: MatchMode) -> &'static str {
+    match mode {
+        MatchMode::Prefix => "prefix",
+        MatchMode::WordPrefix => "word_prefix",
+        MatchMode::Suffix => "suffix",
+        MatchMode::Contains => "contains",
+        MatchMode::Automatic => "automatic",
+    }
+}
+
 fn mode(value: i32) -> Result<MatchMode, Error> {
     match pb::AutocompleteMatchMode::try_from(value) {
         Ok(pb::AutocompleteMatchMode::Unspecified | pb::AutocompleteMatchMode::Prefix) => {
@@ -325,6 +337,7 @@ impl AutocompleteService for AutocompleteApi {
             .add(&dictionary, &terms, record.as_ref(), stop_by)
             .await
             .map_err(|e| add_failed(e, record.as_ref()))?;
+        metrics::autocomplete_terms(u64::from(added.added), u64::from(added.updated), 0);
         Ok(Response::new(pb::AutocompleteServiceAddResponse {
             added: added.added,
             updated: added.updated,
@@ -341,6 +354,7 @@ impl AutocompleteService for AutocompleteApi {
         let dictionary = name("dictionary", &req.dictionary)?;
         let texts = texts("displays", &req.displays)?;
         let (removed, term_count) = self.autocomplete.remove(&dictionary, &texts).await?;
+        metrics::autocomplete_terms(0, 0, u64::from(removed));
         Ok(Response::new(pb::AutocompleteServiceRemoveResponse {
             removed,
             term_count,
@@ -372,6 +386,7 @@ impl AutocompleteService for AutocompleteApi {
             limit: limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?,
             page_token: req.page_token,
         };
+        metrics::autocomplete_query("complete", mode_label(completion.mode));
         let page = self.autocomplete.complete(&dictionary, &completion).await?;
         Ok(Response::new(pb::AutocompleteServiceCompleteResponse {
             suggestions: page.items.into_iter().map(suggestion).collect(),
@@ -445,6 +460,7 @@ impl AutocompleteService for AutocompleteApi {
         let query = query(&req.query)?;
         let mode = mode(req.mode)?;
         let limit = limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?;
+        metrics::autocomplete_query("complete_recent", mode_label(mode));
         let page = self
             .autocomplete
             .complete_recent(&list, &query, mode, limit, &req.page_token)

@@ -65,11 +65,12 @@ impl<T: Send + 'static, R: FnOnce(T) + Send + 'static> Drop for Unfinished<T, R>
             // Without a runtime (the process is ending) the acquisition is dropped: a grant it
             // may have made ends at its ttl.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
+                let task = async move {
                     if let Ok(value) = work.await {
                         orphan(value);
                     }
-                });
+                };
+                runtime.spawn(tracing::Instrument::in_current_span(task));
             }
         }
     }

@@ -30,9 +30,11 @@ use super::{
     QUEUE_LEASE, Renewable,
     batch::{Batcher, Renewal},
     clean_up,
+    keepalive::Described,
 };
 use crate::{
     error::Error,
+    metrics::{self, Acquisition},
     redis::{Ack, Notifier, Redis, Wake},
     wait::{self, Attempt},
 };
@@ -207,6 +209,27 @@ impl<P: Primitive> Engine<P> {
         request: &P::Request,
         stop: impl Future<Output = Error>,
     ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
+        // Only a caller that may wait has its wait timed (a clock read costs tens of ns).
+        let may_wait = !request.wait().is_zero();
+        let started = may_wait.then(Instant::now);
+        let outcome = self.acquire_once(request, stop).await;
+        let counted = match (&outcome, may_wait) {
+            (Ok(Acquired::Granted(_)), _) => Acquisition::Acquired,
+            (Ok(Acquired::Refused(_)), false) => Acquisition::NotAcquired,
+            (Ok(Acquired::Refused(_)), true) => Acquisition::TimedOut,
+            (Err(_), _) => Acquisition::Failed,
+        };
+        let waited = started.map(|s| s.elapsed());
+        metrics::lease(P::KIND).acquisition(counted, waited);
+        outcome
+    }
+
+    /// [`Engine::acquire`], uncounted.
+    async fn acquire_once(
+        &self,
+        request: &P::Request,
+        stop: impl Future<Output = Error>,
+    ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
         let name = request.name();
         let token = Uuid::new_v4().hyphenated().to_string();
         let wait = request.wait();
@@ -231,6 +254,7 @@ impl<P: Primitive> Engine<P> {
         }
 
         let renew_every = QUEUE_LEASE / 3;
+        let _waiting = metrics::lease(P::KIND).waiter();
         let waited = wait::until(
             &self.inner.notifier,
             &self.inner.primitive.channel(name),
@@ -398,7 +422,11 @@ impl<P: Primitive> Renewable for Handle<P> {
         Ok(P::was_held(&released))
     }
 
-    fn describe(&self) -> String {
-        format!("{} {:?} owner {:?}", P::KIND, self.name, self.owner)
+    fn describe(&self) -> Described<'_> {
+        Described {
+            kind: P::KIND,
+            name: &self.name,
+            owner: &self.owner,
+        }
     }
 }

@@ -16,12 +16,16 @@ use std::{
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{
     ClientWatch, Stop, expires_at, loss_margin, retry_until,
     stream::{self, Events, Sender},
 };
-use crate::error::Error;
+use crate::{
+    error::Error,
+    metrics::{self, Release, Renewal},
+};
 
 /// How long a stream ended by shutdown keeps trying to release its lease (the drain must not wait
 /// for a Redis that is down).
@@ -35,8 +39,20 @@ pub trait Renewable: Send + Sync + 'static {
     fn renew(&self, by: Instant) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
     /// Releases the lease once. `Ok(true)` when it was still held.
     fn release(&self) -> impl Future<Output = Result<bool, Error>> + Send;
-    /// The resource and owner the lease is of, for log lines.
-    fn describe(&self) -> String;
+    /// The resource and owner the lease is of, for log lines and metrics.
+    fn describe(&self) -> Described<'_>;
+}
+
+/// What a lease is of, as log lines name it (fields `kind`, `name`, `owner`).
+#[derive(Debug, Clone, Copy)]
+pub struct Described<'a> {
+    /// The primitive ("lock", "semaphore").
+    pub kind: &'static str,
+    /// The resource's name.
+    pub name: &'a str,
+    /// The owner (empty for an anonymous holder, or a lease kept alive by `KeepAlive`, which
+    /// names none).
+    pub owner: &'a str,
 }
 
 /// Why a kept-alive lease ended.
@@ -104,7 +120,8 @@ where
 {
     let (tx, rx) = stream::channel();
     let shutdown = shutdown.clone();
-    tokio::spawn(async move {
+    // In the call's span (a traced call's trace id), like every log line of the stream.
+    let task = async move {
         let stop = super::stop(tx.gone().cancelled_owned(), shutdown.clone());
         // Boxed so that the acquisition's state (its wait, its subscription) is freed once it
         // ends instead of staying part of this task for the life of the lease.
@@ -138,7 +155,8 @@ where
             Err(Error::Cancelled) => {}
             Err(e) => tx.first(fail(e)),
         }
-    });
+    };
+    tokio::spawn(task.in_current_span());
     rx
 }
 
@@ -183,7 +201,8 @@ where
             shutdown: shutdown.clone(),
             client,
         }
-        .run(),
+        .run()
+        .in_current_span(),
     );
     Ok(rx)
 }
@@ -218,6 +237,8 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     /// shutdown. A renewal is requested a quarter of the remaining ttl after the last one and must
     /// be sent by a third of it, so renewals of many leases can share a call.
     async fn run(mut self) {
+        let counted = metrics::lease(self.lease.describe().kind);
+        let _held = counted.kept();
         let margin = loss_margin(self.ttl);
         let start = Instant::now();
         let mut next = start + self.ttl / 4;
@@ -246,6 +267,11 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
                 () = self.tx.closed() => return release_for_departure(&self.lease, self.latest).await,
                 r = tokio::time::timeout_at(loss_at, self.lease.renew(by.max(sent))) => r,
             };
+            counted.renewal(match outcome {
+                Ok(Ok(Some(_))) => Renewal::Renewed,
+                Ok(Ok(None)) => Renewal::NotHeld,
+                Ok(Err(_)) | Err(_) => Renewal::Failed,
+            });
             match outcome {
                 Ok(Ok(Some(remaining))) => {
                     self.valid_until = sent + remaining;
@@ -265,7 +291,6 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
                     }
                 }
                 Ok(Ok(None)) => {
-                    tracing::info!(lease = %self.lease.describe(), "lease no longer held in Redis");
                     self.finish(
                         LostReason::NotHeld,
                         "the lease is no longer held in Redis (expired or released elsewhere)",
@@ -273,7 +298,8 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
                     return;
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(lease = %self.lease.describe(), error = %e, "lease renewal failed; retrying");
+                    let lease = self.lease.describe();
+                    tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + retry_delay(self.ttl);
                     by = next;
                 }
@@ -282,9 +308,20 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
         }
     }
 
+    /// Ends the stream with `lost`, counted and logged once with what the client is told.
     fn finish(&self, reason: LostReason, message: impl Into<String>) {
-        self.tx
-            .finish((self.wrap)(Event::Lost(reason, message.into())));
+        let message = message.into();
+        let lease = self.lease.describe();
+        metrics::lease(lease.kind).lost(reason);
+        let (kind, name, owner) = (lease.kind, lease.name, lease.owner);
+        let why = message.as_str();
+        match reason {
+            LostReason::Shutdown => {
+                tracing::info!(kind, name, owner, reason = ?reason, why, "lease lost")
+            }
+            _ => tracing::warn!(kind, name, owner, reason = ?reason, why, "lease lost"),
+        }
+        self.tx.finish((self.wrap)(Event::Lost(reason, message)));
     }
 
     async fn lost_unconfirmed(self) {
@@ -292,10 +329,10 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
             LostReason::Unconfirmed,
             "renewal could not be confirmed by Redis before the lease could expire",
         );
-        tracing::warn!(lease = %self.lease.describe(), "lease renewal not confirmed before the safety margin; reported lost");
         // Free the lease for others once Redis is reachable again; harmless if it is gone.
         if let Err(e) = release_until(&self.lease, self.latest).await {
-            tracing::debug!(lease = %self.lease.describe(), error = %e, "release after an unconfirmed renewal failed");
+            let lease = self.lease.describe();
+            tracing::debug!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release after an unconfirmed renewal failed");
         }
     }
 
@@ -310,12 +347,12 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
                 ))
             ),
         );
-        tracing::warn!(lease = %self.lease.describe(), ?silent, "client stopped answering; lease given up");
         // The last renewal it may read promised the lease until `valid_until`: keep that promise,
         // then free the lease rather than let it run to its latest expiry.
         tokio::time::sleep_until(self.valid_until).await;
         if let Err(e) = release_until(&self.lease, self.latest).await {
-            tracing::warn!(lease = %self.lease.describe(), error = %e, "release for an unresponsive client failed; the lease expires at its ttl");
+            let lease = self.lease.describe();
+            tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release for an unresponsive client failed; the lease expires at its ttl");
         }
     }
 
@@ -329,20 +366,35 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
         )));
         let window = self.latest.min(Instant::now() + SHUTDOWN_RELEASE_WINDOW);
         if let Err(e) = release_until(&self.lease, window).await {
-            tracing::warn!(lease = %self.lease.describe(), error = %e, "release at shutdown failed; the lease expires at its ttl");
+            let lease = self.lease.describe();
+            tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release at shutdown failed; the lease expires at its ttl");
         }
     }
 }
 
 async fn release_for_departure<L: Renewable>(lease: &L, latest: Instant) {
-    match release_until(lease, latest).await {
+    let released = release_until(lease, latest).await;
+    let d = lease.describe();
+    let counted = metrics::lease(d.kind);
+    let (kind, name, owner) = (d.kind, d.name, d.owner);
+    match released {
         Ok(was_held) => {
-            tracing::debug!(lease = %lease.describe(), was_held, "client left; lease released")
+            counted.released_on_close(if was_held {
+                Release::Released
+            } else {
+                Release::NotHeld
+            });
+            tracing::debug!(kind, name, owner, was_held, "client left; lease released")
         }
-        Err(e) => tracing::warn!(
-            lease = %lease.describe(),
-            error = %e,
-            "client left but the release failed until the lease's expiry; Redis ends it then"
-        ),
+        Err(e) => {
+            counted.released_on_close(Release::Failed);
+            tracing::warn!(
+                kind,
+                name,
+                owner,
+                error = %e,
+                "client left but the release failed until the lease's expiry; Redis ends it then"
+            )
+        }
     }
 }

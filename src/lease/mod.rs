@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 
 pub use engine::{Acquired, Busy, Engine, Grant, Primitive, Request};
-pub use keepalive::{Event, Kept, LostReason, Renewable};
+pub use keepalive::{Described, Event, Kept, LostReason, Renewable};
 
 /// Longest name of a leased resource (a lock, a semaphore), in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
@@ -139,11 +139,13 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, Error>> + Send,
 {
-    tokio::spawn(async move {
+    let task = async move {
         if let Err(e) = retry_until(deadline, attempt).await {
             tracing::warn!(error = %e, "{what} failed until it no longer mattered; Redis ends it at its expiry");
         }
-    });
+    };
+    // In the span of the call it cleans up after (a traced call's trace id), if any.
+    tokio::spawn(tracing::Instrument::in_current_span(task));
 }
 
 /// What a keepalive stream knows of its client's liveness.

@@ -37,7 +37,11 @@ use super::{
         Unit,
     },
 };
-use crate::{config::FailureMode, error::Error};
+use crate::{
+    config::FailureMode,
+    error::Error,
+    metrics::{self, Api, RateDecision},
+};
 
 /// The `envoy.service.ratelimit.v3.RateLimitService` implementation.
 #[derive(Clone)]
@@ -417,6 +421,15 @@ fn status(plan: &Plan, decision: Option<&Decision>, report: &mut Report) -> Desc
         (Plan::Check { .. }, None) => return ok_status(None, 0),
     };
     let shadowed = over && rule.is_some_and(|r| r.shadow);
+    let decided_by = decision.map_or(metrics::DecidedBy::Rules, |d| {
+        super::service::decided_by(d.decided_by)
+    });
+    let counted = match (over, shadowed) {
+        (false, _) => RateDecision::Allowed,
+        (true, true) => RateDecision::Shadow,
+        (true, false) => RateDecision::Limited,
+    };
+    metrics::ratelimit_decision(Api::Envoy, counted, decided_by);
     if shadowed && let Some(rule) = rule {
         tracing::debug!(rule = %rule.path, name = %rule.name, "over the limit in shadow mode: allowed");
         report.shadow.push(if rule.name.is_empty() {

@@ -236,7 +236,8 @@ impl RateLimiter {
     pub fn connect(redis: &RedisConfig, config: &RateLimitConfig) -> Result<Self, Error> {
         let mut redis = redis.clone();
         redis.command_timeout = config.timeout;
-        Ok(Self::new(Redis::new(&redis)?, config.failure_mode))
+        let redis = Redis::with_role(&redis, crate::metrics::PoolRole::RateLimit)?;
+        Ok(Self::new(redis, config.failure_mode))
     }
 
     /// A limiter over `redis`, answering by `failure_mode` when Redis does not answer.

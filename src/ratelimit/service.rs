@@ -7,6 +7,7 @@ use super::{Algorithm, DecidedBy, Decision, MAX_KEY_BYTES, Rate, RateField, Rate
 use crate::{
     error::Error,
     grpc::wire,
+    metrics::{self, Api, RateDecision},
     proto::v1::{self as pb, rate_limit_service_server::RateLimitService},
 };
 
@@ -63,6 +64,15 @@ fn rate(req: &pb::RateLimitServiceCheckRequest) -> Result<(Rate, u64), Error> {
     Ok((rate, cost))
 }
 
+/// What decided, as the metrics label it.
+pub fn decided_by(by: DecidedBy) -> metrics::DecidedBy {
+    match by {
+        DecidedBy::Redis => metrics::DecidedBy::Redis,
+        DecidedBy::FailOpen => metrics::DecidedBy::FailOpen,
+        DecidedBy::FailClosed => metrics::DecidedBy::FailClosed,
+    }
+}
+
 fn response(decision: &Decision) -> pb::RateLimitServiceCheckResponse {
     let decided_by = match decision.decided_by {
         DecidedBy::Redis => pb::RateLimitDecidedBy::Redis,
@@ -94,6 +104,15 @@ impl RateLimitService for RateLimitApi {
         let (rate, cost) = rate(&req)?;
         let redis_key = super::limiter_key(self.limiter.key_prefix(), "rl", key, rate.algorithm);
         let decision = self.limiter.check(&redis_key, &rate, cost).await;
+        metrics::ratelimit_decision(
+            Api::Baton,
+            if decision.allowed {
+                RateDecision::Allowed
+            } else {
+                RateDecision::Limited
+            },
+            decided_by(decision.decided_by),
+        );
         Ok(Response::new(response(&decision)))
     }
 }

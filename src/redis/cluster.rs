@@ -374,6 +374,9 @@ impl Cluster {
     fn install(&self, fetched: Result<SlotMap, Error>) {
         match fetched {
             Ok(map) => {
+                if let Some(previous) = &self.inner.state.borrow().map {
+                    note_change(previous, &map);
+                }
                 let keep: HashSet<Arc<str>> = map
                     .nodes
                     .iter()
@@ -493,6 +496,34 @@ impl Cluster {
             return refused.clone();
         }
         results.into_iter().collect()
+    }
+}
+
+/// Counts and logs a change of the slot map: slots served by other masters (a resharding, a node
+/// added), and a failover when a master left while another node took its slots.
+fn note_change(previous: &SlotMap, next: &SlotMap) {
+    let owner = |map: &SlotMap, slot: usize| {
+        map.owners
+            .get(slot)
+            .and_then(|&i| map.nodes.get(usize::from(i)))
+            .map(|n| n.addr.clone())
+    };
+    if (0..SLOTS).all(|slot| owner(previous, slot) == owner(next, slot)) {
+        return;
+    }
+    let masters =
+        |map: &SlotMap| -> HashSet<Arc<str>> { map.nodes.iter().map(|n| n.addr.clone()).collect() };
+    let (before, after) = (masters(previous), masters(next));
+    let gone: Vec<&str> = before.difference(&after).map(|a| &**a).collect();
+    let new: Vec<&str> = after.difference(&before).map(|a| &**a).collect();
+    let failover = !gone.is_empty() && !new.is_empty();
+    crate::metrics::topology_change("cluster", failover);
+    let mut now: Vec<&str> = after.iter().map(|a| &**a).collect();
+    now.sort_unstable();
+    if failover {
+        tracing::warn!(masters = ?now, gone = ?gone, new = ?new, "the cluster's slot map changed: a failover");
+    } else {
+        tracing::info!(masters = ?now, gone = ?gone, new = ?new, "the cluster's slot map changed");
     }
 }
 

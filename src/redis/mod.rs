@@ -40,7 +40,11 @@ pub use ::redis::Script;
 pub use notifier::{ADDRESSED, Notifier, Source, Subscription, Wake};
 pub use topology::Endpoint;
 
-use crate::{config::RedisConfig, error::Error};
+use crate::{
+    config::RedisConfig,
+    error::{Error, RETRYABLE_REDIS_CODES},
+    metrics::{self, PoolRole, RedisCall},
+};
 
 /// A pooled multiplexed connection, marked broken after an I/O error or a timeout so that the pool
 /// drops it and opens a fresh one instead of handing the dead one out again.
@@ -75,6 +79,8 @@ pub struct Manager {
     connect_timeout: Duration,
     command_timeout: Duration,
     config: AsyncConnectionConfig,
+    /// The node the last connection went to, to notice when the Sentinels name a new master.
+    last_node: std::sync::Mutex<Option<String>>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -89,6 +95,9 @@ impl bb8::ManageConnection for Manager {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         let addr = client.get_connection_info().addr().to_string();
+        if matches!(self.endpoint, Endpoint::Sentinel(_)) {
+            self.note_master(&addr);
+        }
         let info = tokio::time::timeout(
             self.command_timeout,
             redis::cmd("INFO")
@@ -131,6 +140,21 @@ impl bb8::ManageConnection for Manager {
     }
 }
 
+impl Manager {
+    /// Counts and logs a failover when the Sentinels name another master than the last one.
+    fn note_master(&self, addr: &str) {
+        // Only the last address lives under this lock: a panic leaves nothing half done.
+        let mut last = self.last_node.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = last.replace(addr.to_owned());
+        if let Some(previous) = previous
+            && previous != addr
+        {
+            metrics::topology_change("sentinel", true);
+            tracing::warn!(from = %previous, to = %addr, "the Sentinels name a new master (failover); connecting to it");
+        }
+    }
+}
+
 /// Passes the pool's connection failures to the checkouts waiting for a connection.
 ///
 /// bb8 opens connections in the background and sends their errors to an error sink, leaving a
@@ -166,6 +190,8 @@ struct PoolSettings {
     connect_timeout: Duration,
     /// Time for one command.
     command_timeout: Duration,
+    /// Which of Baton's pools it is, for the metrics.
+    role: PoolRole,
 }
 
 /// A pool of multiplexed connections to one node (a standalone Redis, the Sentinels' master, or
@@ -175,6 +201,8 @@ struct NodePool {
     pool: bb8::Pool<Manager>,
     connect_failures: ConnectFailures,
     command_timeout: Duration,
+    /// Reports the pool's connections to the metrics for as long as the pool lives.
+    _watched: Arc<dyn Fn() -> metrics::PoolState + Send + Sync>,
 }
 
 impl NodePool {
@@ -187,6 +215,7 @@ impl NodePool {
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(Some(settings.command_timeout)),
+            last_node: std::sync::Mutex::new(None),
         };
         let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
         let pool = bb8::Pool::builder()
@@ -198,10 +227,17 @@ impl NodePool {
             .retry_connection(false)
             .error_sink(Box::new(connect_failures.clone()))
             .build_unchecked(manager);
+        let counted = pool.clone();
+        let watched: Arc<dyn Fn() -> metrics::PoolState + Send + Sync> = Arc::new(move || {
+            let state = counted.state();
+            (state.connections, state.idle_connections)
+        });
+        metrics::watch_pool(settings.role, &watched);
         Self {
             pool,
             connect_failures,
             command_timeout: settings.command_timeout,
+            _watched: watched,
         }
     }
 
@@ -232,6 +268,44 @@ fn breaks_connection(e: &RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
         || matches!(e.code(), Some("READONLY" | "NOAUTH" | "WRONGPASS"))
+}
+
+/// The kind of a failed Redis call, for the metrics: from the cause as [`Redis`] reports it (a
+/// timeout or a missing connection in its own words, an error reply with Redis's code first).
+pub fn error_kind(e: &Error) -> metrics::RedisError {
+    match e {
+        Error::Internal(_) => metrics::RedisError::Script,
+        Error::Unavailable(cause) | Error::FailedPrecondition(cause) => {
+            let code = cause.split([' ', ':']).next().unwrap_or_default();
+            if cause.starts_with("no answer within")
+                || cause.starts_with("no connection within")
+                || cause.contains("timed out")
+            {
+                metrics::RedisError::Timeout
+            } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM") {
+                metrics::RedisError::Auth
+            } else if RETRYABLE_REDIS_CODES.contains(&code) {
+                metrics::RedisError::Server
+            } else {
+                metrics::RedisError::Connection
+            }
+        }
+        _ => metrics::RedisError::Connection,
+    }
+}
+
+/// Whether Redis refused Baton's credentials (`NOAUTH`, `WRONGPASS`, `NOPERM`): a configuration
+/// to fix, not a Redis that is down.
+pub fn refuses_credentials(e: &Error) -> bool {
+    error_kind(e) == metrics::RedisError::Auth
+}
+
+/// Records a Redis call of `kind` that started at `started` and ended with `result`.
+fn observe<T>(kind: RedisCall, started: Instant, result: &Result<T, Error>) {
+    metrics::redis_call(kind, started.elapsed());
+    if let Err(e) = result {
+        metrics::redis_error(error_kind(e));
+    }
 }
 
 /// A Redis that answers but cannot run Baton (older than 7.0), found at start: `baton serve` exits
@@ -320,10 +394,16 @@ impl Redis {
     /// Sets up the connections without connecting yet, so Baton starts (and reports not ready)
     /// while Redis is down.
     pub fn new(config: &RedisConfig) -> Result<Self, Error> {
+        Self::with_role(config, PoolRole::Commands)
+    }
+
+    /// [`Redis::new`] for the pool `role` (which the metrics report its connections under).
+    pub fn with_role(config: &RedisConfig, role: PoolRole) -> Result<Self, Error> {
         let settings = PoolSettings {
             size: config.pool_size,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            role,
         };
         let (backend, source) = match &config.topology {
             Topology::Cluster { seeds } => {
@@ -408,7 +488,19 @@ impl Redis {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
-        let deadline = Instant::now() + self.command_timeout;
+        let started = Instant::now();
+        let result = self.eval_once(invocation, started).await;
+        observe(RedisCall::Script, started, &result);
+        result
+    }
+
+    /// [`Redis::eval`], unrecorded, for a call that started at `started`.
+    async fn eval_once<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        started: Instant,
+    ) -> Result<T, Error> {
+        let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
                 let mut conn = pool.checkout(deadline).await?;
@@ -441,31 +533,48 @@ impl Redis {
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.min_replicas_ack)
             .arg(self.replica_ack_timeout.as_millis() as u64);
-        let deadline = Instant::now() + self.command_timeout;
+        let started = Instant::now();
+        let deadline = started + self.command_timeout;
         let wait_deadline = deadline + self.replica_ack_timeout;
         match &self.backend {
             Backend::Node { pool } => {
-                let mut conn = pool.checkout(deadline).await?;
+                let mut conn = match pool.checkout(deadline).await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        observe::<()>(RedisCall::Script, started, &Err(e.clone()));
+                        return Err(e);
+                    }
+                };
                 let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
-                let value: T = self.settle(&conn, outcome)?;
+                let value = self.settle(&conn, outcome);
+                observe(RedisCall::Script, started, &value);
+                let value: T = value?;
                 if !wrote(&value) {
                     return Ok((value, Ack::NotAsked));
                 }
+                let waited = Instant::now();
                 let acked =
                     timeout_at(wait_deadline, wait.query_async::<i64>(&mut conn.conn)).await;
-                Ok((value, self.ack(self.settle(&conn, acked))))
+                let acked = self.settle(&conn, acked);
+                observe(RedisCall::Wait, waited, &acked);
+                Ok((value, self.ack(acked)))
             }
             Backend::Cluster { cluster } => {
                 let mut routed = cluster.route(deadline, Some(slot(key)));
                 let outcome = timeout_at(deadline, invocation.invoke_async(&mut routed)).await;
-                let value: T = routed.settle(outcome)?;
+                let value = routed.settle(outcome);
+                observe(RedisCall::Script, started, &value);
+                let value: T = value?;
                 if !wrote(&value) {
                     return Ok((value, Ack::NotAsked));
                 }
                 // WAIT names no key: it follows the script to the connection that ran it.
                 routed.extend(wait_deadline);
+                let waited = Instant::now();
                 let acked = timeout_at(wait_deadline, wait.query_async::<i64>(&mut routed)).await;
-                Ok((value, self.ack(routed.settle(acked))))
+                let acked = routed.settle(acked);
+                observe(RedisCall::Wait, waited, &acked);
+                Ok((value, self.ack(acked)))
             }
         }
     }
@@ -487,7 +596,28 @@ impl Redis {
     /// Sends one plain command within the command timeout (on a Cluster: a command with a key
     /// to the master owning it, one without to any master that answers).
     pub async fn command<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
-        let deadline = Instant::now() + self.command_timeout;
+        self.command_as(RedisCall::Command, cmd).await
+    }
+
+    /// [`Redis::command`], recorded as a call of `kind`.
+    async fn command_as<T: FromRedisValue>(
+        &self,
+        kind: RedisCall,
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let result = self.command_once(cmd, started).await;
+        observe(kind, started, &result);
+        result
+    }
+
+    /// [`Redis::command`], unrecorded, for a call that started at `started`.
+    async fn command_once<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        started: Instant,
+    ) -> Result<T, Error> {
+        let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
                 let mut conn = pool.checkout(deadline).await?;
@@ -504,7 +634,9 @@ impl Redis {
 
     /// Sends `PING` within the command timeout.
     pub async fn ping(&self) -> Result<(), Error> {
-        self.command::<String>(&redis::cmd("PING")).await.map(drop)
+        self.command_as::<String>(RedisCall::Health, &redis::cmd("PING"))
+            .await
+            .map(drop)
     }
 
     /// Whether Baton can serve, within the command timeout: on a single node, whether it answers
@@ -515,7 +647,16 @@ impl Redis {
                 Ok(()) => Health::Up,
                 Err(e) => Health::Down(e),
             },
-            Backend::Cluster { cluster } => cluster.health(self.command_timeout).await,
+            Backend::Cluster { cluster } => {
+                let started = Instant::now();
+                let health = cluster.health(self.command_timeout).await;
+                let result = match &health {
+                    Health::Down(e) => Err(e.clone()),
+                    _ => Ok(()),
+                };
+                observe(RedisCall::Health, started, &result);
+                health
+            }
         }
     }
 
@@ -572,6 +713,39 @@ mod tests {
         assert_eq!(super::slot("foo"), 12182);
         assert_eq!(super::slot("{user1000}.following"), super::slot("user1000"));
         assert_eq!(super::slot("123456789"), 0x31C3);
+    }
+
+    /// Failed calls are sorted by their cause as Baton reports it.
+    #[test]
+    fn errors_have_kinds() {
+        use crate::{error::Error, metrics::RedisError as Kind};
+        let unavailable = |cause: &str| Error::Unavailable(cause.to_owned());
+        for (e, kind) in [
+            (unavailable("no answer within 400ms"), Kind::Timeout),
+            (unavailable("no connection within 400ms"), Kind::Timeout),
+            (unavailable("NOAUTH Authentication required."), Kind::Auth),
+            (
+                unavailable("WRONGPASS: Redis refused Baton's user name and password"),
+                Kind::Auth,
+            ),
+            (
+                unavailable("LOADING Redis is loading the dataset in memory"),
+                Kind::Server,
+            ),
+            (
+                unavailable("Connection refused (os error 111)"),
+                Kind::Connection,
+            ),
+            (
+                Error::Internal("ERR Error running script".to_owned()),
+                Kind::Script,
+            ),
+        ] {
+            assert_eq!(super::error_kind(&e), kind, "{e}");
+        }
+        assert!(super::refuses_credentials(&unavailable(
+            "NOAUTH Authentication required."
+        )));
     }
 
     /// The tag follows Redis's rule: first `{`, first `}` after it, not empty.

@@ -105,6 +105,10 @@ impl Notifier {
             timeout,
         });
         tokio::spawn(subscriber::run(shared.clone(), source, queued, shutdown));
+        let counted = Arc::downgrade(&shared);
+        crate::metrics::watch_subscriptions(move || {
+            Some(counted.upgrade()?.registry().subscribed_count())
+        });
         Self { shared }
     }
 

@@ -228,6 +228,11 @@ impl Registry {
         }
     }
 
+    /// How many channels have a confirmed subscription.
+    pub(super) fn subscribed_count(&self) -> usize {
+        self.channels.values().filter(|ch| ch.subscribed).count()
+    }
+
     /// The channels that have waiters.
     pub(super) fn channels(&self) -> impl Iterator<Item = &str> {
         self.channels.keys().map(String::as_str)

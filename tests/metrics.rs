@@ -1,0 +1,1008 @@
+//! Metrics, logs and traces, seen from outside: the real `baton` binary with `--metrics-listen`,
+//! real traffic, and `/metrics` scraped over HTTP after each step. Each test runs its own Baton
+//! process, so the counters it reads move only with its own traffic.
+//!
+//! The scrape is checked by `promtool check metrics` and the alerting rules of
+//! `docs/metrics.md` by `promtool check rules`. promtool comes from Debian's `prometheus`
+//! package (`scripts/install-deps.sh` extracts it into `.tools/prometheus/`); without it these
+//! checks fail under CI (`CI` set) and are skipped with a message elsewhere.
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    io::Write as _,
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use baton::proto::v1::{
+    self as pb, autocomplete_service_client::AutocompleteServiceClient,
+    lock_service_client::LockServiceClient, lock_service_hold_response::Event as HoldEvent,
+    rate_limit_service_client::RateLimitServiceClient,
+};
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
+    service::ratelimit::v3::{
+        RateLimitRequest, rate_limit_response::Code as EnvoyCode,
+        rate_limit_service_client::RateLimitServiceClient as EnvoyClient,
+    },
+};
+use redis::AsyncCommands;
+use support::{BatonProcess, RedisServer, channel, ms, wait_until, within};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+/// Time allowed for one scrape.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for anything the tests wait for (a busy machine runs four suites at once).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A Baton process serving metrics on a port of its own, and where it serves them.
+struct Served {
+    baton: BatonProcess,
+    metrics: SocketAddr,
+}
+
+/// Spawns `baton serve --metrics-listen 127.0.0.1:0` over `redis` with `extra` arguments, and
+/// reads the metrics address from its startup log.
+async fn spawn(redis: &RedisServer, extra: &[&str]) -> Served {
+    let mut args: Vec<String> = redis.baton_args();
+    args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let baton = BatonProcess::spawn(&args).await;
+    let metrics = wait_until(PATIENCE, "the metrics address in the log", || {
+        let log = baton.stderr();
+        async move { metrics_addr(&log).ok_or(log) }
+    })
+    .await;
+    Served { baton, metrics }
+}
+
+/// The address of the "serving metrics" log line (plain or JSON).
+fn metrics_addr(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains("serving metrics"))?;
+    let at = line.find("127.0.0.1:")?;
+    let addr: String = line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.parse().ok()
+}
+
+/// An HTTP/1.1 response: status, headers (lowercase names) and body.
+struct HttpResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl HttpResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` with `accept`, on a connection of its own.
+async fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> HttpResponse {
+    within(
+        SCRAPE_TIMEOUT,
+        async {
+            let mut stream = tokio::net::TcpStream::connect(addr)
+                .await
+                .expect("connecting to the metrics port");
+            let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: baton\r\n{accept}Connection: close\r\n\r\n");
+            stream
+                .write_all(request.as_bytes())
+                .await
+                .expect("sending the request");
+            let mut raw = Vec::new();
+            stream
+                .read_to_end(&mut raw)
+                .await
+                .expect("reading the response");
+            let raw = String::from_utf8(raw).expect("a UTF-8 response");
+            let (head, body) = raw.split_once("\r\n\r\n").expect("a response head");
+            let mut lines = head.lines();
+            let status = lines
+                .next()
+                .and_then(|l| l.split(' ').nth(1))
+                .and_then(|s| s.parse().ok())
+                .expect("a status line");
+            let headers = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+                .collect();
+            HttpResponse {
+                status,
+                headers,
+                body: body.to_owned(),
+            }
+        },
+        "a metrics scrape",
+    )
+    .await
+}
+
+/// One scrape in the Prometheus text format.
+struct Scrape(String);
+
+impl Scrape {
+    async fn of(served: &Served) -> Self {
+        let response = get(served.metrics, "/metrics", None).await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        Self(response.body)
+    }
+
+    /// The value of the series written exactly as `series` (name and labels as Baton writes
+    /// them); 0 when it is not there yet.
+    fn value(&self, series: &str) -> f64 {
+        self.0
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{series}: {v:?}: {e}"))
+            })
+    }
+
+    /// Every series (name and labels) of the scrape.
+    fn series(&self) -> BTreeSet<String> {
+        self.0
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_owned()))
+            .collect()
+    }
+}
+
+/// How much each series moved between two scrapes.
+fn moved(before: &Scrape, after: &Scrape, series: &str) -> f64 {
+    after.value(series) - before.value(series)
+}
+
+/// promtool: on PATH, or where `scripts/install-deps.sh` puts it. `None` (with the reason
+/// printed) when it is missing outside CI; a failure under CI.
+fn promtool() -> Option<PathBuf> {
+    let local =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/prometheus/usr/bin/promtool");
+    if local.is_file() {
+        return Some(local);
+    }
+    if Command::new("promtool")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        return Some(PathBuf::from("promtool"));
+    }
+    let why = "promtool is missing: run scripts/install-deps.sh (it extracts Debian's prometheus package into .tools/)";
+    assert!(std::env::var_os("CI").is_none(), "{why}");
+    eprintln!("skipping the promtool check: {why}");
+    None
+}
+
+/// Runs `promtool ARGS` with `stdin`, returning whether it passed and what it printed.
+fn run_promtool(promtool: &PathBuf, args: &[&str], stdin: &str) -> (bool, String) {
+    let mut child = Command::new(promtool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(stdin.as_bytes())
+        .expect("writing to promtool");
+    let out = child.wait_with_output().expect("promtool's output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+async fn lock_client(served: &Served) -> LockServiceClient<Channel> {
+    LockServiceClient::new(channel(served.baton.addr()).await)
+}
+
+fn acquire(name: &str, ttl_ms: u64, wait_ms: Option<u64>) -> pb::LockServiceAcquireRequest {
+    pb::LockServiceAcquireRequest {
+        name: name.to_owned(),
+        ttl: Some(ms(ttl_ms)),
+        wait_timeout: wait_ms.map(ms),
+        owner: String::new(),
+        ..Default::default()
+    }
+}
+
+fn token(response: &pb::LockServiceAcquireResponse) -> String {
+    response
+        .lease
+        .as_ref()
+        .map(|l| l.token.clone())
+        .expect("a granted lease")
+}
+
+/// Contended locks, a lost lease and a stream closed by its client move the lease metrics by
+/// exactly what happened: grants by result, the wait, waiters and held leases while they last,
+/// renewals, the loss by reason, the release on close; and the RPCs by method and code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_traffic_moves_the_lease_metrics() {
+    let redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &["--key-prefix", "m:"]).await;
+    let mut a = lock_client(&served).await;
+    let before = Scrape::of(&served).await;
+
+    // a holds; b waits for it; c tries once; d waits too briefly.
+    let held = a
+        .acquire(acquire("x", 10_000, None))
+        .await
+        .expect("a")
+        .into_inner();
+    assert!(held.acquired);
+    let mut b = lock_client(&served).await;
+    let waiting = tokio::spawn(async move { b.acquire(acquire("x", 10_000, Some(15_000))).await });
+    let during = wait_until(PATIENCE, "b counted as a waiter", || {
+        let served = &served;
+        async move {
+            let s = Scrape::of(served).await;
+            if s.value(r#"baton_lease_waiters{kind="lock"}"#) == 1.0 {
+                Ok(s)
+            } else {
+                Err(s.value(r#"baton_lease_waiters{kind="lock"}"#))
+            }
+        }
+    })
+    .await;
+    assert!(
+        during.value("baton_redis_subscriptions") >= 1.0,
+        "a waiter listens on the lock's channel"
+    );
+    assert_eq!(
+        during.value(r#"baton_rpc_in_flight{service="baton.v1.LockService",method="Acquire"}"#),
+        1.0,
+        "b's call is in flight"
+    );
+    let not_acquired = a
+        .acquire(acquire("x", 10_000, None))
+        .await
+        .expect("c")
+        .into_inner();
+    assert!(!not_acquired.acquired);
+    let timed_out = a
+        .acquire(acquire("x", 10_000, Some(50)))
+        .await
+        .expect("d")
+        .into_inner();
+    assert!(!timed_out.acquired);
+    a.release(pb::LockServiceReleaseRequest {
+        name: "x".into(),
+        token: token(&held),
+    })
+    .await
+    .expect("release");
+    let granted = within(PATIENCE, waiting, "b's grant")
+        .await
+        .expect("b's task")
+        .expect("b's acquire")
+        .into_inner();
+    assert!(granted.acquired);
+
+    // A Hold stream whose lease disappears from Redis is lost (not held) ...
+    let mut lost = a
+        .hold(pb::LockServiceHoldRequest {
+            name: "doomed".into(),
+            ttl: Some(ms(300)),
+            ..Default::default()
+        })
+        .await
+        .expect("hold")
+        .into_inner();
+    let first = lost
+        .message()
+        .await
+        .expect("first event")
+        .expect("an event");
+    assert!(
+        matches!(first.event, Some(HoldEvent::Acquired(_))),
+        "{first:?}"
+    );
+    let holding = Scrape::of(&served).await;
+    assert_eq!(holding.value(r#"baton_leases_held{kind="lock"}"#), 1.0);
+    let mut conn = redis.client().await;
+    let _: () = conn.del("m:{lock:doomed}").await.expect("DEL");
+    let end = within(
+        PATIENCE,
+        async {
+            loop {
+                match lost.message().await.expect("an event") {
+                    Some(pb::LockServiceHoldResponse {
+                        event: Some(HoldEvent::Lost(l)),
+                    }) => return l,
+                    Some(_) => {}
+                    None => panic!("the stream ended without lost"),
+                }
+            }
+        },
+        "the lost event",
+    )
+    .await;
+    assert_eq!(end.reason(), pb::LeaseLostReason::NotHeld);
+
+    // ... and one whose client leaves is released.
+    let mut closing = a
+        .hold(pb::LockServiceHoldRequest {
+            name: "closing".into(),
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("hold")
+        .into_inner();
+    let first = closing
+        .message()
+        .await
+        .expect("first event")
+        .expect("an event");
+    assert!(
+        matches!(first.event, Some(HoldEvent::Acquired(_))),
+        "{first:?}"
+    );
+    drop(closing);
+
+    let after = wait_until(PATIENCE, "the release on close counted", || {
+        let served = &served;
+        async move {
+            let s = Scrape::of(served).await;
+            let released =
+                s.value(r#"baton_lease_releases_on_close_total{kind="lock",result="released"}"#);
+            if released >= 1.0 {
+                Ok(s)
+            } else {
+                Err(released)
+            }
+        }
+    })
+    .await;
+    let lock = |labels: &str| format!("{{kind=\"lock\",{labels}}}");
+    for (series, expected) in [
+        (format!("baton_lease_acquisitions_total{}", lock(r#"result="acquired""#)), 4.0),
+        (format!("baton_lease_acquisitions_total{}", lock(r#"result="not_acquired""#)), 1.0),
+        (format!("baton_lease_acquisitions_total{}", lock(r#"result="timed_out""#)), 1.0),
+        (format!("baton_lease_wait_seconds_count{}", lock(r#"result="acquired""#)), 1.0),
+        (format!("baton_lease_wait_seconds_count{}", lock(r#"result="timed_out""#)), 1.0),
+        (format!("baton_leases_lost_total{}", lock(r#"reason="not_held""#)), 1.0),
+        (format!("baton_lease_releases_on_close_total{}", lock(r#"result="released""#)), 1.0),
+        (
+            r#"baton_rpc_calls_total{service="baton.v1.LockService",method="Acquire",code="OK"}"#.to_owned(),
+            4.0,
+        ),
+        (
+            r#"baton_rpc_calls_total{service="baton.v1.LockService",method="Release",code="OK"}"#.to_owned(),
+            1.0,
+        ),
+        (
+            r#"baton_rpc_calls_total{service="baton.v1.LockService",method="Hold",code="OK"}"#.to_owned(),
+            1.0,
+        ),
+        (
+            r#"baton_rpc_calls_total{service="baton.v1.LockService",method="Hold",code="CANCELLED"}"#.to_owned(),
+            1.0,
+        ),
+    ] {
+        assert_eq!(moved(&before, &after, &series), expected, "{series}");
+    }
+    assert!(
+        moved(
+            &before,
+            &after,
+            &format!("baton_lease_renewals_total{}", lock(r#"result="renewed""#))
+        ) >= 0.0
+    );
+    assert_eq!(
+        moved(
+            &before,
+            &after,
+            &format!("baton_lease_renewals_total{}", lock(r#"result="not_held""#))
+        ),
+        1.0
+    );
+    assert_eq!(after.value(r#"baton_leases_held{kind="lock"}"#), 0.0);
+    assert_eq!(after.value(r#"baton_lease_waiters{kind="lock"}"#), 0.0);
+    // b waited about as long as a held the lock: more than nothing, less than its wait.
+    let waited = moved(
+        &before,
+        &after,
+        &format!(
+            "baton_lease_wait_seconds_sum{}",
+            lock(r#"result="acquired""#)
+        ),
+    );
+    assert!(waited > 0.0 && waited < 15.0, "{waited}");
+    assert!(
+        moved(
+            &before,
+            &after,
+            r#"baton_redis_call_duration_seconds_count{call="script"}"#
+        ) >= 8.0,
+        "every acquisition and release is a script call"
+    );
+    assert!(after.value(r#"baton_redis_pool_connections{pool="commands",state="idle"}"#) >= 1.0);
+    // Calls in flight went back to zero once they ended.
+    assert_eq!(
+        after.value(r#"baton_rpc_in_flight{service="baton.v1.LockService",method="Acquire"}"#),
+        0.0
+    );
+}
+
+fn check(key: &str, limit: u64) -> pb::RateLimitServiceCheckRequest {
+    pb::RateLimitServiceCheckRequest {
+        key: key.to_owned(),
+        limit,
+        period: Some(ms(3_600_000)),
+        ..Default::default()
+    }
+}
+
+fn envoy(domain: &str, key: &str, value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Rules for Envoy's API: a limit of one an hour, a rule that blocks everything, a shadow rule.
+const RULES: &str = "domain: m
+descriptors:
+  - key: user
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+  - key: banned
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  - key: trial
+    shadow_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+";
+
+/// Rate limit decisions are counted by API, answer and what decided, for Baton's API and
+/// Envoy's; a Redis that stops answering makes the failure mode decide, and counts a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rate_limits_count_each_decision_and_what_decided() {
+    let redis = RedisServer::start_standalone().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("writing the rules");
+    let rules = rules.to_str().expect("a UTF-8 path").to_owned();
+    let served = spawn(
+        &redis,
+        &["--ratelimit-config", &rules, "--ratelimit-timeout", "300ms"],
+    )
+    .await;
+    let mut baton = RateLimitServiceClient::new(channel(served.baton.addr()).await);
+    let mut envoy_api = EnvoyClient::new(channel(served.baton.addr()).await);
+    let before = Scrape::of(&served).await;
+
+    assert!(
+        baton
+            .check(check("k", 1))
+            .await
+            .expect("check")
+            .into_inner()
+            .allowed
+    );
+    assert!(
+        !baton
+            .check(check("k", 1))
+            .await
+            .expect("check")
+            .into_inner()
+            .allowed
+    );
+    let codes = [
+        envoy("m", "user", "ann"),
+        envoy("m", "user", "ann"),
+        envoy("m", "banned", "bob"),
+        envoy("m", "trial", "cy"),
+        envoy("m", "trial", "cy"),
+    ];
+    let mut answers = Vec::new();
+    for request in codes {
+        let response = envoy_api
+            .should_rate_limit(request)
+            .await
+            .expect("ShouldRateLimit");
+        answers.push(response.into_inner().overall_code());
+    }
+    assert_eq!(
+        answers,
+        [
+            EnvoyCode::Ok,
+            EnvoyCode::OverLimit,
+            EnvoyCode::OverLimit,
+            EnvoyCode::Ok,
+            EnvoyCode::Ok
+        ]
+    );
+
+    // A frozen Redis: the failure mode (open) answers within the rate limit timeout.
+    redis.signal(nix::sys::signal::Signal::SIGSTOP);
+    let failed_open = baton.check(check("k", 1)).await;
+    redis.signal(nix::sys::signal::Signal::SIGCONT);
+    let failed_open = failed_open.expect("check").into_inner();
+    assert!(failed_open.allowed);
+    assert_eq!(failed_open.decided_by(), pb::RateLimitDecidedBy::FailOpen);
+
+    let after = Scrape::of(&served).await;
+    let decisions = |api: &str, decision: &str, by: &str| {
+        format!(
+            r#"baton_ratelimit_decisions_total{{api="{api}",decision="{decision}",decided_by="{by}"}}"#
+        )
+    };
+    for (series, expected) in [
+        (decisions("baton", "allowed", "redis"), 1.0),
+        (decisions("baton", "limited", "redis"), 1.0),
+        (decisions("baton", "allowed", "fail_open"), 1.0),
+        (decisions("envoy", "allowed", "redis"), 2.0),
+        (decisions("envoy", "limited", "redis"), 1.0),
+        (decisions("envoy", "limited", "rules"), 1.0),
+        (decisions("envoy", "shadow", "redis"), 1.0),
+        (
+            r#"baton_rpc_calls_total{service="envoy.service.ratelimit.v3.RateLimitService",method="ShouldRateLimit",code="OK"}"#.to_owned(),
+            5.0,
+        ),
+    ] {
+        assert_eq!(moved(&before, &after, &series), expected, "{series}");
+    }
+    assert!(
+        moved(
+            &before,
+            &after,
+            r#"baton_redis_errors_total{kind="timeout"}"#
+        ) >= 1.0,
+        "the frozen Redis timed out"
+    );
+    assert!(after.value(r#"baton_redis_pool_connections{pool="ratelimit",state="idle"}"#) >= 1.0);
+}
+
+/// Autocomplete counts queries by call and mode, and the terms its writes added, updated and
+/// removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn autocomplete_counts_queries_and_terms() {
+    let redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &[]).await;
+    let mut client = AutocompleteServiceClient::new(channel(served.baton.addr()).await);
+    let before = Scrape::of(&served).await;
+    let term = |display: &str| pb::AutocompleteTerm {
+        display: display.to_owned(),
+        ..Default::default()
+    };
+    let add = |terms: Vec<pb::AutocompleteTerm>| pb::AutocompleteServiceAddRequest {
+        dictionary: "cities".into(),
+        terms,
+        ..Default::default()
+    };
+    client
+        .add(add(vec![term("Berlin"), term("Bern"), term("Basel")]))
+        .await
+        .expect("add");
+    client
+        .add(add(vec![term("Bern")]))
+        .await
+        .expect("add again");
+    client
+        .remove(pb::AutocompleteServiceRemoveRequest {
+            dictionary: "cities".into(),
+            displays: vec!["Basel".into()],
+        })
+        .await
+        .expect("remove");
+    let complete = |mode: pb::AutocompleteMatchMode| pb::AutocompleteServiceCompleteRequest {
+        dictionary: "cities".into(),
+        query: "ber".into(),
+        mode: mode.into(),
+        ..Default::default()
+    };
+    let found = client
+        .complete(complete(pb::AutocompleteMatchMode::Prefix))
+        .await
+        .expect("complete")
+        .into_inner();
+    assert_eq!(found.suggestions.len(), 2);
+    client
+        .complete(complete(pb::AutocompleteMatchMode::Automatic))
+        .await
+        .expect("complete");
+    client
+        .complete_recent(pb::AutocompleteServiceCompleteRecentRequest {
+            list: "recent".into(),
+            query: "ber".into(),
+            mode: pb::AutocompleteMatchMode::WordPrefix.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("complete recent");
+
+    let after = Scrape::of(&served).await;
+    for (series, expected) in [
+        (
+            r#"baton_autocomplete_terms_written_total{change="added"}"#,
+            3.0,
+        ),
+        (
+            r#"baton_autocomplete_terms_written_total{change="updated"}"#,
+            1.0,
+        ),
+        (
+            r#"baton_autocomplete_terms_written_total{change="removed"}"#,
+            1.0,
+        ),
+        (
+            r#"baton_autocomplete_queries_total{call="complete",mode="prefix"}"#,
+            1.0,
+        ),
+        (
+            r#"baton_autocomplete_queries_total{call="complete",mode="automatic"}"#,
+            1.0,
+        ),
+        (
+            r#"baton_autocomplete_queries_total{call="complete_recent",mode="word_prefix"}"#,
+            1.0,
+        ),
+    ] {
+        assert_eq!(moved(&before, &after, series), expected, "{series}");
+    }
+}
+
+/// A scrape is valid Prometheus text (promtool agrees), OpenMetrics when the scraper asks for
+/// it, and every other path is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scrapes_pass_promtool_in_both_formats() {
+    let redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &[]).await;
+    let mut client = lock_client(&served).await;
+    let held = client
+        .acquire(acquire("p", 10_000, None))
+        .await
+        .expect("acquire")
+        .into_inner();
+    client
+        .release(pb::LockServiceReleaseRequest {
+            name: "p".into(),
+            token: token(&held),
+        })
+        .await
+        .expect("release");
+    let _ = client
+        .acquire(acquire("", 10_000, None))
+        .await
+        .expect_err("no name");
+
+    let text = get(served.metrics, "/metrics", None).await;
+    assert_eq!(text.status, 200);
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(
+        text.body.contains("baton_build_info{version=\""),
+        "{}",
+        text.body
+    );
+    assert!(text.body.contains(
+        r#"baton_rpc_calls_total{service="baton.v1.LockService",method="Acquire",code="INVALID_ARGUMENT"} 1"#
+    ));
+    let prometheus_accept = "application/openmetrics-text;version=1.0.0;q=0.5,\
+        application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let open = get(served.metrics, "/metrics", Some(prometheus_accept)).await;
+    assert_eq!(open.status, 200);
+    assert!(
+        open.header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text; version=1.0.0")),
+        "{:?}",
+        open.headers
+    );
+    assert!(open.body.ends_with("# EOF\n"), "{}", open.body);
+    assert!(
+        open.body
+            .contains("# UNIT baton_rpc_duration_seconds seconds"),
+        "{}",
+        open.body
+    );
+    let log = served.baton.stderr();
+    assert!(
+        !log.contains('\u{1b}'),
+        "no colour codes in a log that is not a terminal:\n{log}"
+    );
+    for path in ["/", "/metrics/", "/healthz"] {
+        assert_eq!(get(served.metrics, path, None).await.status, 404, "{path}");
+    }
+
+    if let Some(promtool) = promtool() {
+        // Prometheus's own OpenMetrics parser reads the OpenMetrics scrape (as a backfill, which
+        // wants a timestamp on every sample).
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stamped: String = open
+            .body
+            .lines()
+            .map(|l| {
+                if l.starts_with('#') {
+                    format!("{l}\n")
+                } else {
+                    format!("{l} 1700000000\n")
+                }
+            })
+            .collect();
+        let input = dir.path().join("scrape.om");
+        std::fs::write(&input, stamped).expect("writing the scrape");
+        let blocks = dir.path().join("blocks");
+        let (ok, report) = run_promtool(
+            &promtool,
+            &[
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                input.to_str().expect("a UTF-8 path"),
+                blocks.to_str().expect("a UTF-8 path"),
+            ],
+            "",
+        );
+        assert!(
+            ok,
+            "promtool could not read the OpenMetrics scrape:\n{report}\n{}",
+            open.body
+        );
+
+        let (ok, report) = run_promtool(&promtool, &["check", "metrics"], &text.body);
+        assert!(
+            ok && report.trim().is_empty(),
+            "promtool check metrics:\n{report}\n{}",
+            text.body
+        );
+    }
+}
+
+/// Ten thousand lock names (and a thousand rate limit keys) leave the number of series as it
+/// was: no name, owner or token is a label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_lock_names_add_no_series() {
+    let redis = RedisServer::start_standalone().await;
+    // Generous timeouts: a decision by the failure mode on a busy machine would add its series.
+    let served = spawn(
+        &redis,
+        &["--ratelimit-timeout", "5s", "--redis-command-timeout", "5s"],
+    )
+    .await;
+    let channel = channel(served.baton.addr()).await;
+    let round = |names: std::ops::Range<usize>| {
+        let channel = channel.clone();
+        async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for chunk in names.collect::<Vec<_>>().chunks(250) {
+                let chunk = chunk.to_vec();
+                let mut locks = LockServiceClient::new(channel.clone());
+                let mut limits = RateLimitServiceClient::new(channel.clone());
+                tasks.spawn(async move {
+                    for i in chunk {
+                        let name = format!("lock-{i}");
+                        let held = locks
+                            .acquire(acquire(&name, 10_000, None))
+                            .await
+                            .expect("acquire");
+                        locks
+                            .release(pb::LockServiceReleaseRequest {
+                                name,
+                                token: token(held.get_ref()),
+                            })
+                            .await
+                            .expect("release");
+                        if i % 10 == 0 {
+                            limits
+                                .check(check(&format!("key-{i}"), 5))
+                                .await
+                                .expect("check");
+                        }
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.expect("a client task");
+            }
+        }
+    };
+    // The label combinations this traffic touches exist after the first round.
+    within(PATIENCE, round(0..20), "the first names").await;
+    let before = Scrape::of(&served).await.series();
+    within(
+        Duration::from_secs(300),
+        round(20..10_020),
+        "ten thousand names",
+    )
+    .await;
+    let after = Scrape::of(&served).await;
+    assert_eq!(
+        moved(
+            &Scrape(String::new()),
+            &after,
+            r#"baton_lease_acquisitions_total{kind="lock",result="acquired"}"#
+        ),
+        10_020.0
+    );
+    let after = after.series();
+    let added: Vec<_> = after.difference(&before).collect();
+    assert!(added.is_empty(), "new series: {added:?}");
+    assert_eq!(before.len(), after.len());
+}
+
+/// The alerting rules of docs/metrics.md are valid Prometheus rules.
+#[test]
+fn documented_alert_rules_pass_promtool() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md"))
+        .expect("reading docs/metrics.md");
+    let rules: Vec<&str> = docs
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(yaml, _)| yaml))
+        .filter(|yaml| yaml.starts_with("groups:"))
+        .collect();
+    assert_eq!(rules.len(), 1, "one block of rules in docs/metrics.md");
+    let Some(promtool) = promtool() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("baton-rules.yaml");
+    std::fs::write(&path, rules[0]).expect("writing the rules");
+    let (ok, report) = run_promtool(
+        &promtool,
+        &["check", "rules", path.to_str().expect("a UTF-8 path")],
+        "",
+    );
+    assert!(
+        ok && report.contains("SUCCESS"),
+        "promtool check rules:\n{report}"
+    );
+}
+
+/// In JSON logs, a call that fails for a server-side cause is logged once with its service,
+/// method, code and duration, and with the trace id of its `traceparent`; Redis refusing
+/// Baton's credentials is logged as such; a startup line sums up the configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_are_logged_with_their_trace() {
+    let redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &["--log-format", "json"]).await;
+    let mut client = lock_client(&served).await;
+    assert!(
+        client
+            .acquire(acquire("before", 1_000, None))
+            .await
+            .expect("acquire")
+            .into_inner()
+            .acquired
+    );
+
+    // Redis now wants a password Baton does not have; its connections are cut.
+    let mut admin = redis.client().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("sesame")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET requirepass");
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut admin)
+        .await
+        .unwrap_or(redis::Value::Nil);
+
+    // Once readiness has met the refusal, every new connection meets it.
+    let mut health = HealthClient::new(channel(served.baton.addr()).await);
+    support::wait_for_health(
+        &mut health,
+        "readiness",
+        ServingStatus::NotServing,
+        PATIENCE,
+    )
+    .await;
+
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut request = tonic::Request::new(acquire("after", 1_000, None));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b7-01")
+            .parse()
+            .expect("metadata"),
+    );
+    let failed = client
+        .acquire(request)
+        .await
+        .expect_err("Redis refuses Baton");
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+
+    let lines = wait_until(
+        PATIENCE,
+        "the failed call and the refused credentials in the log",
+        || {
+            let log = served.baton.stderr();
+            async move {
+                let lines: Vec<serde_json::Value> = log
+                    .lines()
+                    .map(|l| {
+                        serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))
+                    })
+                    .collect();
+                let failed = lines.iter().any(|l| l["message"] == "call failed");
+                let refused = lines.iter().any(|l| {
+                    l["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("refuses Baton's credentials"))
+                });
+                if failed && refused {
+                    Ok(lines)
+                } else {
+                    Err(log)
+                }
+            }
+        },
+    )
+    .await;
+    let calls: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "call failed")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = calls[0];
+    assert_eq!(call["service"], "baton.v1.LockService");
+    assert_eq!(call["method"], "Acquire");
+    assert_eq!(call["code"], "UNAVAILABLE");
+    assert!(
+        call["duration_ms"].as_f64().is_some_and(|d| d >= 0.0),
+        "{call}"
+    );
+    assert_eq!(call["span"]["trace_id"], trace, "{call}");
+    // A pooled connection Redis cut, or a new one it refused: either way Redis's doing.
+    assert!(
+        call["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("redis unavailable")),
+        "{call}"
+    );
+    let start = lines
+        .iter()
+        .find(|l| l["message"] == "baton starting")
+        .expect("a startup line");
+    assert!(
+        start["config"]
+            .as_str()
+            .is_some_and(|c| c.contains("redis_url=redis://127.0.0.1:")),
+        "{start}"
+    );
+}
