@@ -323,19 +323,26 @@ async fn a_leader_whose_baton_dies_is_replaced_at_its_expiry() {
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid()).expect("pid"));
     nix::sys::signal::kill(pid, Signal::SIGKILL).expect("killing the baton process");
-    let killed_at = Instant::now();
+    let asked_at = Instant::now();
+    let left = leader(&mut c, "e")
+        .await
+        .leader
+        .map(|l| remaining(&l.remaining_ttl, "the dead Baton's leader"))
+        .expect("the dead Baton's leader leads until its lease expires");
     let e = elected(&mut next, Duration::from_secs(10), "the next leader").await;
-    let took = killed_at.elapsed();
-    println!("the leader's Baton was killed; the next leader was elected {took:?} later");
+    let took = asked_at.elapsed();
+    println!(
+        "the leader's Baton was killed with {left:?} left on its lease; the next leader was \
+         elected {took:?} later"
+    );
     assert!(e.term > term);
-    // Renewed at most a third of the ttl before the kill, the lease had at least two thirds left.
     assert!(
-        took > Duration::from_millis(TTL_MS / 2),
-        "elected only {took:?} after the kill: the lease cannot have expired yet"
+        took + Duration::from_millis(50) >= left,
+        "elected {took:?} later, before the lease's {left:?} ran out"
     );
     assert!(
-        took < Duration::from_millis(TTL_MS) + Duration::from_secs(1),
-        "elected {took:?} after the kill"
+        took < left + Duration::from_secs(1),
+        "elected {took:?} later, long after the lease's {left:?} ran out"
     );
     let mut last = term;
     loop {
@@ -732,8 +739,9 @@ async fn every_key_expires() {
     })
     .await;
     let left = pttl(&mut conn, &term_key).await;
+    // Set to an hour past the 2 s ttl at the last grant or renewal, a few moments ago.
     assert!(
-        left > 3_600_000 && left <= 3_600_000 + 2_000,
+        left > 3_590_000 && left <= 3_600_000 + 2_000,
         "the term key is kept {left} ms"
     );
 }
