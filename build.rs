@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     let protos = [
         "proto/baton/v1/autocomplete.proto",
+        "proto/baton/v1/election.proto",
         "proto/baton/v1/lease.proto",
         "proto/baton/v1/lock.proto",
         "proto/baton/v1/ratelimit.proto",

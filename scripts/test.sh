@@ -21,4 +21,4 @@ scripts/client-tests.sh
 echo "==> cargo test"
 cargo test --locked --all-targets
 echo "==> the service suites again, against a local 3-master Redis Cluster"
-BATON_TEST_TOPOLOGY=cluster cargo test --locked --test lock --test semaphore --test autocomplete --test ratelimit
+BATON_TEST_TOPOLOGY=cluster cargo test --locked --test lock --test semaphore --test election --test autocomplete --test ratelimit

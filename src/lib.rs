@@ -18,6 +18,9 @@
 //! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
 //!   loss before expiry, release when the client goes away; renewals of many leases batched into
 //!   few script calls ([`lease::batch`]).
+//! - [`election`]: the `baton.v1.ElectionService`: leader election on the lease engine, FIFO
+//!   among candidates, terms that strictly increase, values, observers; handler, Lua scripts,
+//!   domain types.
 //! - [`lock`]: the `baton.v1.LockService`: its gRPC handler, its Lua scripts and its domain types.
 //! - [`ratelimit`]: the `baton.v1.RateLimitService` (GCRA, fixed and sliding windows) and
 //!   Envoy's `envoy.service.ratelimit.v3.RateLimitService` with rules from a YAML file.
@@ -36,6 +39,7 @@ pub mod autocomplete;
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod election;
 pub mod error;
 pub mod grpc;
 pub mod lease;

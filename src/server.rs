@@ -34,7 +34,9 @@ use crate::ratelimit::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer as EnvoyRateLimitServiceServer;
 
 use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
+use crate::election::{Election, Elections, service::ElectionApi};
 use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
+use crate::proto::v1::election_service_server::ElectionServiceServer;
 use crate::{
     config::ServeConfig,
     grpc::{authority::FixAuthority, conn::Watched},
@@ -58,6 +60,7 @@ pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 const READY_NAMES: &[&str] = &[
     "readiness",
     "baton.v1.AutocompleteService",
+    "baton.v1.ElectionService",
     "baton.v1.LockService",
     "baton.v1.RateLimitService",
     "baton.v1.SemaphoreService",
@@ -231,6 +234,11 @@ pub async fn serve_until(
     let pings = config.client_keepalive_interval;
     let locks = Locks::new(Lock::new(redis.clone()), notifier.clone());
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
+    let elections = Elections::new(
+        Election::new(redis.clone(), notifier.clone()),
+        notifier.clone(),
+    );
+    let election_api = ElectionApi::new(elections, shutdown.clone(), pings);
     let semaphore_api = SemaphoreApi::new(
         Semaphores::new(Semaphore::new(redis.clone()), notifier),
         shutdown.clone(),
@@ -287,6 +295,7 @@ pub async fn serve_until(
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(AutocompleteServiceServer::new(autocomplete_api.clone()))
+            .add_service(ElectionServiceServer::new(election_api.clone()))
             .add_service(LockServiceServer::new(lock_api.clone()))
             .add_service(RateLimitServiceServer::new(ratelimit_api.clone()))
             .add_optional_service(envoy_api.clone().map(EnvoyRateLimitServiceServer::new))

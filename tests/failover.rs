@@ -1,7 +1,8 @@
 //! Baton on Redis Sentinel and Redis Cluster under failure, with real processes
 //! (`tests/support/topology.rs`): a Sentinel failover during contention, fencing with
 //! `--min-replicas-ack`, a live slot migration while locks are held and waited for, the keepalive
-//! cost per Cluster node, and a Cluster master failover. Every figure is printed; run with
+//! cost per Cluster node, a Cluster master failover, and a leader election through a Sentinel
+//! failover. Every figure is printed; run with
 //! `cargo test --test failover -- --nocapture` to see them.
 
 mod support;
@@ -18,7 +19,8 @@ use std::{
 use baton::{
     config::RedisConfig,
     proto::v1::{
-        self as pb, LeaseLostReason, lock_service_client::LockServiceClient,
+        self as pb, LeaseLostReason, election_service_campaign_response::Event as ElectionEvent,
+        election_service_client::ElectionServiceClient, lock_service_client::LockServiceClient,
         lock_service_hold_response::Event as LockEvent,
         semaphore_service_client::SemaphoreServiceClient,
         semaphore_service_hold_response::Event as SemEvent,
@@ -30,7 +32,9 @@ use nix::{
     unistd::Pid,
 };
 use support::{
-    Baton, ms, std_duration,
+    Baton,
+    lease::read_until_lost,
+    ms, std_duration,
     topology::{ClusterNode, RedisCluster, SentinelDeployment, key_slot},
     wait_until, within,
 };
@@ -2189,4 +2193,113 @@ async fn cluster_dead_master_stays_on_its_shard() {
             "{what} waiter on a healthy master: {outcome:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Leader election through a Sentinel failover
+// ---------------------------------------------------------------------------------------------
+
+/// The next event of a `Campaign` stream within `limit`, which must be `elected`.
+async fn elected(
+    stream: &mut tonic::Streaming<pb::ElectionServiceCampaignResponse>,
+    limit: Duration,
+) -> pb::ElectionElected {
+    match within(limit, stream.message(), "elected").await {
+        Ok(Some(pb::ElectionServiceCampaignResponse {
+            event: Some(ElectionEvent::Elected(e)),
+        })) => e,
+        other => panic!("expected elected, got {other:?}"),
+    }
+}
+
+/// Sentinel: a leader (ttl 2 s) and an observer; SIGKILL of the master. The leader's stream
+/// reports `lost` before its leadership could have expired; once the replica is promoted, a
+/// campaign through the same Baton is elected with a term greater than the old leader's (terms
+/// are floored at the Redis clock, so this holds even if the replica missed the last term), and
+/// an observer sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_elects_again_with_a_higher_term() {
+    let mut sentinels = SentinelDeployment::start().await;
+    let baton = Baton::start_on(sentinel_config(&sentinels), |_| {}).await;
+    let mut client = ElectionServiceClient::new(support::channel(baton.addr()).await);
+    let request = |value: &str| pb::ElectionServiceCampaignRequest {
+        name: "primary".into(),
+        value: value.as_bytes().to_vec(),
+        ttl: Some(ms(FAILOVER_TTL_MS)),
+    };
+    let mut old = client
+        .campaign(request("old"))
+        .await
+        .expect("Campaign")
+        .into_inner();
+    let first = elected(&mut old, Duration::from_secs(5)).await;
+    let (mut confirmed_at, mut valid_for) = (Instant::now(), ms_of(&first.remaining_ttl));
+
+    let killed_at = Instant::now();
+    sentinels.kill_master();
+    let (lost, renewals) =
+        read_until_lost(&mut old, Duration::from_secs(5), "the old leader's lost").await;
+    let lost_at = Instant::now();
+    if let Some((at, r)) = renewals.last() {
+        (confirmed_at, valid_for) = (*at, ms_of(&r.remaining_ttl));
+    }
+    println!(
+        "old leader: {:?} {:?} after SIGKILL, {:?} before it could have expired",
+        lost.reason(),
+        lost_at - killed_at,
+        (confirmed_at + valid_for).saturating_duration_since(lost_at)
+    );
+    assert!(
+        lost_at < confirmed_at + valid_for,
+        "lost came after the leadership could have expired"
+    );
+
+    // Candidates told UNAVAILABLE while Baton follows the failover campaign again.
+    let deadline = Instant::now() + SENTINEL_FOLLOW_BOUND;
+    let next = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no election within {SENTINEL_FOLLOW_BOUND:?} of the kill"
+        );
+        let mut stream = client
+            .campaign(request("new"))
+            .await
+            .expect("Campaign opens its stream")
+            .into_inner();
+        match within(SENTINEL_FOLLOW_BOUND, stream.message(), "a campaign").await {
+            Ok(Some(pb::ElectionServiceCampaignResponse {
+                event: Some(ElectionEvent::Elected(e)),
+            })) => break (e, stream),
+            Err(status) if status.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("a campaign during the failover: {other:?}"),
+        }
+    };
+    let (next, _leading) = next;
+    println!(
+        "elected again {:?} after SIGKILL, term {} > {}",
+        killed_at.elapsed(),
+        next.term,
+        first.term
+    );
+    assert!(next.term > first.term);
+    let mut observer = client
+        .observe(pb::ElectionServiceObserveRequest {
+            name: "primary".into(),
+        })
+        .await
+        .expect("Observe")
+        .into_inner();
+    let seen = within(Duration::from_secs(5), observer.message(), "the observer")
+        .await
+        .expect("Observe")
+        .expect("a state");
+    let leader = seen.leader.expect("a leader");
+    assert_eq!((leader.term, leader.value), (next.term, b"new".to_vec()));
+}
+
+/// A proto duration as a std one.
+fn ms_of(d: &Option<prost_types::Duration>) -> Duration {
+    std_duration(d.as_ref().expect("a duration"))
 }

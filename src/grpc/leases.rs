@@ -175,13 +175,14 @@ impl<P: Primitive> Leases<P> {
     }
 
     /// A `Hold` stream: acquires, then keeps the grant alive while `client` keeps the stream
-    /// open. `granted` and `refused` make its first message from the outcome (given the ttl).
+    /// open. `granted` and `refused` make its first item from the outcome (given the ttl): a
+    /// message, or for `refused` a status when the service has no message for a refusal.
     pub fn hold<T: LeaseMessage>(
         &self,
         request: P::Request,
         client: ClientWatch,
         granted: fn(&P::Grant, Duration) -> T,
-        refused: fn(P::Busy) -> T,
+        refused: fn(P::Busy) -> Result<T, Status>,
     ) -> Result<EventStream<T>, Status> {
         self.open()?;
         let engine = self.engine.clone();
@@ -207,7 +208,7 @@ impl<P: Primitive> Leases<P> {
                             ),
                         }
                     }
-                    Acquired::Refused(busy) => Opening::Refused(Ok(refused(busy))),
+                    Acquired::Refused(busy) => Opening::Refused(refused(busy)),
                 })
             },
         );

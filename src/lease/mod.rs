@@ -1,4 +1,4 @@
-//! Leases, shared by every leased primitive (locks, semaphore permits): the limits of a lease
+//! Leases, shared by every leased primitive (locks, semaphore permits, leaderships): the limits of a lease
 //! request, the acquisition engine ([`engine`]), keepalive ([`keepalive`]) with its event stream
 //! ([`stream`]) and batched renewals ([`batch`]), the liveness of a client, and clean-up calls
 //! retried until they stop mattering. Nothing here knows of gRPC.

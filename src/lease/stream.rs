@@ -6,7 +6,8 @@
 //! the lease lasts, and only the latest is true), and its final item (`lost`, or an error). The
 //! final item replaces any unread renewal and always has room, so a stream never ends without
 //! it, however slowly its reader reads. Items are whatever the transport sends (for gRPC, a
-//! response message or a status).
+//! response message or a status). An election's observers ([`crate::election::observe`]) send
+//! their states through the same slots: a newer state replaces one nobody has read.
 
 use std::{
     pin::Pin,

@@ -200,10 +200,12 @@ impl LockService for LockApi {
         let granted = |lease: &Lease, ttl| pb::LockServiceHoldResponse {
             event: Some(HoldEvent::Acquired(lease_message(lease, ttl))),
         };
-        let refused = |refusal: Refusal| pb::LockServiceHoldResponse {
-            event: Some(HoldEvent::NotAcquired(pb::LockNotAcquired {
-                holder_remaining_ttl: refusal.remaining.map(wire::duration),
-            })),
+        let refused = |refusal: Refusal| {
+            Ok(pb::LockServiceHoldResponse {
+                event: Some(HoldEvent::NotAcquired(pb::LockNotAcquired {
+                    holder_remaining_ttl: refusal.remaining.map(wire::duration),
+                })),
+            })
         };
         let events = self.leases.hold(acquire, client, granted, refused)?;
         Ok(Response::new(events))

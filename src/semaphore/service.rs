@@ -230,11 +230,13 @@ impl SemaphoreService for SemaphoreApi {
         let granted = |permit: &Permit, ttl| pb::SemaphoreServiceHoldResponse {
             event: Some(HoldEvent::Acquired(permit_message(permit, ttl))),
         };
-        let refused = |refusal: Refusal| pb::SemaphoreServiceHoldResponse {
-            event: Some(HoldEvent::NotAcquired(pb::SemaphoreNotAcquired {
-                available: refusal.available,
-                earliest_expiry: refusal.earliest_expiry.map(wire::duration),
-            })),
+        let refused = |refusal: Refusal| {
+            Ok(pb::SemaphoreServiceHoldResponse {
+                event: Some(HoldEvent::NotAcquired(pb::SemaphoreNotAcquired {
+                    available: refusal.available,
+                    earliest_expiry: refusal.earliest_expiry.map(wire::duration),
+                })),
+            })
         };
         let events = self.leases.hold(acquire, client, granted, refused)?;
         Ok(Response::new(events))

@@ -80,15 +80,16 @@ class Redis:
 
 
 class Baton:
-    """The baton binary serving over `redis_port`, with `extra` flags for `baton serve`."""
+    """The baton binary serving over `redis_port`, with `extra` flags for `baton serve`, under a
+    key prefix of its own, or `prefix` (Batons sharing one are sidecars of one application)."""
 
-    def __init__(self, redis_port, workdir, *extra):
+    def __init__(self, redis_port, workdir, *extra, prefix=None):
         self.port = free_port()
         self.log = open(os.path.join(workdir, f"baton-{self.port}.log"), "wb")
         self.proc = subprocess.Popen(
             [os.environ["BATON_BIN"], "serve", "--listen", f"127.0.0.1:{self.port}",
              "--redis-url", f"redis://127.0.0.1:{redis_port}",
-             "--key-prefix", f"py-{uuid.uuid4().hex[:8]}:", *extra],
+             "--key-prefix", prefix or f"py-{uuid.uuid4().hex[:8]}:", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         health = health_pb2_grpc.HealthStub(self.channel)

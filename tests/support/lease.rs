@@ -1,12 +1,14 @@
-//! What the lock and semaphore suites share: the events of `Hold` and `KeepAlive` streams read
-//! within a bound, bounded waits on what Describe reports, and looks at the keys a lease leaves
-//! in Redis and at Redis's clock. Each helper is generic over the two services.
+//! What the lock, semaphore and election suites share: the events of `Hold`, `KeepAlive` and
+//! `Campaign` streams read within a bound, bounded waits on what Describe reports, and looks at
+//! the keys a lease leaves in Redis and at Redis's clock. Each helper is generic over the
+//! services.
 
 use std::{fmt::Debug, future::Future, time::Duration};
 
 use baton::proto::v1::{
-    self as pb, lock_service_hold_response, lock_service_keep_alive_response,
-    semaphore_service_hold_response, semaphore_service_keep_alive_response,
+    self as pb, election_service_campaign_response, lock_service_hold_response,
+    lock_service_keep_alive_response, semaphore_service_hold_response,
+    semaphore_service_keep_alive_response,
 };
 use tokio::{task::JoinHandle, time::Instant};
 use tonic::Streaming;
@@ -83,6 +85,11 @@ lease_stream!(
     pb::SemaphoreServiceKeepAliveResponse,
     semaphore_service_keep_alive_response,
     "KeepAlive"
+);
+lease_stream!(
+    pb::ElectionServiceCampaignResponse,
+    election_service_campaign_response,
+    "Campaign"
 );
 
 /// The next event of a stream within `limit`; panics if the stream fails or ends.

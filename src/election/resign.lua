@@ -1,0 +1,17 @@
+-- Resign: end the leadership whose token is given, tell observers there is no leader, and wake
+-- the candidate whose turn it is.
+--
+-- KEYS: the prelude's six.
+-- ARGV[1] token
+--
+-- Returns 1 when the token led, 0 when it did not (already resigned, expired, or unknown).
+local now = clock()
+local leader = current(now)
+if not leader or leader.token ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', K.leader)
+changed(leader.term)
+wake_head(now)
+touch_candidates(now)
+return 1
