@@ -469,14 +469,12 @@ class RunWhatTheChartRenders(unittest.TestCase):
             # The app: its own environment names Baton; it sees the socket through its mounts.
             app_env = self.environment(app, self.mapper(app, folders), pod_name + "-0")
             addr = app_env["BATON_ADDR"]
-            options = []
             if addr.startswith("unix://"):
                 socket_path = addr[len("unix://"):]
                 self.assertEqual(oct(os.stat(socket_path).st_mode & 0o777), "0o660")
-                # grpcio names the socket's path as the HTTP/2 authority, which Baton's HTTP/2
-                # server refuses: an app sets `localhost`, as NOTES.txt and the README say.
-                options = [("grpc.default_authority", "localhost")]
-            with grpc.insecure_channel(addr, options=options) as channel:
+            # A stock grpcio channel, as an app would open it: over the socket it names the
+            # socket's path as the HTTP/2 authority, which Baton accepts.
+            with grpc.insecure_channel(addr) as channel:
                 locks = lock_pb2_grpc.LockServiceStub(channel)
                 got = locks.Acquire(lock_pb2.LockServiceAcquireRequest(
                     name="from-the-app", ttl=ms(10_000), owner=pod_name), timeout=10)
