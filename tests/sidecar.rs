@@ -151,8 +151,8 @@ async fn a_bad_password_file_is_a_configuration_error() {
 }
 
 /// `baton health` answers 0 and prints SERVING for a ready Baton, over the Unix socket
-/// (`unix://` address) and over TCP; 1 for a service that is not served and for an address
-/// where nothing listens.
+/// (`unix://` address) and over TCP; 1 for a service that is not served, and 69 (unavailable)
+/// naming the address where nothing listens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn baton_health_reports_the_status_in_its_exit_code() {
     let redis = RedisServer::start().await;
@@ -185,7 +185,7 @@ async fn baton_health_reports_the_status_in_its_exit_code() {
         .env("BATON_ADDR", &nobody)
         .output()
         .expect("running baton health");
-    assert_eq!(down.status.code(), Some(1), "{down:?}");
+    assert_eq!(down.status.code(), Some(69), "{down:?}");
     assert!(
         String::from_utf8_lossy(&down.stderr).contains(&nobody),
         "{down:?}"

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tonic::Request;
+use tonic::{Code, Request};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use super::{
@@ -302,10 +302,13 @@ pub async fn health(args: HealthArgs) -> Result<u8, Failure> {
             },
             &args.client,
         ))
-        .await
-        .map_err(|s| Failure::from_status(&s, &args.client.addr))?
-        .into_inner();
-    let status = answer.status().as_str_name();
+        .await;
+    let status = match answer {
+        Ok(answer) => answer.into_inner().status().as_str_name(),
+        // A service Baton does not serve is a "no", like one that is not serving.
+        Err(s) if s.code() == Code::NotFound => "SERVICE_UNKNOWN",
+        Err(s) => return Err(Failure::from_status(&s, &args.client.addr)),
+    };
     let value = json!({"service": args.service, "status": status});
     print(args.json, &value, &format!("{}: {status}", args.service));
     Ok(if status == "SERVING" { 0 } else { EXIT_NO })
