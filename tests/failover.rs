@@ -1118,7 +1118,17 @@ async fn cluster_slot_migration_keeps_holders_and_waiters() {
         }
     })
     .await;
-    assert_eq!(shard_subscribers(&cluster, from.port, &channel).await, 1);
+    // The waiter registers with its first try and subscribes right after: wait for the latter.
+    wait_until(Duration::from_secs(5), "the waiter's subscription", || {
+        let (cluster, channel) = (&cluster, &channel);
+        async move {
+            match shard_subscribers(cluster, from.port, channel).await {
+                1 => Ok(()),
+                n => Err(format!("{n} subscriber(s)")),
+            }
+        }
+    })
+    .await;
 
     // Half-moved: the slot is MIGRATING on its owner and IMPORTING on the target, and every lock
     // and semaphore of the slot has keys on each side (a lock's leases set and a semaphore's
