@@ -16,11 +16,14 @@ rm -rf "$gen" && mkdir -p "$gen"
   proto/baton/v1/*.proto
 
 cargo build --locked --bin baton
-# The image test (root only, as CI runs) packs the release binary, as the Dockerfile does.
-if [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; then
+# The image test (root only, as CI runs) packs the release binary, as the Dockerfile does; with
+# --no-image it is left to the caller (scripts/test.sh builds that binary beside its other steps
+# and runs the image test last).
+release=()
+if [ "${1:-}" != "--no-image" ] && { [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; }; then
   echo "==> cargo build --release (for the image test)"
   cargo build --locked --release --bin baton
+  release=(BATON_RELEASE_BIN="$PWD/target/release/baton")
 fi
-BATON_BIN="$PWD/target/debug/baton" BATON_RELEASE_BIN="$PWD/target/release/baton" \
-  BATON_PY_GEN="$PWD/$gen" \
+env BATON_BIN="$PWD/target/debug/baton" "${release[@]}" BATON_PY_GEN="$PWD/$gen" \
   "$venv/bin/python" -m unittest discover -s tests/python -p 'test_*.py' -v
