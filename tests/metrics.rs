@@ -259,22 +259,21 @@ async fn lock_traffic_moves_the_lease_metrics() {
     assert!(held.acquired);
     let mut b = lock_client(&served).await;
     let waiting = tokio::spawn(async move { b.acquire(acquire("x", 10_000, Some(15_000))).await });
-    let during = wait_until(PATIENCE, "b counted as a waiter", || {
+    // A waiter is counted when it starts waiting and subscribes right after: wait for both.
+    let during = wait_until(PATIENCE, "b counted as a waiter, listening", || {
         let served = &served;
         async move {
             let s = Scrape::of(served).await;
-            if s.value(r#"baton_lease_waiters{kind="lock"}"#) == 1.0 {
+            let waiters = s.value(r#"baton_lease_waiters{kind="lock"}"#);
+            let subscriptions = s.value("baton_redis_subscriptions");
+            if waiters == 1.0 && subscriptions >= 1.0 {
                 Ok(s)
             } else {
-                Err(s.value(r#"baton_lease_waiters{kind="lock"}"#))
+                Err((waiters, subscriptions))
             }
         }
     })
     .await;
-    assert!(
-        during.value("baton_redis_subscriptions") >= 1.0,
-        "a waiter listens on the lock's channel"
-    );
     assert_eq!(
         during.value(r#"baton_rpc_in_flight{service="baton.v1.LockService",method="Acquire"}"#),
         1.0,
