@@ -1040,7 +1040,8 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let invocation = lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter);
+        let invocation =
+            lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter, None);
         bounded("abandon.lua", invocation.invoke_async::<i64>(conn))
             .await
             .map(drop)
@@ -1061,7 +1062,7 @@ impl Worker {
             Target::Direct { conn, scripts, .. } => {
                 let invocation = lock::scripts::Release {
                     token,
-                    unclaimed_only: false,
+                    clean_up: None,
                 }
                 .invocation(&scripts.lock_release, &self.lock_keys);
                 let reply: Vec<i64> = bounded("release.lua", invocation.invoke_async(conn)).await?;
@@ -1120,8 +1121,12 @@ impl Worker {
                 let Target::Direct { conn, scripts, .. } = &mut self.target else {
                     unreachable!("direct only")
                 };
-                let invocation =
-                    semaphore::scripts::abandon(&scripts.sem_abandon, &self.sem_keys, &waiter);
+                let invocation = semaphore::scripts::abandon(
+                    &scripts.sem_abandon,
+                    &self.sem_keys,
+                    &waiter,
+                    None,
+                );
                 bounded("abandon.lua", invocation.invoke_async::<i64>(conn)).await?;
                 return Ok(None);
             }
@@ -1182,7 +1187,7 @@ impl Worker {
             }
             Target::Direct { conn, scripts, .. } => {
                 let invocation =
-                    semaphore::scripts::release(&scripts.sem_release, &self.sem_keys, token, false);
+                    semaphore::scripts::release(&scripts.sem_release, &self.sem_keys, token, None);
                 let held: i64 = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if held == 1 {
                     Ok(())
@@ -1643,7 +1648,7 @@ async fn leases_direct(options: &Options, probe: &mut Probe, stack: &Stack) -> L
             }
             let invocation = lock::scripts::Release {
                 token: &token,
-                unclaimed_only: false,
+                clean_up: None,
             }
             .invocation(&scripts.lock_release, &keys);
             bounded(

@@ -48,7 +48,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            telemetry::init(config.log_format, &config.log_filter);
+            // Kept to the end of `main`: dropping it writes out the queued log lines.
+            let _logs = telemetry::init(config.log_format, &config.log_filter);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -132,7 +133,9 @@ async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> 
         }
         // A signal during the drain means the operator does not want to wait for it.
         signals.next().await;
-        // Logging cannot fail a task (see `telemetry`), so this line cannot keep Baton alive.
+        // Logging cannot fail or block a task (see `telemetry`), so this line cannot keep Baton
+        // alive; the process exits without waiting for the log queue (its writer may be stuck on
+        // a full pipe), so the line may be lost.
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });

@@ -23,7 +23,7 @@ use tokio::{
     task::JoinSet,
 };
 use tokio_stream::wrappers::UnixListenerStream;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::transport::{Server, server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -232,15 +232,18 @@ pub async fn serve_until(
     );
     let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
     let pings = config.client_keepalive_interval;
-    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone());
+    // Clean-ups (releases, waiters' removals) and keepalive streams: the drain waits for them.
+    let tasks = TaskTracker::new();
+    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone(), tasks.clone());
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
     let elections = Elections::new(
         Election::new(redis.clone(), notifier.clone()),
         notifier.clone(),
+        tasks.clone(),
     );
     let election_api = ElectionApi::new(elections, shutdown.clone(), pings);
     let semaphore_api = SemaphoreApi::new(
-        Semaphores::new(Semaphore::new(redis.clone()), notifier),
+        Semaphores::new(Semaphore::new(redis.clone()), notifier, tasks.clone()),
         shutdown.clone(),
         pings,
     );
@@ -351,11 +354,22 @@ pub async fn serve_until(
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
             tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
-            match tokio::time::timeout(config.drain_timeout, first_failure(&mut servers)).await {
+            // The calls and streams first, then the releases and clean-ups still being retried
+            // (a client that left just before, a Redis slow to answer), all by one deadline.
+            let drained = async {
+                let served = first_failure(&mut servers).await;
+                tasks.close();
+                tasks.wait().await;
+                served
+            };
+            match tokio::time::timeout(config.drain_timeout, drained).await {
                 Ok(r) => r,
                 Err(_) => {
                     servers.abort_all();
-                    tracing::warn!("drain deadline passed; stopping hard");
+                    tracing::warn!(
+                        releases_pending = tasks.len(),
+                        "drain deadline passed; stopping hard (leases not yet released end at their ttl)"
+                    );
                     Ok(())
                 }
             }

@@ -349,13 +349,18 @@ impl Primitive for Election {
         Ok((outcome, ack))
     }
 
-    async fn release(&self, name: &str, token: &str, _unclaimed_only: bool) -> Result<bool, Error> {
-        // No retry of a campaign claims a leadership (streams have no idempotency key), so every
-        // release is the same.
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        clean_up: Option<Duration>,
+    ) -> Result<bool, Error> {
+        // No retry of a campaign claims a leadership (streams have no idempotency key): a clean-up
+        // only voids the token.
         let keys = self.keys(name);
         let led: i64 = self
             .redis
-            .eval(&scripts::resign(&self.resign, &keys, token))
+            .eval(&scripts::resign(&self.resign, &keys, token, clean_up))
             .await?;
         Ok(led == 1)
     }
@@ -364,9 +369,14 @@ impl Primitive for Election {
         *released
     }
 
-    async fn abandon(&self, name: &str, candidate: &str) -> Result<(), Error> {
+    async fn abandon(
+        &self,
+        name: &str,
+        candidate: &str,
+        void: Option<Duration>,
+    ) -> Result<(), Error> {
         let keys = self.keys(name);
-        let invocation = scripts::abandon(&self.abandon, &keys, candidate);
+        let invocation = scripts::abandon(&self.abandon, &keys, candidate, void);
         self.redis.eval::<i64>(&invocation).await.map(drop)
     }
 

@@ -188,6 +188,7 @@ impl<P: Primitive> Leases<P> {
         let engine = self.engine.clone();
         let events = keepalive::hold(
             &self.shutdown,
+            self.engine.tasks(),
             client,
             message::<T>,
             status,
@@ -229,9 +230,16 @@ impl<P: Primitive> Leases<P> {
         let lease = self
             .engine
             .lease(name.clone(), token.clone(), String::new(), ttl);
-        let events =
-            keepalive::open_keep_alive(&self.shutdown, client, message::<T>, lease, ttl, first)
-                .await?;
+        let events = keepalive::open_keep_alive(
+            &self.shutdown,
+            self.engine.tasks(),
+            client,
+            message::<T>,
+            lease,
+            ttl,
+            first,
+        )
+        .await?;
         Ok(Box::pin(events))
     }
 }

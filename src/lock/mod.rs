@@ -460,14 +460,10 @@ impl Primitive for Lock {
         &self,
         name: &str,
         token: &str,
-        unclaimed_only: bool,
+        clean_up: Option<Duration>,
     ) -> Result<Released, Error> {
         let keys = self.keys(name);
-        let invocation = scripts::Release {
-            token,
-            unclaimed_only,
-        }
-        .invocation(&self.release, &keys);
+        let invocation = scripts::Release { token, clean_up }.invocation(&self.release, &keys);
         let reply: Vec<i64> = self.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [held, left] => Ok(Released {
@@ -482,9 +478,9 @@ impl Primitive for Lock {
         released.was_held
     }
 
-    async fn abandon(&self, name: &str, waiter: &str) -> Result<(), Error> {
+    async fn abandon(&self, name: &str, waiter: &str, void: Option<Duration>) -> Result<(), Error> {
         let keys = self.keys(name);
-        let invocation = scripts::abandon(&self.abandon, &keys, waiter);
+        let invocation = scripts::abandon(&self.abandon, &keys, waiter, void);
         self.redis.eval::<i64>(&invocation).await.map(drop)
     }
 
