@@ -333,17 +333,21 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     /// Ends the stream with `lost`, counted and logged once with what the client is told.
     fn finish(&self, reason: LostReason, message: impl Into<String>) {
         let message = message.into();
+        self.note_lost(reason, &message);
+        self.tx.finish((self.wrap)(Event::Lost(reason, message)));
+    }
+
+    /// Counts and logs the loss the client is told of with `why`.
+    fn note_lost(&self, reason: LostReason, why: &str) {
         let lease = self.lease.describe();
         metrics::lease(lease.kind).lost(reason);
         let (kind, name, owner) = (lease.kind, lease.name, lease.owner);
-        let why = message.as_str();
         match reason {
             LostReason::Shutdown => {
                 tracing::info!(kind, name, owner, reason = ?reason, why, "lease lost")
             }
             _ => tracing::warn!(kind, name, owner, reason = ?reason, why, "lease lost"),
         }
-        self.tx.finish((self.wrap)(Event::Lost(reason, message)));
     }
 
     async fn lost_unconfirmed(self) {
@@ -383,10 +387,10 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
         // the stream stays open until the release is done (`self` dropped), so the server's
         // drain waits for it instead of the process exiting in the middle of it. While Redis does
         // not answer, the release is retried until the drain's deadline ends the process.
-        self.tx.finish_later((self.wrap)(Event::Lost(
-            LostReason::Shutdown,
-            "baton is shutting down; the lease is being released".into(),
-        )));
+        let why = "baton is shutting down; the lease is being released";
+        self.note_lost(LostReason::Shutdown, why);
+        self.tx
+            .finish_later((self.wrap)(Event::Lost(LostReason::Shutdown, why.into())));
         if let Err(e) = release_until(&self.lease, self.latest).await {
             let lease = self.lease.describe();
             tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release at shutdown failed; the lease expires at its ttl");

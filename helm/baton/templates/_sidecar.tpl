@@ -9,17 +9,38 @@ this one (as `baton`) includes them in its pod template, each with
   spec:
     terminationGracePeriodSeconds: {{ include "baton.terminationGracePeriodSeconds" $b }}
     securityContext: {{- include "baton.podSecurityContext" $b | nindent 6 }}
-    initContainers: {{- include "baton.sidecar" $b | nindent 6 }}
+    {{- with include "baton.initContainers" $b }}
+    initContainers: {{- . | nindent 6 }}
+    {{- end }}
     containers:
+      {{- include "baton.containers" $b | nindent 6 }}
       - name: app
         env: {{- include "baton.appEnv" $b | nindent 10 }}
         volumeMounts: {{- include "baton.appVolumeMounts" $b | nindent 10 }}
     volumes: {{- include "baton.volumes" $b | nindent 6 }}
 
-With `nativeSidecar: false`, put "baton.sidecar" among `containers` instead.
+"baton.initContainers" is Baton as a native sidecar (`nativeSidecar: true`) and nothing otherwise;
+"baton.containers" is Baton as an ordinary container (`nativeSidecar: false`) and nothing
+otherwise. Your own init containers or containers go after them in the same lists.
 */}}
 
-{{/* Baton's container, as a list item. */}}
+{{/* The pod's `initContainers` items Baton adds: itself as a native sidecar, or nothing. */}}
+{{- define "baton.initContainers" -}}
+{{- if .baton.nativeSidecar -}}
+{{- include "baton.sidecar" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's `containers` items Baton adds: itself as an ordinary container (`nativeSidecar:
+false`), or nothing. */}}
+{{- define "baton.containers" -}}
+{{- if not .baton.nativeSidecar -}}
+{{- include "baton.sidecar" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Baton's container, as a list item: a native sidecar (`restartPolicy: Always`) when
+`nativeSidecar` is true. Pods include it through "baton.initContainers" and "baton.containers". */}}
 {{- define "baton.sidecar" -}}
 {{- $v := .baton -}}
 {{- include "baton.checkGracePeriod" . -}}
