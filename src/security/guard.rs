@@ -129,12 +129,16 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         match self.checks.admit(&request) {
-            Ok(permit) => GuardFuture::Admitted {
-                inner: self.inner.call(request),
-                permit,
+            Ok(permit) => GuardFuture {
+                state: State::Admitted {
+                    inner: self.inner.call(request),
+                    permit,
+                },
             },
-            Err(status) => GuardFuture::Refused {
-                response: Some(status.into_http()),
+            Err(status) => GuardFuture {
+                state: State::Refused {
+                    response: Some(status.into_http()),
+                },
             },
         }
     }
@@ -142,21 +146,23 @@ where
 
 pin_project! {
     /// The future of a guarded call.
-    #[project = GuardProj]
-    pub enum GuardFuture<F> {
-        /// Passed on, holding its lease stream's place if it is one.
+    pub struct GuardFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // Passed on, holding its lease stream's place if it is one.
         Admitted {
-            /// The call.
             #[pin]
             inner: F,
-            /// The lease stream's place, if the call is a lease stream.
             permit: Option<OwnedSemaphorePermit>,
         },
-        /// Refused.
-        Refused {
-            /// The answer, until it is given.
-            response: Option<Response<Body>>,
-        },
+        // Refused with this answer.
+        Refused { response: Option<Response<Body>> },
     }
 }
 
@@ -167,11 +173,11 @@ where
     type Output = Result<Response<Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            GuardProj::Refused { response } => Poll::Ready(Ok(response
+        match self.project().state.project() {
+            StateProj::Refused { response } => Poll::Ready(Ok(response
                 .take()
                 .unwrap_or_else(|| Status::internal("polled after completion").into_http()))),
-            GuardProj::Admitted { inner, permit } => {
+            StateProj::Admitted { inner, permit } => {
                 let response = std::task::ready!(inner.poll(cx))?;
                 Poll::Ready(Ok(match permit.take() {
                     None => response,
@@ -213,5 +219,35 @@ impl HttpBody for Placed {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    /// The lease streams are exactly the server-streaming methods of Baton's services: a new
+    /// stream cannot escape the bound.
+    #[test]
+    fn every_baton_stream_is_counted() {
+        let set = prost_types::FileDescriptorSet::decode(crate::proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptor set decodes");
+        let mut streams: Vec<String> = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "baton.v1")
+            .flat_map(|f| {
+                f.service.iter().flat_map(move |s| {
+                    s.method
+                        .iter()
+                        .filter(|m| m.server_streaming())
+                        .map(move |m| format!("/{}.{}/{}", f.package(), s.name(), m.name()))
+                })
+            })
+            .collect();
+        streams.sort();
+        let mut counted: Vec<String> = super::LEASE_STREAMS.iter().map(|s| s.to_string()).collect();
+        counted.sort();
+        assert_eq!(streams, counted);
     }
 }
