@@ -317,7 +317,10 @@ pub async fn serve_until(
     let mut socket_path = None;
     if let Some(tcp) = listeners.tcp {
         tracing::info!(addr = %tcp.local_addr()?, tls = serving.tls(), "serving gRPC over TCP");
-        let incoming = serving.tcp(tcp, shutdown.clone()).map_ok(Watched::new);
+        let incoming = serving.tcp(tcp, shutdown.clone()).map_ok(|conn| {
+            let refused = conn.refused();
+            Watched::refusing(conn, refused)
+        });
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
     }

@@ -1,5 +1,7 @@
-//! The tower layer every gRPC call of the API listeners passes first: the API token check
-//! (`UNAUTHENTICATED` without a valid one; health is exempt), then the bound on lease streams
+//! The tower layer every gRPC call of the API listeners passes first: the client certificate
+//! (with mutual TLS, a connection whose certificate was refused gets `UNAUTHENTICATED` for every
+//! call, health's too), the API token check (`UNAUTHENTICATED` without a valid one; health is
+//! exempt), then the bound on lease streams
 //! open at once (`RESOURCE_EXHAUSTED` past it). A lease stream holds its place until its response
 //! body is dropped: when it ends, or when its client goes away.
 
@@ -20,6 +22,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::token::ApiToken;
+use crate::grpc::conn::ClientConn;
 
 /// The services callable without the API token: probes must work without it.
 const OPEN_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
@@ -93,6 +96,13 @@ impl Checks {
     /// `Err` with the refusal's status, or `Ok` with the lease stream's place if it is one.
     fn admit<B>(&self, request: &Request<B>) -> Result<Option<OwnedSemaphorePermit>, Status> {
         let path = request.uri().path();
+        if let Some(why) = request
+            .extensions()
+            .get::<ClientConn>()
+            .and_then(|c| c.refused.as_deref())
+        {
+            return Err(Status::unauthenticated(why));
+        }
         if let Some(token) = &self.token
             && !OPEN_PREFIXES.iter().any(|p| path.starts_with(p))
         {

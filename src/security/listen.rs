@@ -89,6 +89,8 @@ pub enum TcpConn {
 /// fails its reads if the HTTP/2 preface does not arrive in time.
 pub struct Conn<IO> {
     io: IO,
+    /// Why the client's certificate was refused (mutual TLS), if it was.
+    refused: Option<Arc<str>>,
     _place: OwnedSemaphorePermit,
     /// Until the preface has arrived: its deadline and the bytes still awaited.
     preface: Option<(Pin<Box<Sleep>>, usize)>,
@@ -99,6 +101,7 @@ impl<IO> Conn<IO> {
     fn new(io: IO, place: OwnedSemaphorePermit, timeout: Duration) -> Self {
         Self {
             io,
+            refused: None,
             _place: place,
             preface: Some((
                 Box::pin(tokio::time::sleep_until(Instant::now() + timeout)),
@@ -106,6 +109,14 @@ impl<IO> Conn<IO> {
             )),
             timeout,
         }
+    }
+}
+
+impl<IO> Conn<IO> {
+    /// Why the client's certificate was refused (mutual TLS), if it was: every call on the
+    /// connection is then refused with it.
+    pub fn refused(&self) -> Option<Arc<str>> {
+        self.refused.clone()
     }
 }
 
@@ -209,14 +220,18 @@ pub fn tcp(
         move |stream: TcpStream, place, tx| {
             let tls = tls.clone();
             async move {
-                let conn = match tls {
-                    None => TcpConn::Plain(stream),
+                let (conn, refused) = match tls {
+                    None => (TcpConn::Plain(stream), None),
                     Some(tls) => match handshake(&tls, stream, timeout).await {
-                        Some(tls_stream) => TcpConn::Tls(Box::new(tls_stream)),
+                        Some((tls_stream, refused)) => {
+                            (TcpConn::Tls(Box::new(tls_stream)), refused)
+                        }
                         None => return,
                     },
                 };
-                let _ = tx.send(Ok(Conn::new(conn, place, timeout))).await;
+                let mut conn = Conn::new(conn, place, timeout);
+                conn.refused = refused;
+                let _ = tx.send(Ok(conn)).await;
             }
         },
     ));
@@ -243,17 +258,28 @@ pub fn unix(
     ReceiverStream::new(rx)
 }
 
-/// The TLS handshake of `stream`, within `timeout`; `None` (logged) when it fails.
+/// The TLS handshake of `stream`, within `timeout`, and with mutual TLS the check of the
+/// client's certificate: `None` (logged) when the handshake fails; otherwise the stream and why
+/// the certificate was refused, if it was (logged too).
 async fn handshake(
     tls: &Tls,
     stream: TcpStream,
     timeout: Duration,
-) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<Arc<str>>)> {
     let peer = stream.peer_addr().ok();
-    let acceptor = tls.acceptor()?;
+    let (acceptor, verifier) = tls.acceptor()?;
     let failure = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => return Some(stream),
-        Ok(Err(e)) => handshake_failure(&e, tls.mutual()),
+        Ok(Ok(stream)) => {
+            let refused =
+                verifier.and_then(|v| v.check(stream.get_ref().1.peer_certificates()).err());
+            if let Some(why) = &refused
+                && HANDSHAKE_FAILURES.allow()
+            {
+                tracing::info!(peer = ?peer, why = %why, "refusing every call of a connection (at most one such line a second)");
+            }
+            return Some((stream, refused.map(Arc::from)));
+        }
+        Ok(Err(e)) => handshake_failure(&e),
         Err(_) => format!(
             "the TLS handshake did not complete within {} (--handshake-timeout)",
             humantime::format_duration(timeout)

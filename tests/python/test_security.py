@@ -142,8 +142,8 @@ def acquire(channel, name=None, timeout=5):
 
 
 class MutualTls(unittest.TestCase):
-    """Mutual TLS: only a client with a valid certificate from --tls-client-ca gets in, and one
-    without sees why."""
+    """Mutual TLS: only a client with a valid certificate from --tls-client-ca is served; any
+    other completes its TLS handshake, then every call fails UNAUTHENTICATED saying why."""
 
     @classmethod
     def setUpClass(cls):
@@ -179,23 +179,23 @@ class MutualTls(unittest.TestCase):
             channel.close()
 
     def test_no_certificate_is_refused_saying_one_is_required(self):
-        """A client presenting no certificate fails UNAVAILABLE, the TLS alert saying a
-        certificate is required."""
+        """A client presenting no certificate fails UNAUTHENTICATED, saying one is required."""
         error = self.refused(None)
-        self.assertEqual(error.code(), grpc.StatusCode.UNAVAILABLE, error)
-        self.assertIn("certificate required", error.details().lower())
+        self.assertEqual(error.code(), grpc.StatusCode.UNAUTHENTICATED, error)
+        self.assertIn("requires a client certificate", error.details())
 
     def test_a_certificate_from_another_ca_is_refused(self):
-        """A certificate issued by a CA other than the client CA is refused: unknown CA."""
+        """A certificate issued by a CA other than the client CA fails UNAUTHENTICATED, saying
+        so."""
         error = self.refused(self.certs.stranger)
-        self.assertEqual(error.code(), grpc.StatusCode.UNAVAILABLE, error)
-        self.assertIn("unknown ca", error.details().lower())
+        self.assertEqual(error.code(), grpc.StatusCode.UNAUTHENTICATED, error)
+        self.assertIn("not issued by a CA this Baton trusts", error.details())
 
     def test_an_expired_certificate_is_refused(self):
-        """An expired certificate from the client CA is refused: certificate expired."""
+        """An expired certificate from the client CA fails UNAUTHENTICATED, saying it expired."""
         error = self.refused(self.certs.expired)
-        self.assertEqual(error.code(), grpc.StatusCode.UNAVAILABLE, error)
-        self.assertIn("certificate expired", error.details().lower())
+        self.assertEqual(error.code(), grpc.StatusCode.UNAUTHENTICATED, error)
+        self.assertIn("has expired", error.details())
 
     def test_plaintext_is_refused_and_health_stays_plaintext(self):
         """A plaintext client cannot call the TLS listener; the health listener answers one."""

@@ -78,8 +78,7 @@ async fn only_a_stale_socket_is_replaced() {
     let live = tokio::net::UnixListener::bind(&path).expect("a live socket");
     let refused = bind(&config(&path))
         .await
-        .err()
-        .expect("a live socket is refused");
+        .expect_err("a live socket is refused");
     assert!(refused.contains("running server"), "{refused}");
     drop(live);
     let listeners = bind(&config(&path))
@@ -94,7 +93,7 @@ async fn only_a_stale_socket_is_replaced() {
     std::fs::remove_file(&path).expect("removing");
 
     std::fs::write(&path, "data").expect("a regular file");
-    let refused = bind(&config(&path)).await.err().expect("a file is refused");
+    let refused = bind(&config(&path)).await.expect_err("a file is refused");
     assert!(refused.contains("a regular file"), "{refused}");
     assert_eq!(std::fs::read(&path).expect("still there"), b"data");
     std::fs::remove_file(&path).expect("removing");
@@ -102,8 +101,7 @@ async fn only_a_stale_socket_is_replaced() {
     std::fs::create_dir(&path).expect("a directory");
     let refused = bind(&config(&path))
         .await
-        .err()
-        .expect("a directory is refused");
+        .expect_err("a directory is refused");
     assert!(refused.contains("a directory"), "{refused}");
     assert!(path.is_dir());
 }

@@ -125,3 +125,64 @@ async fn bad_files_at_start_exit_2() {
         "{stderr}"
     );
 }
+
+/// With mutual TLS, a client certificate from the client CA is served; a client presenting none,
+/// one from another CA or an expired one completes its handshake, but every call on its
+/// connection, health's too, fails UNAUTHENTICATED saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_refuses_every_call_of_a_client_without_a_valid_certificate() {
+    use tonic::Code;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let redis = RedisServer::start().await;
+    let (server_ca, client_ca, other_ca) = (
+        Ca::new("server ca"),
+        Ca::new("client ca"),
+        Ca::new("other ca"),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = server_ca.server("baton").write(dir.path(), "tls");
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, client_ca.pem()).expect("writing the client CA");
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: Some(ca_file),
+    };
+    let baton = start(&redis, |c| c.serving.tls = Some(files)).await;
+    let addr = baton.addr();
+
+    let good = client_ca.client("good");
+    let mut locks = LockServiceClient::new(
+        tls_channel(addr, &[&server_ca], Some(&good))
+            .await
+            .expect("a connection with a good certificate"),
+    );
+    held(&mut locks, hold_request("mtls", 1_000, None, "")).await;
+
+    let stranger = other_ca.client("stranger");
+    let expired = client_ca.expired_client("expired");
+    for (identity, says) in [
+        (None, "presented none"),
+        (Some(&stranger), "not issued by a CA this Baton trusts"),
+        (Some(&expired), "has expired"),
+    ] {
+        let channel = tls_channel(addr, &[&server_ca], identity)
+            .await
+            .expect("the handshake completes");
+        let refused = LockServiceClient::new(channel.clone())
+            .hold(hold_request("mtls-2", 1_000, None, ""))
+            .await
+            .expect_err("a call without a valid certificate");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        assert!(
+            refused.message().contains(says),
+            "{refused:?} should say {says:?}"
+        );
+        let health = HealthClient::new(channel)
+            .check(HealthCheckRequest::default())
+            .await
+            .expect_err("health too");
+        assert_eq!(health.code(), Code::Unauthenticated, "{health:?}");
+    }
+}
