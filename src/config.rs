@@ -1290,6 +1290,68 @@ mod tests {
         );
     }
 
+    /// The serving-side flags default to the documented constants; TLS needs its certificate,
+    /// its key and a TCP listener; every bad value is reported with its flag.
+    #[test]
+    fn serving_flags_are_checked() {
+        let cfg = ServeConfig::from_args(&args(&[])).expect("defaults are valid");
+        assert!(cfg.serving.tls.is_none() && cfg.serving.api_token_file.is_none());
+        assert_eq!(cfg.serving.socket_mode, 0o660);
+        assert_eq!(cfg.serving.max_lease_streams, DEFAULT_MAX_LEASE_STREAMS);
+        assert_eq!(cfg.serving.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
+        assert_eq!(cfg.serving.credentials_reload, DEFAULT_CREDENTIALS_RELOAD);
+        let errors = ServeConfig::from_args(&args(&[
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--socket-mode",
+            "999",
+            "--socket-group",
+            "no-such-group-for-baton",
+            "--max-lease-streams",
+            "0",
+            "--max-message-size",
+            "10",
+            "--handshake-timeout",
+            "1ms",
+        ]))
+        .expect_err("invalid");
+        for flag in [
+            "--tls-cert / --tls-key",
+            "--socket-mode",
+            "--socket-group",
+            "--max-lease-streams",
+            "--max-message-size",
+            "--handshake-timeout",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(flag)),
+                "{flag} missing in {errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), 6, "{errors:#?}");
+        let errors = ServeConfig::from_args(&args(&[
+            "--listen",
+            "",
+            "--socket",
+            "/tmp/baton.sock",
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            "/nonexistent/tls.key",
+        ]))
+        .expect_err("TLS without TCP, files missing");
+        assert!(
+            errors.iter().any(|e| e.contains("--listen is empty")),
+            "{errors:#?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("cannot read /nonexistent/tls.crt")),
+            "{errors:#?}"
+        );
+    }
+
     /// Every bad value is reported in one pass, each naming its flag.
     #[test]
     fn all_errors_reported_together() {
