@@ -7,8 +7,8 @@
 //! once.
 //!
 //! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
-//! flags, or a Redis older than 7.0 found at start), 1 for any other failure, 130 on a signal
-//! during the drain.
+//! flags, a credential file or a socket path Baton cannot use, or a Redis older than 7.0 found
+//! at start), 1 for any other failure, 130 on a signal during the drain.
 
 use std::process::ExitCode;
 
@@ -17,6 +17,7 @@ use baton::{
     config::{Cli, Command, ServeArgs, ServeConfig},
     ratelimit::rules::Rules,
     redis::UnsupportedServer,
+    security::Refused,
     server::{self, Listeners, Stop},
     telemetry::{self, say},
 };
@@ -64,6 +65,12 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.downcast_ref::<UnsupportedServer>().is_some() => {
                     tracing::error!(error = %e, "baton cannot use this Redis");
+                    say(&format!("baton: {e}"));
+                    ExitCode::from(2)
+                }
+                // A socket path or a credential file Baton cannot use, found at start.
+                Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                    tracing::error!(error = %e, "baton cannot serve with this configuration");
                     say(&format!("baton: {e}"));
                     ExitCode::from(2)
                 }

@@ -57,6 +57,8 @@ false`), or nothing. */}}
     {{- if eq $v.transport "socket" }}
     - "--listen="
     - {{ printf "--socket=%v" (include "baton.socketPath" .) | quote }}
+    - {{ printf "--socket-mode=%v" ($v.socket.mode) | quote }}
+    - {{ printf "--socket-group=%v" (int64 $v.socket.group) | quote }}
     {{- else }}
     - {{ printf "--listen=127.0.0.1:%v" ($v.tcp.port) | quote }}
     {{- end }}
@@ -81,6 +83,11 @@ false`), or nothing. */}}
     - {{ printf "--ratelimit-config=%v" (include "baton.rulesDir" .) | quote }}
     - {{ printf "--ratelimit-config-reload=%v" ($v.rateLimit.reloadInterval) | quote }}
     {{- end }}
+    - {{ printf "--max-connections=%v" (int64 $v.limits.maxConnections) | quote }}
+    - {{ printf "--max-concurrent-streams=%v" (int64 $v.limits.maxConcurrentStreams) | quote }}
+    - {{ printf "--max-lease-streams=%v" (int64 $v.limits.maxLeaseStreams) | quote }}
+    - {{ printf "--max-message-size=%v" (int64 $v.limits.maxMessageSize) | quote }}
+    - {{ printf "--handshake-timeout=%v" ($v.limits.handshakeTimeout) | quote }}
     - {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
     - {{ printf "--shutdown-delay=%v" ($v.shutdownDelay) | quote }}
     - {{ printf "--log-format=%v" ($v.log.format) | quote }}
