@@ -438,15 +438,24 @@ impl Access {
 /// expired, refused by the server, or a server not speaking TLS), from the rustls error under
 /// `e`; `None` for any other failure.
 pub fn tls_failure(e: &RedisError) -> Option<String> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    // The redis crate keeps the I/O error behind an `Arc`, and an I/O error does not give the
+    // error it wraps as its `source`: both are unwrapped by hand.
+    fn tls<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(shared) = err.downcast_ref::<Shared>() {
+            return tls(&**shared);
+        }
+        err.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .and_then(|inner| tls(inner))
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls.to_string());
+        if let Some(found) = tls(err) {
+            return Some(found.to_string());
         }
         source = err.source();
     }
@@ -524,6 +533,20 @@ mod tests {
         std::fs::remove_file(dir.path().join("password")).expect("removing");
         let kept = access.snapshot();
         assert_eq!(kept.apply(url).redis_settings().password(), Some("second"));
+    }
+
+    /// A failed TLS handshake is told from other connection failures however the redis crate
+    /// wraps the I/O error that carries it.
+    #[test]
+    fn tls_failures_are_recognised() {
+        let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = RedisError::from(std::io::Error::new(std::io::ErrorKind::InvalidData, tls));
+        assert_eq!(
+            tls_failure(&wrapped).as_deref(),
+            Some("invalid peer certificate: UnknownIssuer")
+        );
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(tls_failure(&refused), None);
     }
 
     /// Password files that cannot be used are refused, naming the file, never quoting it.
