@@ -349,7 +349,10 @@ impl RedisAccess {
                      (1 to {MAX_REDIS_USERNAME_BYTES} bytes, no spaces or control characters)"
                 ));
             }
-            if infos.iter().any(|i| i.redis_settings().username().is_some()) {
+            if infos
+                .iter()
+                .any(|i| i.redis_settings().username().is_some())
+            {
                 problems.push(
                     "--redis-username / BATON_REDIS_USERNAME: a Redis URL already names a user; \
                      give it in one place"
@@ -358,7 +361,9 @@ impl RedisAccess {
             }
         }
         if self.password_file.is_some()
-            && infos.iter().any(|i| i.redis_settings().password().is_some())
+            && infos
+                .iter()
+                .any(|i| i.redis_settings().password().is_some())
         {
             problems.push(
                 "--redis-password-file / BATON_REDIS_PASSWORD_FILE: a Redis URL already carries a \
@@ -425,7 +430,11 @@ impl RedisConfig {
     /// How the connections are secured, for the startup summary: `off` (plain text),
     /// `verified`, `verified+client-cert` (mutual TLS), or `INSECURE` with the reason.
     pub fn tls_summary(&self) -> &'static str {
-        let tls = self.topology.urls().iter().any(|u| u.starts_with("rediss:"));
+        let tls = self
+            .topology
+            .urls()
+            .iter()
+            .any(|u| u.starts_with("rediss:"));
         match (tls, &self.access.tls) {
             (false, _) => "off",
             (true, t) if t.insecure => "INSECURE:certificates-not-verified",

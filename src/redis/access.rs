@@ -43,7 +43,8 @@ struct Stamp {
 
 /// The stamp of the file `path` leads to (symlinks followed).
 fn stamp(path: &Path) -> Result<Stamp, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     Ok(Stamp {
         dev: meta.dev(),
         ino: meta.ino(),
@@ -412,7 +413,9 @@ impl Access {
                         watched.stamps = stamps;
                         watched.refused = None;
                         changed = true;
-                        tracing::info!("the Redis TLS files changed; new Redis connections use them");
+                        tracing::info!(
+                            "the Redis TLS files changed; new Redis connections use them"
+                        );
                     }
                     Err(problems) if watched.refused.as_ref() != Some(&stamps) => {
                         watched.refused = Some(stamps);
@@ -515,19 +518,32 @@ mod tests {
         let access = access(dir.path(), "first", None);
         let url = info("redis://h:1");
         let first = access.snapshot();
-        assert_eq!(first.apply(url.clone()).redis_settings().password(), Some("first"));
-        assert_eq!(access.snapshot().generation, first.generation, "unchanged: not re-read");
+        assert_eq!(
+            first.apply(url.clone()).redis_settings().password(),
+            Some("first")
+        );
+        assert_eq!(
+            access.snapshot().generation,
+            first.generation,
+            "unchanged: not re-read"
+        );
 
         let staged = dir.path().join("staged");
         std::fs::write(&staged, "second\n").expect("staging");
         std::fs::rename(&staged, dir.path().join("password")).expect("swapping");
         let second = access.snapshot();
-        assert_eq!(second.apply(url.clone()).redis_settings().password(), Some("second"));
+        assert_eq!(
+            second.apply(url.clone()).redis_settings().password(),
+            Some("second")
+        );
         assert_eq!(second.generation, first.generation + 1);
 
         std::fs::write(dir.path().join("password"), "").expect("emptying");
         let kept = access.snapshot();
-        assert_eq!(kept.apply(url.clone()).redis_settings().password(), Some("second"));
+        assert_eq!(
+            kept.apply(url.clone()).redis_settings().password(),
+            Some("second")
+        );
         assert_eq!(kept.generation, second.generation);
 
         std::fs::remove_file(dir.path().join("password")).expect("removing");
@@ -560,7 +576,10 @@ mod tests {
         };
         for (path, expected) in [
             (write("empty", b"\n"), "holds no password"),
-            (write("two-lines", b"secret\nsecret\n"), "more than one line"),
+            (
+                write("two-lines", b"secret\nsecret\n"),
+                "more than one line",
+            ),
             (write("huge", &[b'x'; 5000]), "longer than"),
             (write("binary", &[0xff, 0xfe]), "not UTF-8"),
             (dir.path().join("missing"), "cannot read"),

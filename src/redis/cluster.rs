@@ -35,8 +35,8 @@ use std::{
 };
 
 use bb8_redis::redis::{
-    self, Arg, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
-    RedisError, RedisFuture, RedisResult, ServerErrorKind, Value, aio::ConnectionLike,
+    self, Arg, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
+    RedisFuture, RedisResult, ServerErrorKind, Value, aio::ConnectionLike,
 };
 use futures::FutureExt;
 use tokio::{

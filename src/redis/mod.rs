@@ -327,7 +327,9 @@ pub fn error_kind(e: &Error) -> metrics::RedisError {
                 || cause.contains("timed out")
             {
                 metrics::RedisError::Timeout
-            } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM") {
+            } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM")
+                || cause.contains(crate::error::SCRIPT_ACL_DENIAL)
+            {
                 metrics::RedisError::Auth
             } else if RETRYABLE_REDIS_CODES.contains(&code) {
                 metrics::RedisError::Server
@@ -459,7 +461,8 @@ impl Redis {
             role,
         };
         let access = Arc::new(
-            Access::load(&config.access).map_err(|problems| Error::Internal(problems.join("; ")))?,
+            Access::load(&config.access)
+                .map_err(|problems| Error::Internal(problems.join("; ")))?,
         );
         let (backend, source) = match &config.topology {
             Topology::Cluster { seeds } => {

@@ -92,7 +92,11 @@ impl Sentinels {
         let mut client = self.client.lock().await;
         let current = match client.as_mut() {
             Some((generation, sentinel)) if *generation == snapshot.generation => sentinel,
-            _ => &mut client.insert((snapshot.generation, self.build(&snapshot)?)).1,
+            _ => {
+                &mut client
+                    .insert((snapshot.generation, self.build(&snapshot)?))
+                    .1
+            }
         };
         let found = current.async_get_client().await?;
         Client::open(snapshot.apply(found.get_connection_info().clone()))
@@ -146,14 +150,15 @@ impl Endpoint {
     pub async fn client(&self, limit: Duration) -> Result<Client, RedisError> {
         match self {
             Self::Fixed { info, access } => Client::open(access.snapshot().apply(info.clone())),
-            Self::Sentinel(sentinels) => match tokio::time::timeout(limit, sentinels.master()).await
-            {
-                Ok(found) => found,
-                Err(_) => Err(RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the Sentinels did not name a master in time",
-                ))),
-            },
+            Self::Sentinel(sentinels) => {
+                match tokio::time::timeout(limit, sentinels.master()).await {
+                    Ok(found) => found,
+                    Err(_) => Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the Sentinels did not name a master in time",
+                    ))),
+                }
+            }
         }
     }
 }

@@ -26,8 +26,8 @@ use std::{net::SocketAddr, time::Duration};
 use baton::proto::v1::{
     self as pb, autocomplete_service_client::AutocompleteServiceClient,
     election_service_campaign_response::Event as CampaignEvent,
-    election_service_client::ElectionServiceClient,
-    lock_service_hold_response::Event as HoldEvent, lock_service_client::LockServiceClient,
+    election_service_client::ElectionServiceClient, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as HoldEvent,
     rate_limit_service_client::RateLimitServiceClient,
     semaphore_service_client::SemaphoreServiceClient,
 };
@@ -36,6 +36,13 @@ use support::{
     lease::{next_event, next_renewal, wait_for_waiters},
     lock, ms, semaphore, within,
 };
+
+/// Gives a test Baton's rate limit decisions time for a first connection (a TLS handshake, a
+/// Sentinel lookup) on a loaded machine: the default (50 ms) would have them decided by the
+/// failure mode, which [`exercise`] refuses.
+pub fn patient(config: &mut baton::config::ServeConfig) {
+    config.ratelimit.timeout = Duration::from_secs(3);
+}
 
 /// How long a waiter may take to be granted what was released, at most: far below every ttl and
 /// wait timeout used, so only a pub/sub wake-up can grant it in time.
@@ -52,12 +59,15 @@ pub async fn exercise(addr: SocketAddr, tag: &str) {
     // A lock: held by a stream, renewed, then a waiter woken when the stream closes.
     let mut locks = LockServiceClient::new(channel.clone());
     let name = format!("{tag}-lock");
-    let (mut stream, _lease) = lock::held(&mut locks, lock::hold_request(&name, 1500, None, "a")).await;
+    let (mut stream, _lease) =
+        lock::held(&mut locks, lock::hold_request(&name, 1500, None, "a")).await;
     next_renewal(&mut stream).await;
     let waiter = {
         let mut locks = locks.clone();
         let name = name.clone();
-        tokio::spawn(async move { lock::acquire(&mut locks, &name, 30_000, Some(20_000), "b").await })
+        tokio::spawn(
+            async move { lock::acquire(&mut locks, &name, 30_000, Some(20_000), "b").await },
+        )
     };
     wait_for_waiters(&locks, &name, 1).await;
     drop(stream);
@@ -71,7 +81,8 @@ pub async fn exercise(addr: SocketAddr, tag: &str) {
     // A semaphore of one permit: a waiter woken by a release.
     let mut semaphores = SemaphoreServiceClient::new(channel.clone());
     let name = format!("{tag}-semaphore");
-    let permit = semaphore::acquired(&mut semaphores, semaphore::request(&name, 1, 1, 30_000)).await;
+    let permit =
+        semaphore::acquired(&mut semaphores, semaphore::request(&name, 1, 1, 30_000)).await;
     let waiter = {
         let mut semaphores = semaphores.clone();
         let request = semaphore::waiting(&name, 1, 1, 30_000, 20_000, false);
@@ -172,7 +183,11 @@ pub async fn exercise(addr: SocketAddr, tag: &str) {
         .await
         .expect("Complete")
         .into_inner();
-    let mut displays: Vec<_> = found.suggestions.iter().map(|s| s.display.as_str()).collect();
+    let mut displays: Vec<_> = found
+        .suggestions
+        .iter()
+        .map(|s| s.display.as_str())
+        .collect();
     displays.sort_unstable();
     assert_eq!(displays, ["Paris", "Pau"]);
     let list = format!("{tag}-recent");
@@ -196,7 +211,11 @@ pub async fn exercise(addr: SocketAddr, tag: &str) {
         .expect("ListRecent")
         .into_inner();
     assert_eq!(
-        recent.items.iter().map(|i| i.display.as_str()).collect::<Vec<_>>(),
+        recent
+            .items
+            .iter()
+            .map(|i| i.display.as_str())
+            .collect::<Vec<_>>(),
         ["Lyon"]
     );
 }

@@ -18,7 +18,7 @@ const EXIT_LIMIT: Duration = Duration::from_secs(20);
 
 /// Connect and command timeouts of the tests' Batons: a TLS handshake in a debug build on a
 /// loaded machine can take longer than the defaults (300 ms, 400 ms).
-const TIMEOUT: Duration = Duration::from_secs(3);
+pub const TIMEOUT: Duration = Duration::from_secs(3);
 /// [`TIMEOUT`] as `baton serve` arguments.
 const TIMEOUT_ARGS: [&str; 4] = [
     "--redis-connect-timeout",
@@ -68,7 +68,7 @@ async fn a_standalone_redis_over_mutual_tls() {
     let pki = Pki::generate();
     let redis = TlsRedis::start(&pki).await;
     let config = mutual_tls_config(&pki, Topology::Standalone { url: redis.url() });
-    let baton = Baton::start_on(config, |_| {}).await;
+    let baton = Baton::start_on(config, crate::patient).await;
     exercise(baton.addr(), "tls").await;
     assert!(
         !keys_under(&redis, baton.prefix()).await.is_empty(),
@@ -88,7 +88,7 @@ async fn a_cluster_over_mutual_tls() {
             seeds: vec![redis.url()],
         },
     );
-    let baton = Baton::start_on(config, |_| {}).await;
+    let baton = Baton::start_on(config, crate::patient).await;
     exercise(baton.addr(), "cluster-tls").await;
     assert!(!keys_under(&redis, baton.prefix()).await.is_empty());
 }
@@ -108,7 +108,7 @@ async fn sentinels_and_their_master_over_mutual_tls() {
             node_url: Some(sentinel.url()),
         },
     );
-    let baton = Baton::start_on(config, |_| {}).await;
+    let baton = Baton::start_on(config, crate::patient).await;
     exercise(baton.addr(), "sentinel-tls").await;
     assert!(!keys_under(&master, baton.prefix()).await.is_empty());
 }
@@ -244,7 +244,10 @@ async fn bad_tls_settings_are_configuration_errors() {
     let tls = "rediss://localhost:1";
     let cases: Vec<(Vec<String>, &str, &str)> = vec![
         (
-            vec!["--redis-tls-ca".into(), dir.path().join("missing.pem").display().to_string()],
+            vec![
+                "--redis-tls-ca".into(),
+                dir.path().join("missing.pem").display().to_string(),
+            ],
             "--redis-tls-ca",
             "cannot read",
         ),
@@ -284,7 +287,11 @@ async fn bad_tls_settings_are_configuration_errors() {
             "needs --redis-tls-key",
         ),
         (
-            vec!["--redis-tls-insecure".into(), "--redis-tls-ca".into(), path("ca.pem")],
+            vec![
+                "--redis-tls-insecure".into(),
+                "--redis-tls-ca".into(),
+                path("ca.pem"),
+            ],
             "--redis-tls-insecure",
             "give one or the other",
         ),
@@ -324,6 +331,9 @@ async fn bad_tls_settings_are_configuration_errors() {
             .args(&args);
         let (status, stderr) = run_baton(command, EXIT_LIMIT).await;
         assert_eq!(status.code(), Some(2), "{url}: {status}\n{stderr}");
-        assert!(stderr.contains(expected), "{url}: expected {expected:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{url}: expected {expected:?} in:\n{stderr}"
+        );
     }
 }

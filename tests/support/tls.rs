@@ -65,7 +65,9 @@ impl Pki {
                 names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
             )
             .expect("params");
-            params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
             let cert = params.signed_by(&key, issuer).expect("a certificate");
             (cert.pem(), key.serialize_pem())
         };
@@ -384,6 +386,20 @@ impl TlsSentinel {
     pub fn url(&self) -> String {
         format!("rediss://localhost:{}", self.port)
     }
+
+    /// A connection to the Sentinel as its `default` user, over TLS with the test client
+    /// certificate.
+    pub async fn admin(&self, pki: &Pki) -> MultiplexedConnection {
+        let client = redis::Client::build_with_tls(self.url(), pki.certificates())
+            .expect("a sentinel client");
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .expect("a TLS connection in time")
+        .expect("a TLS connection")
+    }
 }
 
 impl Drop for TlsSentinel {
@@ -417,11 +433,8 @@ impl SecretFile {
             version: 0,
         };
         secret.write(content);
-        std::os::unix::fs::symlink(
-            Path::new("..data").join(name),
-            secret.dir.path().join(name),
-        )
-        .expect("linking the secret file");
+        std::os::unix::fs::symlink(Path::new("..data").join(name), secret.dir.path().join(name))
+            .expect("linking the secret file");
         secret
     }
 
@@ -436,8 +449,7 @@ impl SecretFile {
         let version = format!("..{}", self.version);
         let root = self.dir.path();
         std::fs::create_dir(root.join(&version)).expect("a secret version directory");
-        std::fs::write(root.join(&version).join(&self.name), content)
-            .expect("writing the secret");
+        std::fs::write(root.join(&version).join(&self.name), content).expect("writing the secret");
         let staged = root.join("..data_tmp");
         std::os::unix::fs::symlink(&version, &staged).expect("staging ..data");
         std::fs::rename(&staged, root.join("..data")).expect("swapping ..data");
