@@ -251,7 +251,7 @@ impl Cluster {
             .entry(Arc::from(addr))
             .or_insert_with(|| {
                 let endpoint = Endpoint::Fixed {
-                    info: info.clone(),
+                    info: Arc::new(info.clone()),
                     access: self.inner.access.clone(),
                 };
                 Arc::new(Node {

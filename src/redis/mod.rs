@@ -475,7 +475,7 @@ impl Redis {
                 )
             }
             topology => {
-                let endpoint = Endpoint::new(topology, access)?
+                let endpoint = Endpoint::with_access(topology, access)?
                     .ok_or_else(|| Error::Internal("a node topology without an endpoint".into()))?;
                 (
                     Backend::Node {

@@ -15,7 +15,10 @@ use bb8_redis::redis::{
 };
 
 use super::access::{Access, Snapshot};
-use crate::{config::Topology, error::Error};
+use crate::{
+    config::{RedisAccess, Topology},
+    error::Error,
+};
 
 /// Finds the node a non-cluster connection goes to: fixed for a standalone Redis (or one Cluster
 /// master), asked of the Sentinels for every new connection otherwise. Either way the
@@ -26,7 +29,7 @@ pub enum Endpoint {
     /// Always the same server.
     Fixed {
         /// Its address, database and the URL's own credentials.
-        info: ConnectionInfo,
+        info: Arc<ConnectionInfo>,
         /// The settings of the moment, put over `info`.
         access: Arc<Access>,
     },
@@ -104,16 +107,24 @@ impl Sentinels {
 }
 
 impl Endpoint {
+    /// The endpoint of a standalone or Sentinel topology, with the URLs' own credentials and
+    /// no TLS settings; `None` for a Cluster.
+    pub fn new(topology: &Topology) -> Result<Option<Self>, Error> {
+        let access = Access::load(&RedisAccess::default())
+            .map_err(|problems| Error::Internal(problems.join("; ")))?;
+        Self::with_access(topology, Arc::new(access))
+    }
+
     /// The endpoint of a standalone or Sentinel topology, its connections set up by `access`;
     /// `None` for a Cluster.
-    pub fn new(topology: &Topology, access: Arc<Access>) -> Result<Option<Self>, Error> {
+    pub fn with_access(topology: &Topology, access: Arc<Access>) -> Result<Option<Self>, Error> {
         let parse = |url: &str| {
             url.into_connection_info()
                 .map_err(|e| Error::Internal(format!("redis url: {e}")))
         };
         match topology {
             Topology::Standalone { url } => Ok(Some(Self::Fixed {
-                info: parse(url)?,
+                info: Arc::new(parse(url)?),
                 access,
             })),
             Topology::Cluster { .. } => Ok(None),
@@ -149,7 +160,9 @@ impl Endpoint {
     /// and TLS settings of the moment.
     pub async fn client(&self, limit: Duration) -> Result<Client, RedisError> {
         match self {
-            Self::Fixed { info, access } => Client::open(access.snapshot().apply(info.clone())),
+            Self::Fixed { info, access } => {
+                Client::open(access.snapshot().apply(ConnectionInfo::clone(info)))
+            }
             Self::Sentinel(sentinels) => {
                 match tokio::time::timeout(limit, sentinels.master()).await {
                     Ok(found) => found,
