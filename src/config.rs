@@ -1052,6 +1052,72 @@ mod tests {
         );
     }
 
+    /// The Redis user, password file and TLS files reach the Redis settings; the startup
+    /// summary names the files and the TLS mode but never shows the password; a user or a
+    /// password given both in a URL and by a flag is refused.
+    #[test]
+    fn redis_access_flags_are_checked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let password = dir.path().join("password");
+        std::fs::write(&password, "hunter2-not-shown\n").expect("writing");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["redis".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("certificate");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, cert.pem()).expect("writing");
+        let client_key = dir.path().join("client.key");
+        std::fs::write(&client_key, key.serialize_pem()).expect("writing");
+        let path = |p: &std::path::Path| p.display().to_string();
+        let cfg = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "rediss://redis.example:6380",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+            "--redis-tls-ca",
+            &path(&ca),
+            "--redis-tls-cert",
+            &path(&ca),
+            "--redis-tls-key",
+            &path(&client_key),
+        ]))
+        .expect("valid");
+        assert_eq!(cfg.redis.access.username.as_deref(), Some("baton"));
+        assert_eq!(
+            cfg.redis.access.password_file.as_deref(),
+            Some(password.as_path())
+        );
+        let summary = format!("{:?}", cfg.summary());
+        assert!(!summary.contains("hunter2"), "{summary}");
+        for shown in [
+            "\"redis_username\", \"baton\"".to_owned(),
+            format!("\"redis_password_file\", {:?}", path(&password)),
+            "\"redis_tls\", \"verified+client-cert\"".to_owned(),
+            format!("\"redis_tls_ca\", {:?}", path(&ca)),
+        ] {
+            assert!(summary.contains(&shown), "{shown} in {summary}");
+        }
+        let errors = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "redis://someone:inline@127.0.0.1:6379",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+        ]))
+        .expect_err("given twice");
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(errors[0].starts_with("--redis-username"), "{errors:#?}");
+        assert!(
+            errors[1].starts_with("--redis-password-file"),
+            "{errors:#?}"
+        );
+        assert!(!format!("{errors:?}").contains("hunter2"), "{errors:#?}");
+    }
+
     /// Every bad value is reported in one pass, each naming its flag.
     #[test]
     fn all_errors_reported_together() {
