@@ -4,12 +4,14 @@
 use std::time::Duration;
 
 use baton::config::{RedisAccess, RedisConfig, RedisTls, Topology};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::{
     exercise,
     support::{
         Baton, BatonProcess, baton_command, lock, run_baton,
-        tls::{Pki, TlsRedis, TlsSentinel},
+        tls::{Pki, SecretFile, TlsRedis, TlsSentinel},
+        wait_for_health, wait_until,
     },
 };
 
@@ -336,4 +338,68 @@ async fn bad_tls_settings_are_configuration_errors() {
             "{url}: expected {expected:?} in:\n{stderr}"
         );
     }
+}
+
+/// The TLS files are read again when they change, like the password file: a CA bundle swapped
+/// for one that does not sign the server's certificate fails the next connections (`UNAVAILABLE`
+/// naming the handshake failure, readiness NOT_SERVING), and swapping the right one back makes
+/// Baton serve again, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_files_are_read_again_when_they_change() {
+    let pki = Pki::generate();
+    let redis = TlsRedis::start(&pki).await;
+    let read = |name: &str| std::fs::read_to_string(pki.path(name)).expect("reading a PEM file");
+    let mut ca = SecretFile::new("ca.pem", &read("ca.pem"));
+    let mut config = mutual_tls_config(&pki, Topology::Standalone { url: redis.url() });
+    config.access.tls.ca = Some(ca.path());
+    let baton = Baton::start_on(config, crate::patient).await;
+    let client = baton.client().await;
+    lock::acquired(&mut client.clone(), "before", 10_000, None, "a").await;
+
+    ca.write(&read("other-ca.pem"));
+    let mut admin = redis.admin().await;
+    for kind in ["normal", "pubsub"] {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg(kind)
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .expect("CLIENT KILL");
+    }
+    let status = wait_until(TIMEOUT * 5, "a call refused for the new CA", || {
+        let mut client = client.clone();
+        async move {
+            match client
+                .acquire(lock::acquire_request("during", 10_000, None, "b"))
+                .await
+            {
+                Err(s) if s.message().contains("TLS handshake with Redis failed") => Ok(s),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("UnknownIssuer"), "{status:?}");
+    let mut health = baton.health().await;
+    wait_for_health(
+        &mut health,
+        "readiness",
+        ServingStatus::NotServing,
+        TIMEOUT * 5,
+    )
+    .await;
+
+    ca.write(&read("ca.pem"));
+    wait_for_health(
+        &mut health,
+        "readiness",
+        ServingStatus::Serving,
+        TIMEOUT * 5,
+    )
+    .await;
+    lock::acquired(&mut client.clone(), "after", 10_000, None, "c").await;
 }
