@@ -3,12 +3,7 @@
 //! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
 //! together before Baton exits, instead of one per attempt.
 
-use std::{
-    io::Read as _,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use redis::Client;
@@ -37,6 +32,11 @@ pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::ZERO;
 pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(600);
 /// Largest Redis password file accepted, in bytes.
 pub const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+/// Longest Redis ACL user name accepted, in bytes.
+pub const MAX_REDIS_USERNAME_BYTES: usize = 256;
+/// Largest `--redis-tls-*` file accepted (a CA bundle, a certificate chain, a key), in bytes:
+/// a bundle of every public root is about 250 KiB.
+pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
 /// Default silence after which Baton pings a client over HTTP/2: a live client answers, so a
 /// stream's client that answers nothing for longer than its lease's ttl has stopped.
 pub const DEFAULT_CLIENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
@@ -105,10 +105,34 @@ pub struct ServeArgs {
     /// The master's name in the Sentinels' configuration (`--redis-mode sentinel` only).
     #[arg(long, env = "BATON_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
-    /// File holding the Redis password (one line), used for every Redis URL as a password in the
-    /// URL would be; the URLs must not carry one then. Read once at start.
+
+    // --- Redis credentials and TLS (see docs/security.md) ---------------------------------
+    /// Redis ACL user Baton authenticates as, on every connection (the Sentinels' too); the
+    /// URLs must not name one then. Without it: the URL's user, or Redis's `default` user.
+    #[arg(long, env = "BATON_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// File holding the Redis password (one line), used for every connection as a password in
+    /// the URL would be; the URLs must not carry one then. Re-read when it changes (a rotated
+    /// Kubernetes Secret): new connections use the new password, open ones keep theirs.
     #[arg(long, env = "BATON_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<String>,
+    /// CA bundle (PEM) that Redis servers' certificates must chain to (`rediss://` URLs), in
+    /// place of the public roots compiled into Baton. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<String>,
+    /// Client certificate chain (PEM) shown to Redis servers that ask for one (mutual TLS);
+    /// needs `--redis-tls-key`. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_CERT")]
+    pub redis_tls_cert: Option<String>,
+    /// Private key (PEM) of `--redis-tls-cert`. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_KEY")]
+    pub redis_tls_key: Option<String>,
+    /// DANGER: accept any certificate from Redis servers (`rediss://` URLs), so anyone on the
+    /// network path can read and change Baton's traffic and see its password. For tests only;
+    /// warned about in the log at start.
+    #[arg(long, env = "BATON_REDIS_TLS_INSECURE")]
+    pub redis_tls_insecure: bool,
+    // --- end of Redis credentials and TLS -------------------------------------------------
     /// Replicas that must acknowledge a grant (`WAIT`) before it is confirmed; a grant they do not
     /// acknowledge in time is rolled back and reported as not acquired. 0 turns this off.
     #[arg(long, env = "BATON_MIN_REPLICAS_ACK", default_value = "0")]
@@ -273,9 +297,157 @@ pub struct RedisConfig {
     pub min_replicas_ack: u32,
     /// Time the replicas get to acknowledge a grant.
     pub replica_ack_timeout: Duration,
+    /// The ACL user, the password file and the TLS files of every connection.
+    pub access: RedisAccess,
+}
+
+/// How Baton authenticates to Redis and secures its connections: file paths only, read (and
+/// re-read when they change) by [`crate::redis::Access`]; nothing secret is kept here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisAccess {
+    /// ACL user of every connection; `None`: the URL's, or Redis's `default` user.
+    pub username: Option<String>,
+    /// File holding the password of every connection; `None`: the URL's, if any.
+    pub password_file: Option<PathBuf>,
+    /// TLS settings of `rediss://` connections.
+    pub tls: RedisTls,
+}
+
+/// TLS settings of `rediss://` connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// CA bundle (PEM) trusted in place of the compiled-in public roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate (`--redis-tls-insecure`).
+    pub insecure: bool,
+}
+
+impl RedisTls {
+    /// Whether any TLS setting was given.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some() || self.insecure
+    }
+}
+
+impl RedisAccess {
+    /// Every problem with these settings for `topology`, one line each naming its flag: the
+    /// files are read and checked (see [`crate::redis::Access::load`]), and the URLs must agree
+    /// with the flags (no user or password in both places, TLS settings only for `rediss://`).
+    pub fn problems(&self, topology: &Topology) -> Vec<String> {
+        let mut problems = Vec::new();
+        let urls = topology.urls();
+        let infos: Vec<redis::ConnectionInfo> = urls
+            .iter()
+            .filter_map(|u| redis::IntoConnectionInfo::into_connection_info(u.as_str()).ok())
+            .collect();
+        if let Some(user) = &self.username {
+            if user.is_empty()
+                || user.len() > MAX_REDIS_USERNAME_BYTES
+                || user.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                problems.push(format!(
+                    "--redis-username / BATON_REDIS_USERNAME: {user:?} is not a Redis user name \
+                     (1 to {MAX_REDIS_USERNAME_BYTES} bytes, no spaces or control characters)"
+                ));
+            }
+            if infos
+                .iter()
+                .any(|i| i.redis_settings().username().is_some())
+            {
+                problems.push(
+                    "--redis-username / BATON_REDIS_USERNAME: a Redis URL already names a user; \
+                     give it in one place"
+                        .to_owned(),
+                );
+            }
+        }
+        if self.password_file.is_some()
+            && infos
+                .iter()
+                .any(|i| i.redis_settings().password().is_some())
+        {
+            problems.push(
+                "--redis-password-file / BATON_REDIS_PASSWORD_FILE: a Redis URL already carries a \
+                 password; give it in one place"
+                    .to_owned(),
+            );
+        }
+        let tls_urls = infos
+            .iter()
+            .filter(|i| matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. }))
+            .count();
+        if tls_urls > 0 && tls_urls < infos.len() {
+            problems.push(
+                "--redis-url / BATON_REDIS_URL: some URLs are rediss:// (TLS) and others not; \
+                 Baton uses TLS for all of a deployment's connections or for none"
+                    .to_owned(),
+            );
+        }
+        if infos.iter().any(|i| {
+            matches!(
+                i.addr(),
+                redis::ConnectionAddr::TcpTls { insecure: true, .. }
+            )
+        }) {
+            problems.push(
+                "--redis-url / BATON_REDIS_URL: the #insecure fragment turns certificate \
+                 verification off unseen; use --redis-tls-insecure, which says so in the log"
+                    .to_owned(),
+            );
+        }
+        if self.tls.is_set() && tls_urls == 0 {
+            problems.push(
+                "--redis-tls-* / BATON_REDIS_TLS_*: TLS settings need rediss:// Redis URLs (these \
+                 connect in plain text)"
+                    .to_owned(),
+            );
+        }
+        if self.tls.insecure && self.tls.ca.is_some() {
+            problems.push(
+                "--redis-tls-insecure / BATON_REDIS_TLS_INSECURE: verifies no certificate, so \
+                 --redis-tls-ca would be ignored; give one or the other"
+                    .to_owned(),
+            );
+        }
+        if self.tls.insecure
+            && self.tls.cert.is_some()
+            && matches!(topology, Topology::Sentinel { .. })
+        {
+            problems.push(
+                "--redis-tls-insecure / BATON_REDIS_TLS_INSECURE: with --redis-mode sentinel the \
+                 client certificate would not reach the master (the Sentinel client checks its \
+                 role without one); verify certificates with --redis-tls-ca instead"
+                    .to_owned(),
+            );
+        }
+        if let Err(more) = crate::redis::Access::load(self) {
+            problems.extend(more);
+        }
+        problems
+    }
 }
 
 impl RedisConfig {
+    /// How the connections are secured, for the startup summary: `off` (plain text),
+    /// `verified`, `verified+client-cert` (mutual TLS), or `INSECURE` with the reason.
+    pub fn tls_summary(&self) -> &'static str {
+        let tls = self
+            .topology
+            .urls()
+            .iter()
+            .any(|u| u.starts_with("rediss:"));
+        match (tls, &self.access.tls) {
+            (false, _) => "off",
+            (true, t) if t.insecure => "INSECURE:certificates-not-verified",
+            (true, t) if t.cert.is_some() => "verified+client-cert",
+            (true, _) => "verified",
+        }
+    }
+
     /// Settings for a standalone Redis at `url` with every other value at its default.
     pub fn new(url: impl Into<String>) -> Self {
         Self::with_topology(Topology::Standalone { url: url.into() })
@@ -291,6 +463,7 @@ impl RedisConfig {
             pool_size: DEFAULT_REDIS_POOL_SIZE,
             min_replicas_ack: 0,
             replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
+            access: RedisAccess::default(),
         }
     }
 }
@@ -368,21 +541,18 @@ impl ServeConfig {
                 url: DEFAULT_REDIS_URL.to_owned(),
             }
         });
-        let topology = match args
-            .redis_password_file
-            .as_deref()
-            .filter(|p| !p.is_empty())
-        {
-            None => topology,
-            Some(path) => read_password_file(Path::new(path))
-                .and_then(|password| topology.with_password(&password))
-                .unwrap_or_else(|e| {
-                    errors.push(format!(
-                        "--redis-password-file / BATON_REDIS_PASSWORD_FILE: {e}"
-                    ));
-                    topology
-                }),
+        let path = |p: &Option<String>| p.as_deref().filter(|p| !p.is_empty()).map(PathBuf::from);
+        let access = RedisAccess {
+            username: args.redis_username.clone().filter(|u| !u.is_empty()),
+            password_file: path(&args.redis_password_file),
+            tls: RedisTls {
+                ca: path(&args.redis_tls_ca),
+                cert: path(&args.redis_tls_cert),
+                key: path(&args.redis_tls_key),
+                insecure: args.redis_tls_insecure,
+            },
         };
+        errors.extend(access.problems(&topology));
 
         let prefix = &args.key_prefix;
         if prefix.contains(['{', '}']) {
@@ -550,6 +720,7 @@ impl ServeConfig {
                 pool_size,
                 min_replicas_ack,
                 replica_ack_timeout,
+                access,
             },
             drain_timeout,
             shutdown_delay,
@@ -595,6 +766,16 @@ impl ServeConfig {
         if let Topology::Sentinel { master, .. } = &self.redis.topology {
             summary.push(("redis_sentinel_master", master.clone()));
         }
+        // Paths and names only: the password and the keys are never shown.
+        let access = &self.redis.access;
+        let file = |p: &Option<PathBuf>| or_none(p.as_ref().map(|p| p.display().to_string()));
+        summary.extend([
+            ("redis_username", or_none(access.username.clone())),
+            ("redis_password_file", file(&access.password_file)),
+            ("redis_tls", self.redis.tls_summary().to_owned()),
+            ("redis_tls_ca", file(&access.tls.ca)),
+            ("redis_tls_cert", file(&access.tls.cert)),
+        ]);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         summary.extend([
             ("key_prefix", self.redis.key_prefix.clone()),
@@ -899,7 +1080,8 @@ impl ServingConfig {
     /// The settings as `(setting, value)` pairs for the startup log line (paths, never
     /// contents).
     pub fn summary(&self) -> Vec<(&'static str, String)> {
-        let path = |p: Option<&Path>| p.map_or("none".to_owned(), |p| p.display().to_string());
+        let path =
+            |p: Option<&std::path::Path>| p.map_or("none".to_owned(), |p| p.display().to_string());
         let show = |d: Duration| humantime::format_duration(d).to_string();
         vec![
             (
@@ -973,67 +1155,6 @@ fn duration(
             min
         }
     }
-}
-
-/// Reads a Redis password file: at most [`MAX_PASSWORD_FILE_BYTES`], UTF-8, one line (a final
-/// line break is not part of the password), not empty.
-fn read_password_file(path: &Path) -> Result<String, String> {
-    let file =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PASSWORD_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PASSWORD_FILE_BYTES {
-        return Err(format!(
-            "{} is longer than {MAX_PASSWORD_FILE_BYTES} bytes",
-            path.display()
-        ));
-    }
-    let text =
-        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-    let password = text
-        .strip_suffix('\n')
-        .map(|t| t.strip_suffix('\r').unwrap_or(t))
-        .unwrap_or(&text);
-    if password.is_empty() {
-        return Err(format!("{} holds no password", path.display()));
-    }
-    if password.chars().any(char::is_control) {
-        return Err(format!(
-            "{} holds more than one line or a control character",
-            path.display()
-        ));
-    }
-    Ok(password.to_owned())
-}
-
-/// `url` with `password`: in the user information of a TCP URL, as the `pass` parameter of a
-/// `unix://` one.
-fn url_with_password(url: &str, password: &str) -> Result<String, String> {
-    let mut parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
-    if parsed.scheme().ends_with("unix") {
-        let others: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        if others.iter().any(|(k, _)| k == "pass") {
-            return Err("a Redis URL already carries a password; give it in one place".to_owned());
-        }
-        parsed
-            .query_pairs_mut()
-            .clear()
-            .extend_pairs(others)
-            .append_pair("pass", password);
-    } else {
-        if parsed.password().is_some() {
-            return Err("a Redis URL already carries a password; give it in one place".to_owned());
-        }
-        parsed
-            .set_password(Some(password))
-            .map_err(|()| format!("cannot add a password to {url:?}"))?;
-    }
-    Ok(parsed.into())
 }
 
 /// The deployment named by the configuration.
@@ -1116,25 +1237,13 @@ impl Topology {
         }
     }
 
-    /// The same deployment with `password` given to every URL (the Sentinels' too, as a password
-    /// in the first URL would be); an error if a URL already carries a password.
-    pub fn with_password(&self, password: &str) -> Result<Self, String> {
-        let set = |url: &String| url_with_password(url, password);
-        Ok(match self {
-            Self::Standalone { url } => Self::Standalone { url: set(url)? },
-            Self::Cluster { seeds } => Self::Cluster {
-                seeds: seeds.iter().map(set).collect::<Result<_, _>>()?,
-            },
-            Self::Sentinel {
-                sentinels,
-                master,
-                node_url,
-            } => Self::Sentinel {
-                sentinels: sentinels.iter().map(set).collect::<Result<_, _>>()?,
-                master: master.clone(),
-                node_url: node_url.as_ref().map(set).transpose()?,
-            },
-        })
+    /// Every URL of the deployment (the Sentinels' for Sentinel).
+    pub fn urls(&self) -> &[String] {
+        match self {
+            Self::Standalone { url } => std::slice::from_ref(url),
+            Self::Cluster { seeds } => seeds,
+            Self::Sentinel { sentinels, .. } => sentinels,
+        }
     }
 
     /// A short name for logs and errors.
@@ -1169,55 +1278,6 @@ mod tests {
         assert_eq!(cfg.redis.connect_timeout, DEFAULT_REDIS_CONNECT_TIMEOUT);
         assert_eq!(cfg.redis.key_prefix, DEFAULT_KEY_PREFIX);
         assert_eq!(cfg.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
-    }
-
-    /// A password from a file reaches every URL as the redis crate reads it back, percent-encoded
-    /// in a TCP URL and as the `pass` parameter of a `unix://` one, the username kept.
-    #[test]
-    fn password_goes_into_every_url() {
-        let password = "p@ss:w/rd %?&=";
-        let info = |url: &str| redis::IntoConnectionInfo::into_connection_info(url).expect("url");
-        let cluster = Topology::parse("cluster", "redis://a:1,redis://user@b:2", None)
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Cluster { seeds } = cluster else {
-            panic!("{cluster:?}")
-        };
-        for seed in &seeds {
-            assert_eq!(info(seed).redis_settings().password(), Some(password));
-        }
-        assert_eq!(info(&seeds[1]).redis_settings().username(), Some("user"));
-        let unix = Topology::parse("standalone", "unix:///tmp/r.sock?db=2", None)
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Standalone { url } = unix else {
-            panic!("{unix:?}")
-        };
-        assert_eq!(info(&url).redis_settings().password(), Some(password));
-        assert_eq!(info(&url).redis_settings().db(), 2);
-        let sentinel = Topology::parse("sentinel", "redis://s1:26379,redis://s2:26379", Some("m"))
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Sentinel {
-            sentinels,
-            node_url: Some(node),
-            ..
-        } = sentinel
-        else {
-            panic!("{sentinel:?}")
-        };
-        assert_eq!(info(&node).redis_settings().password(), Some(password));
-        assert_eq!(
-            info(&sentinels[1]).redis_settings().password(),
-            Some(password)
-        );
-        for carrying in ["redis://:x@a:1", "unix:///tmp/r.sock?pass=x"] {
-            let topology = Topology::parse("standalone", carrying, None).expect("topology");
-            assert!(topology.with_password(password).is_err(), "{carrying}");
-        }
     }
 
     /// `--shutdown-delay` defaults to none and is bounded by 10 minutes; `--health-listen` is an
@@ -1350,6 +1410,72 @@ mod tests {
                 .any(|e| e.contains("cannot read /nonexistent/tls.crt")),
             "{errors:#?}"
         );
+    }
+
+    /// The Redis user, password file and TLS files reach the Redis settings; the startup
+    /// summary names the files and the TLS mode but never shows the password; a user or a
+    /// password given both in a URL and by a flag is refused.
+    #[test]
+    fn redis_access_flags_are_checked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let password = dir.path().join("password");
+        std::fs::write(&password, "hunter2-not-shown\n").expect("writing");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["redis".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("certificate");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, cert.pem()).expect("writing");
+        let client_key = dir.path().join("client.key");
+        std::fs::write(&client_key, key.serialize_pem()).expect("writing");
+        let path = |p: &std::path::Path| p.display().to_string();
+        let cfg = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "rediss://redis.example:6380",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+            "--redis-tls-ca",
+            &path(&ca),
+            "--redis-tls-cert",
+            &path(&ca),
+            "--redis-tls-key",
+            &path(&client_key),
+        ]))
+        .expect("valid");
+        assert_eq!(cfg.redis.access.username.as_deref(), Some("baton"));
+        assert_eq!(
+            cfg.redis.access.password_file.as_deref(),
+            Some(password.as_path())
+        );
+        let summary = format!("{:?}", cfg.summary());
+        assert!(!summary.contains("hunter2"), "{summary}");
+        for shown in [
+            "\"redis_username\", \"baton\"".to_owned(),
+            format!("\"redis_password_file\", {:?}", path(&password)),
+            "\"redis_tls\", \"verified+client-cert\"".to_owned(),
+            format!("\"redis_tls_ca\", {:?}", path(&ca)),
+        ] {
+            assert!(summary.contains(&shown), "{shown} in {summary}");
+        }
+        let errors = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "redis://someone:inline@127.0.0.1:6379",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+        ]))
+        .expect_err("given twice");
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(errors[0].starts_with("--redis-username"), "{errors:#?}");
+        assert!(
+            errors[1].starts_with("--redis-password-file"),
+            "{errors:#?}"
+        );
+        assert!(!format!("{errors:?}").contains("hunter2"), "{errors:#?}");
     }
 
     /// Every bad value is reported in one pass, each naming its flag.

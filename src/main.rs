@@ -7,8 +7,8 @@
 //! once.
 //!
 //! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
-//! flags, a credential file or a socket path Baton cannot use, or a Redis older than 7.0 found
-//! at start), 1 for any other failure, 130 on a signal during the drain.
+//! flags, files or a socket path, or found at start: a Redis older than 7.0, refusing Baton's credentials, or a
+//! failed TLS handshake), 1 for any other failure, 130 on a signal during the drain.
 
 use std::process::ExitCode;
 

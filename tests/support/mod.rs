@@ -24,6 +24,7 @@
 pub mod lease;
 pub mod lock;
 pub mod semaphore;
+pub mod tls;
 pub mod topology;
 
 use std::{
