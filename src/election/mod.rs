@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -353,14 +353,19 @@ impl Primitive for Election {
         &self,
         name: &str,
         token: &str,
-        clean_up: Option<Duration>,
+        clean_up: Option<CleanUp>,
     ) -> Result<bool, Error> {
         // No retry of a campaign claims a leadership (streams have no idempotency key): a clean-up
-        // only voids the token.
+        // at most voids the token.
         let keys = self.keys(name);
         let led: i64 = self
             .redis
-            .eval(&scripts::resign(&self.resign, &keys, token, clean_up))
+            .eval(&scripts::resign(
+                &self.resign,
+                &keys,
+                token,
+                clean_up.and_then(|c| c.void),
+            ))
             .await?;
         Ok(led == 1)
     }

@@ -2,8 +2,8 @@
 -- the candidate whose turn it is.
 --
 -- KEYS: the prelude's seven.
--- ARGV[1] token   ARGV[2] for the clean-up of a leadership whose candidate never saw it, how long
---                 (ms) the token stays void (void.lua); '0' for a plain resignation
+-- ARGV[1] token   ARGV[2] how long (ms) the token stays void (void.lua), after a call whose reply
+--                 never came; '0' for none
 --
 -- Returns 1 when the token led, 0 when it did not (already resigned, expired, or unknown).
 local now = clock()

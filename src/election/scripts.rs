@@ -139,16 +139,16 @@ impl Campaign<'_> {
     }
 }
 
-/// `resign.lua`'s call for the leadership `token` on `keys`; with `clean_up` (the clean-up of a
-/// leadership whose candidate never saw it), the token stays void that long.
+/// `resign.lua`'s call for the leadership `token` on `keys`; with `void` (after a call whose reply
+/// never came), the token stays void that long.
 pub fn resign<'s>(
     script: &'s Script,
     keys: &ElectionKeys,
     token: &str,
-    clean_up: Option<Duration>,
+    void: Option<Duration>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(token).arg(clean_up.map_or(0, void_millis));
+    invocation.arg(token).arg(void.map_or(0, void_millis));
     invocation
 }
 

@@ -91,6 +91,14 @@ pub enum Acquired<G, B> {
     Refused(B),
 }
 
+/// How a release cleans up after a grant whose caller never saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CleanUp {
+    /// How long the token stays void afterwards, so that the call that granted it, should Redis
+    /// run it later, grants nothing (after a call whose reply never came); `None` for no mark.
+    pub void: Option<Duration>,
+}
+
 /// One lease in a batched renewal: the resource's name, the token, the ttl (`None`: the ttl it
 /// was acquired with).
 pub type Renewing = (String, String, Option<Duration>);
@@ -131,13 +139,13 @@ pub trait Primitive: Send + Sync + Sized + 'static {
         waiting: Option<(&str, Duration)>,
     ) -> impl Future<Output = Result<Tried<Self>, Error>> + Send;
     /// Releases `token` of `name`. With `clean_up` (the clean-up of a grant whose caller never saw
-    /// it), the token stays void that long (no late call can grant with it) and a grant a retry
-    /// with its idempotency key has handed to its caller is kept (and reported not held).
+    /// it), a grant a retry with its idempotency key has handed to its caller is kept (and
+    /// reported not held), and the token may be made void.
     fn release(
         &self,
         name: &str,
         token: &str,
-        clean_up: Option<Duration>,
+        clean_up: Option<CleanUp>,
     ) -> impl Future<Output = Result<Self::Released, Error>> + Send;
     /// Whether the token released held something.
     fn was_held(released: &Self::Released) -> bool;
@@ -332,14 +340,15 @@ impl<P: Primitive> Engine<P> {
                     replicas,
                     "grant not acknowledged by enough replicas; rolled back"
                 );
-                self.release_in_background(request.name(), grant.token(), request.ttl());
+                self.release_in_background(request.name(), grant.token(), request.ttl(), false);
                 let wait = primitive.redis().replica_ack_timeout();
                 Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
             }
             Ok((outcome, _)) => Ok(outcome),
             Err(e @ Error::Unavailable(_)) => {
-                // Redis may have run the script and only the reply missed the timeout.
-                self.release_in_background(request.name(), token, request.ttl());
+                // Redis may have run the script and only the reply missed the timeout, or may
+                // still run it: release what it granted, and void its token.
+                self.release_in_background(request.name(), token, request.ttl(), true);
                 Err(e)
             }
             Err(e) => Err(e),
@@ -349,10 +358,14 @@ impl<P: Primitive> Engine<P> {
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
     /// anyway (`ttl` from now): for grants whose caller will never see them (a reply that came
     /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
-    /// never came). Harmless when the token holds nothing; the token is void from then on (a late
-    /// call cannot grant with it); a grant that its caller's retry with the same idempotency key
-    /// has claimed meanwhile is left alone.
-    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration) {
+    /// never came). Harmless when the token holds nothing; a grant that its caller's retry with
+    /// the same idempotency key has claimed meanwhile is left alone. With `void` (after a call
+    /// whose reply never came, which Redis may still run), the token is void for
+    /// [`VOID_RETENTION`]: that call cannot grant with it.
+    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration, void: bool) {
+        let how = CleanUp {
+            void: void.then_some(VOID_RETENTION),
+        };
         let (engine, name, token) = (self.clone(), name.to_owned(), token.to_owned());
         clean_up(
             &self.inner.tasks,
@@ -364,7 +377,7 @@ impl<P: Primitive> Engine<P> {
                     let released = engine
                         .inner
                         .primitive
-                        .release(&name, &token, Some(VOID_RETENTION))
+                        .release(&name, &token, Some(how))
                         .await?;
                     if P::was_held(&released) {
                         tracing::info!(kind = P::KIND, %name, "released a grant whose caller never saw it");

@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -460,7 +460,7 @@ impl Primitive for Lock {
         &self,
         name: &str,
         token: &str,
-        clean_up: Option<Duration>,
+        clean_up: Option<CleanUp>,
     ) -> Result<Released, Error> {
         let keys = self.keys(name);
         let invocation = scripts::Release { token, clean_up }.invocation(&self.release, &keys);

@@ -3,16 +3,16 @@
 -- head (by a message addressed to it), or with nobody queued every waiter on every Baton at once.
 --
 -- KEYS: the prelude's eight.
--- ARGV[1] token   ARGV[2] for the clean-up of a grant whose caller never saw it, how long (ms) the
---                 token stays void (void.lua); such a clean-up keeps a hold that a retry with
---                 its idempotency key has claimed. '0' for a plain release.
+-- ARGV[1] token   ARGV[2] '1' for the clean-up of a grant whose caller never saw it, which keeps a
+--                 hold that a retry with its idempotency key has claimed; '0' otherwise
+-- ARGV[3] how long (ms) the token stays void (void.lua), after a call whose reply never came;
+--         '0' for none
 --
 -- Returns {1, live holds left in the lease} when the token held the lock, {0, 0} when it did not
 -- (already released, expired, or unknown), {-1, live holds} when it was kept as claimed.
-local token, void_ms = ARGV[1], tonumber(ARGV[2])
-local unclaimed_only = void_ms > 0
+local token, unclaimed_only, void_ms = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
 local now = clock()
-if unclaimed_only then
+if void_ms > 0 then
   void(K.void, token, now, void_ms)
 end
 local id = redis.call('HGET', K.state, 't:' .. token)

@@ -14,7 +14,7 @@ use redis::{Script, ScriptInvocation};
 
 use super::Mode;
 use crate::{
-    lease::{FENCE_RETENTION, QUEUE_LEASE, void_millis},
+    lease::{CleanUp, FENCE_RETENTION, QUEUE_LEASE, void_millis},
     redis::reply::millis,
 };
 
@@ -157,10 +157,10 @@ impl Acquire<'_> {
 pub struct Release<'a> {
     /// The hold's token.
     pub token: &'a str,
-    /// For the clean-up of a grant whose caller never saw it: how long the token stays void
-    /// (no late call grants with it); such a clean-up keeps a hold that a retry with its
-    /// idempotency key has claimed. `None` for a plain release.
-    pub clean_up: Option<Duration>,
+    /// For the clean-up of a grant whose caller never saw it: such a clean-up keeps a hold that
+    /// a retry with its idempotency key has claimed, and may make the token void. `None` for a
+    /// plain release.
+    pub clean_up: Option<CleanUp>,
 }
 
 impl Release<'_> {
@@ -169,7 +169,8 @@ impl Release<'_> {
         let mut invocation = keys.invocation(script);
         invocation
             .arg(self.token)
-            .arg(self.clean_up.map_or(0, void_millis));
+            .arg(if self.clean_up.is_some() { "1" } else { "0" })
+            .arg(self.clean_up.and_then(|c| c.void).map_or(0, void_millis));
         invocation
     }
 }

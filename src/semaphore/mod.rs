@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -367,7 +367,7 @@ impl Primitive for Semaphore {
         &self,
         name: &str,
         token: &str,
-        clean_up: Option<Duration>,
+        clean_up: Option<CleanUp>,
     ) -> Result<bool, Error> {
         let keys = self.keys(name);
         let invocation = scripts::release(&self.release, &keys, token, clean_up);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::{Script, ScriptInvocation};
 
 use crate::{
-    lease::{FENCE_RETENTION, QUEUE_LEASE, void_millis},
+    lease::{CleanUp, FENCE_RETENTION, QUEUE_LEASE, void_millis},
     redis::reply::millis,
 };
 
@@ -153,16 +153,19 @@ impl Acquire<'_> {
 }
 
 /// `release.lua`'s call for `token` on `keys`. With `clean_up` (the clean-up of a grant whose
-/// caller never saw it), the token stays void that long and a lease that a retry with its
-/// idempotency key has claimed is kept.
+/// caller never saw it), a lease that a retry with its idempotency key has claimed is kept, and
+/// the token may be made void.
 pub fn release<'s>(
     script: &'s Script,
     keys: &SemaphoreKeys,
     token: &str,
-    clean_up: Option<Duration>,
+    clean_up: Option<CleanUp>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(token).arg(clean_up.map_or(0, void_millis));
+    invocation
+        .arg(token)
+        .arg(if clean_up.is_some() { "1" } else { "0" })
+        .arg(clean_up.and_then(|c| c.void).map_or(0, void_millis));
     invocation
 }
 

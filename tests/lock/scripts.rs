@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use baton::{
+    lease::CleanUp,
     lock::{
         Description, Lock, Mode,
         scripts::{self, Acquire, LockKeys, MAX_HOLDS, Refresh, Release},
@@ -207,12 +208,18 @@ impl Fixture {
 
     /// Runs `release.lua` for `token`: (1 when it held, live holds left in its lease).
     async fn release(&self, token: &str) -> (i64, i64) {
-        self.release_with(token, None).await
+        let invocation = Release {
+            token,
+            clean_up: None,
+        }
+        .invocation(&self.release, &self.keys);
+        self.redis.eval(&invocation).await.expect("release.lua")
     }
 
-    /// Runs `release.lua` for `token` as the clean-up of a grant nobody saw when `clean_up`
-    /// (the token then stays void that long).
-    async fn release_with(&self, token: &str, clean_up: Option<Duration>) -> (i64, i64) {
+    /// Runs `release.lua` for `token` as the clean-up of a grant nobody saw, the token then void
+    /// for `void` if given.
+    async fn release_with(&self, token: &str, void: Option<Duration>) -> (i64, i64) {
+        let clean_up = Some(CleanUp { void });
         let invocation = Release { token, clean_up }.invocation(&self.release, &self.keys);
         self.redis.eval(&invocation).await.expect("release.lua")
     }
@@ -669,9 +676,9 @@ async fn a_clean_up_releases_an_unclaimed_grant_and_keeps_a_claimed_one() {
         (first.token.as_str(), first.fence)
     );
     assert_eq!(
-        f.release_with(&first.token, void).await,
+        f.release_with(&first.token, None).await,
         (-1, 1),
-        "a claimed grant is kept"
+        "a claimed grant is kept by a clean-up"
     );
     let holder = f.describe().await.holder.expect("still held");
     assert_eq!(holder.owner, "bob");

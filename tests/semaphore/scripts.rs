@@ -180,11 +180,14 @@ impl Fixture {
 
     /// Runs `release.lua` for `token`: 1 when the lease was held, 0 when not.
     async fn release(&self, token: &str) -> i64 {
-        self.release_with(token, None).await
+        let invocation = scripts::release(&self.release, &self.keys, token, None);
+        self.redis.eval(&invocation).await.expect("release.lua")
     }
 
-    /// Runs `release.lua` for `token`, as the clean-up of a grant nobody saw when `clean_up`.
-    async fn release_with(&self, token: &str, clean_up: Option<Duration>) -> i64 {
+    /// Runs `release.lua` for `token` as the clean-up of a grant nobody saw, the token then void
+    /// for `void` if given.
+    async fn release_with(&self, token: &str, void: Option<Duration>) -> i64 {
+        let clean_up = Some(baton::lease::CleanUp { void });
         let invocation = scripts::release(&self.release, &self.keys, token, clean_up);
         self.redis.eval(&invocation).await.expect("release.lua")
     }
