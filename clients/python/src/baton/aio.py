@@ -249,16 +249,23 @@ class Held:
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
+        cancelled: Optional[asyncio.CancelledError] = None
         if not self.lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
-            # stream would release it too, a moment later (and does if this is cancelled).
+            # stream releases it too, a moment later. A cancellation from outside while the
+            # release is under way is not swallowed: the stream is closed (which releases) and
+            # the cancellation goes on once the stream is closed.
             try:
                 await self._client._release(self._kind, self._grant)
-            except (grpc.RpcError, asyncio.CancelledError):
+            except grpc.RpcError:
                 pass
+            except asyncio.CancelledError as e:
+                cancelled = e
         self._call.cancel()
         if self._reader is not None:
             self._reader.cancel()
+        if cancelled is not None:
+            raise cancelled
         lease = self.lease
         if self._cancelled_by_us:
             # The cancellation was ours (the lease was lost): turn it into LeaseLost.
