@@ -446,8 +446,20 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
             Err(status) => status,
         };
         failures += 1;
-        let over = deadline.is_none_or(|d| Instant::now() >= d);
-        if status.code() != Code::Unavailable || (failures >= RETRIES && over) {
+        let delay = status
+            .get_details_retry_info()
+            .and_then(|info| info.retry_delay)
+            .unwrap_or(DEFAULT_RETRY_DELAY)
+            .min(MAX_RETRY_DELAY);
+        let retry_at = Instant::now() + delay;
+        let give_up = match deadline {
+            // A campaign retried after its wait would give up at once: UNAVAILABLE is its
+            // outcome then.
+            Some(d) if !target.waits_on_baton() => retry_at >= d,
+            Some(d) => failures >= RETRIES && Instant::now() >= d,
+            None => failures >= RETRIES,
+        };
+        if status.code() != Code::Unavailable || give_up {
             let mut failure = Failure::from_status(&status, &spec.addr);
             if failure.code == EXIT_UNAVAILABLE {
                 failure.message = format!(
@@ -458,12 +470,7 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
             }
             return Err(failure);
         }
-        let delay = status
-            .get_details_retry_info()
-            .and_then(|info| info.retry_delay)
-            .unwrap_or(DEFAULT_RETRY_DELAY)
-            .min(MAX_RETRY_DELAY);
-        sleep_until(Instant::now() + delay).await;
+        sleep_until(retry_at).await;
     }
 }
 

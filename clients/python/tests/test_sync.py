@@ -169,6 +169,9 @@ def test_unreachable_baton_raises_unavailable():
     with pytest.raises(baton.Unavailable):
         with client.lock("x", wait=0):
             pass
+    with pytest.raises(baton.Unavailable):
+        with client.campaign("x", wait=0.3):
+            pass
     assert time.monotonic() - started < 10
     client.close()
 

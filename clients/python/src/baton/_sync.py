@@ -280,10 +280,13 @@ class Baton:
             if state["gave_up"]:
                 raise NotAcquired(f"not elected in {request.name!r} within {wait:g}s")
             failures += 1
-            over = deadline is None or time.monotonic() >= deadline
-            if not isinstance(err, Unavailable) or (failures >= RETRIES and over):
+            # UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without.
+            over = failures >= RETRIES if deadline is None else time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or over:
                 raise err
             time.sleep(retry_delay(err))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise err  # no time left to be elected in
 
     def _open(self, kind: str, request, wait: Optional[float]):
         """Opens a Hold stream and reads its first event: (call, grant) once acquired, or raises

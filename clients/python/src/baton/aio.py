@@ -236,10 +236,13 @@ class Baton:
                 err = Unavailable("the Campaign stream ended before its election")
             call.cancel()
             failures += 1
-            over = deadline is None or time.monotonic() >= deadline
-            if not isinstance(err, Unavailable) or (failures >= RETRIES and over):
+            # UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without.
+            over = failures >= RETRIES if deadline is None else time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or over:
                 raise err
             await asyncio.sleep(retry_delay(err))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise err  # no time left to be elected in
 
     async def _open(self, kind: str, request, wait: Optional[float]):
         if kind == "election":
