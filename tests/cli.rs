@@ -724,28 +724,36 @@ async fn a_command_exiting_by_itself_leaves_its_background_work_alone() {
     nix::sys::signal::kill(Pid::from_raw(grandchild), Signal::SIGKILL).expect("cleaning up");
 }
 
-/// Run from a terminal, the command gets it: its own process group is the terminal's
-/// foreground group (it can read the terminal), and Ctrl-C typed there reaches it, once, as a
-/// shell's job; baton passes its exit code through and releases the lock.
+/// Run by an interactive shell on a terminal, the command gets the terminal: its own process
+/// group is the terminal's foreground group (it can read the terminal, and baton is not stopped
+/// for handing it over), and Ctrl-C typed there reaches it, once, as a shell's job; baton passes
+/// its exit code through and releases the lock.
 #[tokio::test]
 async fn a_command_run_from_a_terminal_gets_the_terminal() {
     let redis = RedisServer::start().await;
     let baton = Baton::start(&redis).await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let ids = dir.path().join("ids");
-    let line = dir.path().join("line");
-    let events = dir.path().join("events");
-    // /proc/self/stat fields 5 and 8: the process group, the terminal's foreground group.
-    let script = format!(
-        "cut -d' ' -f5,8 /proc/self/stat > {ids}; read l; echo \"$l\" > {line}; \
+    let path = |name: &str| dir.path().join(name);
+    // $PPID is baton; /proc/self/stat fields 5 and 8: the process group, the terminal's
+    // foreground group.
+    let command = format!(
+        "echo $PPID $(cut -d' ' -f5,8 /proc/self/stat) > {ids}; read l; echo \"$l\" > {line}; \
          trap 'echo INT >> {events}; exit 3' INT; echo ready >> {events}; \
-         while :; do sleep 0.1; done",
-        ids = ids.display(),
-        line = line.display(),
-        events = events.display()
+         while :; do sleep 0.1; done\n",
+        ids = path("ids").display(),
+        line = path("line").display(),
+        events = path("events").display()
+    );
+    std::fs::write(path("command.sh"), command).expect("command.sh");
+    // The job an interactive shell runs (with job control, as at a prompt), then its code.
+    let job = format!(
+        "{baton} lock terminal --ttl 30s -- sh {command}; echo $? > {code}",
+        baton = env!("CARGO_BIN_EXE_baton"),
+        command = path("command.sh").display(),
+        code = path("code").display()
     );
     let pty = nix::pty::openpty(None, None).expect("openpty");
-    let out = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
+    let out = std::fs::File::create(path("stderr")).expect("stderr file");
     // A session of its own whose controlling terminal is the pty, as a login shell's.
     let mut setsid = std::process::Command::new("setsid");
     for (key, _) in std::env::vars_os() {
@@ -753,60 +761,48 @@ async fn a_command_run_from_a_terminal_gets_the_terminal() {
             setsid.env_remove(key);
         }
     }
-    let mut child = setsid
-        .arg("--ctty")
-        .arg(env!("CARGO_BIN_EXE_baton"))
-        .args([
-            "lock", "terminal", "--ttl", "30s", "--", "sh", "-c", &script,
-        ])
+    let mut shell = setsid
+        .args(["--ctty", "bash", "--norc", "--noprofile", "-i", "-c", &job])
         .env("BATON_ADDR", baton.addr().to_string())
         .stdin(Stdio::from(pty.slave))
         .stdout(Stdio::null())
         .stderr(out)
         .spawn()
-        .expect("spawning setsid baton");
-    let baton_pid = i32::try_from(child.id()).expect("pid fits");
+        .expect("spawning bash");
     let mut master = std::fs::File::from(pty.master);
     let ids = wait_until(Duration::from_secs(15), "the command's ids", || {
-        let text = std::fs::read_to_string(&ids).unwrap_or_default();
+        let text = std::fs::read_to_string(path("ids")).unwrap_or_default();
         async move {
             let v: Vec<i32> = text
                 .split_whitespace()
                 .filter_map(|w| w.parse().ok())
                 .collect();
-            if v.len() == 2 { Ok(v) } else { Err(text) }
+            if v.len() == 3 { Ok(v) } else { Err(text) }
         }
     })
     .await;
+    let (baton_pid, group, foreground) = (ids[0], ids[1], ids[2]);
     assert_ne!(
-        ids[0], baton_pid,
+        group, baton_pid,
         "the command runs in a process group of its own"
     );
     assert_eq!(
-        ids[0], ids[1],
+        group, foreground,
         "the command's group is the terminal's foreground group"
     );
     master.write_all(b"typed\n").expect("typing");
-    wait_for_line(&line, "typed").await;
-    wait_for_line(&events, "ready").await;
+    wait_for_line(&path("line"), "typed").await;
+    wait_for_line(&path("events"), "ready").await;
     master.write_all(&[0x03]).expect("Ctrl-C");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "baton did not exit after Ctrl-C");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
-    assert_eq!(
-        status.code(),
-        Some(3),
-        "the trap's exit code; stderr: {stderr}"
-    );
-    let interrupts = std::fs::read_to_string(&events).expect("events");
+    wait_for_line(&path("code"), "3").await;
+    let interrupts = std::fs::read_to_string(path("events")).expect("events");
     assert_eq!(interrupts.matches("INT").count(), 1, "{interrupts}");
     assert!(!held(&baton, "terminal").await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shell.try_wait().expect("waiting").is_none() {
+        assert!(Instant::now() < deadline, "bash did not exit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// `--shared`: two `baton lock --shared` commands run at once; an exclusive one waits for both.

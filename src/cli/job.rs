@@ -269,26 +269,33 @@ impl Job {
         }
     }
 
-    /// Makes the job's group the terminal's foreground group (`baton` has it), and continues the
-    /// job in case it was stopped for reading the terminal before it was its.
+    /// Makes the job's group the terminal's foreground group, unless it is already (it takes the
+    /// terminal itself when started), and continues the job in case it was stopped for reading
+    /// the terminal before it was its.
     fn give_terminal(&self) {
-        let _ = tcsetpgrp(std::io::stdin().as_fd(), self.pid);
+        if tcgetpgrp(std::io::stdin().as_fd()) != Ok(self.pid) {
+            set_foreground(self.pid);
+        }
         let _ = killpg(self.pid, Signal::SIGCONT);
     }
 
     /// Gives the terminal back to `baton`'s group if the job's group has it.
     fn take_terminal(&self) {
-        let stdin = std::io::stdin();
-        if tcgetpgrp(stdin.as_fd()) != Ok(self.pid) {
-            return;
+        if tcgetpgrp(std::io::stdin().as_fd()) == Ok(self.pid) {
+            set_foreground(getpgrp());
         }
-        // A background process setting the foreground group is sent SIGTTOU unless it blocks it.
-        let ttou = SigSet::from(Signal::SIGTTOU);
-        let mut old = SigSet::empty();
-        if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_ok() {
-            let _ = tcsetpgrp(stdin.as_fd(), getpgrp());
-            let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
-        }
+    }
+}
+
+/// Makes `pgid` the terminal's foreground group. A process outside the foreground group that
+/// does this is sent SIGTTOU (which would stop `baton`) unless it blocks it: it is blocked for
+/// the call.
+fn set_foreground(pgid: Pid) {
+    let ttou = SigSet::from(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_ok() {
+        let _ = tcsetpgrp(std::io::stdin().as_fd(), pgid);
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
     }
 }
 
