@@ -83,8 +83,8 @@ pub struct LockArgs {
     /// The owner shown by `describe` (unique per holder: it re-enters the lease).
     #[arg(long, default_value = "")]
     pub owner: String,
-    /// Time the command gets to exit after SIGTERM (lease lost, or baton interrupted) before
-    /// it is killed with SIGKILL.
+    /// Time the command and the processes it started (its process group) get to exit after
+    /// SIGTERM (lease lost) or a signal passed on to them, before SIGKILL to the group.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
@@ -118,7 +118,8 @@ pub struct SemaphoreArgs {
     /// A label shown by `describe`.
     #[arg(long, default_value = "")]
     pub owner: String,
-    /// Time the command gets to exit after SIGTERM before SIGKILL.
+    /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
+    /// `baton lock`.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
@@ -145,7 +146,8 @@ pub struct CampaignArgs {
     /// How long to wait to be elected; without it, as long as it takes.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub wait: Option<Duration>,
-    /// Time the command gets to exit after SIGTERM before SIGKILL.
+    /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
+    /// `baton lock`.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
