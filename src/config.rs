@@ -69,6 +69,12 @@ pub enum Command {
     Lock(cli::LockArgs),
     /// Run a command while holding permits of a semaphore.
     Semaphore(cli::SemaphoreArgs),
+    /// Run a command while leading an election (its term in BATON_ELECTION_TERM).
+    Campaign(cli::CampaignArgs),
+    /// Show who leads an election.
+    Leader(cli::LeaderArgs),
+    /// Print an election's state and every change of it.
+    Observe(cli::ObserveArgs),
     /// Show a lock's or a semaphore's current state.
     Describe(cli::DescribeArgs),
     /// Rate limit checks.

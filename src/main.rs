@@ -34,6 +34,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Lock(args) => cli::lock(args),
         Command::Semaphore(args) => cli::semaphore(args),
+        Command::Campaign(args) => cli::campaign(args),
+        Command::Leader(args) => cli::leader(args),
+        Command::Observe(args) => cli::observe(args),
         Command::Describe(args) => cli::describe(args),
         Command::Ratelimit(command) => cli::ratelimit(command),
         Command::Complete(args) => cli::complete(args),
