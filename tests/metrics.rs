@@ -377,16 +377,18 @@ async fn lock_traffic_moves_the_lease_metrics() {
     );
     drop(closing);
 
+    // The release is counted, then the stream's task ends and the lease stops counting as held.
     let after = wait_until(PATIENCE, "the release on close counted", || {
         let served = &served;
         async move {
             let s = Scrape::of(served).await;
             let released =
                 s.value(r#"baton_lease_releases_on_close_total{kind="lock",result="released"}"#);
-            if released >= 1.0 {
+            let held = s.value(r#"baton_leases_held{kind="lock"}"#);
+            if released >= 1.0 && held == 0.0 {
                 Ok(s)
             } else {
-                Err(released)
+                Err((released, held))
             }
         }
     })

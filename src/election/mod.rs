@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, CleanUp, Engine, Primitive,
+        self, CleanUp, Engine, Primitive, Refusal,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -139,29 +139,6 @@ impl lease::Grant for Leadership {
 
     fn valid_until(&self) -> Instant {
         self.sent_at + self.remaining
-    }
-}
-
-/// What kept a candidate from being elected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The remaining ttl of the leader, when someone leads.
-    pub remaining: Option<Duration>,
-    /// When the state may change without a message (the leader's lease or the head candidate's
-    /// registration ends), if ever.
-    pub change_in: Option<Duration>,
-}
-
-impl lease::Busy for Refusal {
-    fn change_in(&self) -> Option<Duration> {
-        self.change_in
-    }
-
-    fn unacknowledged(ack_timeout: Duration) -> Self {
-        Self {
-            remaining: None,
-            change_in: Some(ack_timeout),
-        }
     }
 }
 

@@ -34,6 +34,34 @@ pub trait LeaseMessage: Send + 'static {
     fn lost(lost: pb::LeaseLost) -> Self;
 }
 
+/// Implements [`LeaseMessage`] for stream responses whose `event` oneof (in the generated module
+/// named after the message) has `Renewed` and `Lost` variants.
+macro_rules! lease_messages {
+    ($($message:ident in $module:ident),* $(,)?) => {$(
+        impl LeaseMessage for pb::$message {
+            fn renewed(renewed: pb::LeaseRenewed) -> Self {
+                Self {
+                    event: Some(pb::$module::Event::Renewed(renewed)),
+                }
+            }
+
+            fn lost(lost: pb::LeaseLost) -> Self {
+                Self {
+                    event: Some(pb::$module::Event::Lost(lost)),
+                }
+            }
+        }
+    )*};
+}
+
+lease_messages! {
+    LockServiceHoldResponse in lock_service_hold_response,
+    LockServiceKeepAliveResponse in lock_service_keep_alive_response,
+    SemaphoreServiceHoldResponse in semaphore_service_hold_response,
+    SemaphoreServiceKeepAliveResponse in semaphore_service_keep_alive_response,
+    ElectionServiceCampaignResponse in election_service_campaign_response,
+}
+
 /// The message of `event`.
 fn message<T: LeaseMessage>(event: Event) -> Result<T, Status> {
     Ok(match event {

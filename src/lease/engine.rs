@@ -82,6 +82,30 @@ pub trait Busy: Send + 'static {
     fn unacknowledged(ack_timeout: Duration) -> Self;
 }
 
+/// What kept a request out of a resource that one holder (or a set of holders) has: how long
+/// what kept it out has left, and when the state may change without a message. Locks and
+/// elections report it; a primitive with more to say (a semaphore's free permits) has its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The remaining ttl of what kept the caller out (a holder's lease), when known.
+    pub remaining: Option<Duration>,
+    /// When the state may change without a message (a lease or a registration ends), if ever.
+    pub change_in: Option<Duration>,
+}
+
+impl Busy for Refusal {
+    fn change_in(&self) -> Option<Duration> {
+        self.change_in
+    }
+
+    fn unacknowledged(ack_timeout: Duration) -> Self {
+        Self {
+            remaining: None,
+            change_in: Some(ack_timeout),
+        }
+    }
+}
+
 /// The outcome of an acquisition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired<G, B> {

@@ -28,7 +28,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::error::Error;
 
-pub use engine::{Acquired, Busy, CleanUp, Engine, Grant, Primitive, Request};
+pub use engine::{Acquired, Busy, CleanUp, Engine, Grant, Primitive, Refusal, Request};
 pub use keepalive::{Described, Event, Kept, LostReason, Renewable};
 
 /// Longest name of a leased resource (a lock, a semaphore), in bytes.

@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, CleanUp, Engine, Primitive,
+        self, CleanUp, Engine, Primitive, Refusal,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -191,29 +191,6 @@ impl lease::Grant for Lease {
 
     fn valid_until(&self) -> Instant {
         self.sent_at + self.remaining
-    }
-}
-
-/// What kept a lock request out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The remaining ttl of what kept the caller out (the exclusive holder, or the longest
-    /// shared lease for an exclusive request), when known.
-    pub remaining: Option<Duration>,
-    /// When the state may change without a message (a lease or a registration ends), if ever.
-    pub change_in: Option<Duration>,
-}
-
-impl lease::Busy for Refusal {
-    fn change_in(&self) -> Option<Duration> {
-        self.change_in
-    }
-
-    fn unacknowledged(ack_timeout: Duration) -> Self {
-        Self {
-            remaining: None,
-            change_in: Some(ack_timeout),
-        }
     }
 }
 
