@@ -43,8 +43,7 @@
 //! that asserts every scenario makes progress on both sides and that Redis counts exactly the
 //! script calls the scripts imply (one EVALSHA per acquire and one per release when uncontended).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::{
     collections::BTreeMap,

@@ -19,8 +19,7 @@
 //! Without `--bench` (as `cargo test --all-targets` runs it) it is a smoke run of 50 handoffs per
 //! scenario that asserts each scenario hands over every time, within a second.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::{
     net::SocketAddr,

@@ -7,8 +7,7 @@
 //! `cargo test --all-targets` runs it) it measures one Sentinel failover with the default timings
 //! and checks it completes within 8 s.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::time::{Duration, Instant};
 

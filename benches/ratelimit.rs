@@ -9,8 +9,7 @@
 //! Everything runs on this machine: a private `redis-server`, an in-process Baton, and the load
 //! generator, which shares the CPU with both.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::{
     sync::Arc,
