@@ -280,7 +280,16 @@ impl BatonProcess {
             .expect("spawned with piped stdout")
     }
 
+    /// Like [`BatonProcess::spawn`], running `binary` instead of [`baton_bin`]'s (another build).
+    pub async fn spawn_binary(binary: &Path, args: &[&str]) -> Self {
+        Self::spawn_from(&|| command_without_baton_env(binary), args, false).await
+    }
+
     async fn spawn_with(args: &[&str], piped: bool) -> Self {
+        Self::spawn_from(&baton_command, args, piped).await
+    }
+
+    async fn spawn_from(command: &dyn Fn() -> Command, args: &[&str], piped: bool) -> Self {
         let mut failures = Vec::new();
         for _ in 0..3 {
             let dir = tempfile::Builder::new()
@@ -297,7 +306,7 @@ impl BatonProcess {
             } else {
                 (Stdio::null(), Stdio::from(stderr))
             };
-            let child = baton_command()
+            let child = command()
                 .args(["serve", "--listen", &addr.to_string(), "--socket"])
                 .arg(&socket)
                 .args(args)
@@ -441,7 +450,12 @@ pub fn baton_bin() -> PathBuf {
 /// the test's environment (tests never change their own environment; they only shape the
 /// child's).
 pub fn baton_command() -> Command {
-    let mut command = Command::new(baton_bin());
+    command_without_baton_env(&baton_bin())
+}
+
+/// A `Command` for `binary` with no `BATON_*` variable inherited from this process.
+fn command_without_baton_env(binary: &Path) -> Command {
+    let mut command = Command::new(binary);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("BATON_") {
             command.env_remove(key);
