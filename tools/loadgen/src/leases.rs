@@ -101,7 +101,12 @@ async fn window(
     counters: (&AtomicU64, &AtomicU64),
 ) -> Window {
     for _ in 0..n {
-        within(Duration::from_secs(120), ready.recv(), "every lease to be held").await;
+        within(
+            Duration::from_secs(120),
+            ready.recv(),
+            "every lease to be held",
+        )
+        .await;
     }
     let open_secs = started.elapsed().as_secs_f64();
     let (acquired, renewals) = counters;

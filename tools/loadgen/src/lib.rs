@@ -344,12 +344,7 @@ impl Options {
 
     /// The options as the run's JSON records them.
     pub fn describe(&self) -> BTreeMap<String, String> {
-        let list = |v: &[usize]| {
-            v.iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
         let mut m = BTreeMap::new();
         let mut put = |k: &str, v: String| {
             m.insert(k.to_owned(), v);
@@ -472,7 +467,10 @@ pub async fn run(options: &Options, command: &str) -> Run {
         })
         .collect();
     let machine = testkit::machine();
-    eprintln!("loadgen: {machine}; load average {:?}", probe::load_average());
+    eprintln!(
+        "loadgen: {machine}; load average {:?}",
+        probe::load_average()
+    );
     let mut out = Run {
         format: record::FORMAT,
         command: command.to_owned(),
@@ -560,7 +558,7 @@ pub fn commit_of(dir: &Path) -> String {
     let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
         return String::new();
     };
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     if dirty { format!("{head}+") } else { head }
 }

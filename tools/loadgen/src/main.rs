@@ -234,10 +234,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let command = std::env::args()
-                .skip(1)
-                .collect::<Vec<_>>()
-                .join(" ");
+            let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -250,7 +247,11 @@ fn main() -> ExitCode {
                         eprintln!("loadgen run: writing {}: {e}", path.display());
                         return ExitCode::FAILURE;
                     }
-                    eprintln!("loadgen: {} records written to {}", run.records.len(), path.display());
+                    eprintln!(
+                        "loadgen: {} records written to {}",
+                        run.records.len(),
+                        path.display()
+                    );
                 }
                 None => print!("{json}"),
             }

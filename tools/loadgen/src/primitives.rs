@@ -472,8 +472,7 @@ impl Worker {
         let allowed = match &mut self.target {
             Target::Direct { conn, scripts, .. } => {
                 let rate = ratelimit_rate();
-                let redis_key =
-                    ratelimit::limiter_key(DIRECT_PREFIX, "rl", &key, Algorithm::Gcra);
+                let redis_key = ratelimit::limiter_key(DIRECT_PREFIX, "rl", &key, Algorithm::Gcra);
                 let invocation = ratelimit::scripts::Check {
                     key: &redis_key,
                     rate: &rate,
@@ -940,8 +939,14 @@ async fn measure(
         record.set(names::JAIN, stats::jain(&grants));
     }
     if !all.handoff.is_empty() {
-        record.set(names::HANDOFF_P50, all.handoff.value_at_quantile(0.5) as f64);
-        record.set(names::HANDOFF_P99, all.handoff.value_at_quantile(0.99) as f64);
+        record.set(
+            names::HANDOFF_P50,
+            all.handoff.value_at_quantile(0.5) as f64,
+        );
+        record.set(
+            names::HANDOFF_P99,
+            all.handoff.value_at_quantile(0.99) as f64,
+        );
         record.set(
             names::REGRANTS,
             all.regrants as f64 / all.handoff.len() as f64,

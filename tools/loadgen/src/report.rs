@@ -131,7 +131,11 @@ pub fn cell(values: &[f64], f: impl Fn(f64) -> String) -> String {
     let m = f(median(&values));
     let lo = f(values.iter().copied().fold(f64::INFINITY, f64::min));
     let hi = f(values.iter().copied().fold(f64::NEG_INFINITY, f64::max));
-    if lo == hi { m } else { format!("{m} ({lo}–{hi})") }
+    if lo == hi {
+        m
+    } else {
+        format!("{m} ({lo}–{hi})")
+    }
 }
 
 /// A whole number with thousands separators.
@@ -354,11 +358,7 @@ fn run_table(runs: &[Run]) -> String {
         );
         for b in &run.builds {
             if !b.name.is_empty() {
-                let _ = writeln!(
-                    md,
-                    "- Build `{}`: {} (commit {})",
-                    b.name, b.path, b.commit
-                );
+                let _ = writeln!(md, "- Build `{}`: {} (commit {})", b.name, b.path, b.commit);
             }
         }
         if !run.repeats.is_empty() {
@@ -403,9 +403,14 @@ fn unary(run: &Run) -> String {
     let mut md = String::from(
         "| scenario | clients | side | ops/s | Baton / direct | call p50 µs | call p99 µs | added p50 µs | script calls / op | Baton CPU µs / call | Redis CPU µs / op | CPU % Baton / Redis / load gen |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
-    for (scenario, clients, side, build) in
-        distinct(&records, |r| (r.scenario.clone(), r.clients, r.side.clone(), r.build.clone()))
-    {
+    for (scenario, clients, side, build) in distinct(&records, |r| {
+        (
+            r.scenario.clone(),
+            r.clients,
+            r.side.clone(),
+            r.build.clone(),
+        )
+    }) {
         let r: Vec<&Record> = records
             .iter()
             .copied()
@@ -421,7 +426,11 @@ fn unary(run: &Run) -> String {
             scenario_label(&scenario),
             clients,
             side_label(&side),
-            if builds { build_label(&build) } else { String::new() },
+            if builds {
+                build_label(&build)
+            } else {
+                String::new()
+            },
             cell(&values(&r, fig::rate), grouped),
             if has_direct {
                 cell(&relative(run, &r, "direct", fig::rate, false), fixed(2))
@@ -462,9 +471,14 @@ fn contention(run: &Run) -> String {
     let mut md = String::from(
         "| scenario | clients | side | grants/s | Baton / direct | call p50 µs | call p99 µs | handoff p50 µs | handoff p99 µs | to another p50 / p99 µs | re-grants | Jain's index | timeouts | script calls / grant | PUBLISH / grant | CPU % Baton / Redis / load gen |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|\n",
     );
-    for (scenario, clients, side, build) in
-        distinct(&records, |r| (r.scenario.clone(), r.clients, r.side.clone(), r.build.clone()))
-    {
+    for (scenario, clients, side, build) in distinct(&records, |r| {
+        (
+            r.scenario.clone(),
+            r.clients,
+            r.side.clone(),
+            r.build.clone(),
+        )
+    }) {
         let r: Vec<&Record> = records
             .iter()
             .copied()
@@ -486,7 +500,11 @@ fn contention(run: &Run) -> String {
             scenario_label(&scenario),
             clients,
             side_label(&side),
-            if builds { build_label(&build) } else { String::new() },
+            if builds {
+                build_label(&build)
+            } else {
+                String::new()
+            },
             cell(&values(&r, fig::rate), grouped),
             if side == "direct" {
                 "—".into()
@@ -525,7 +543,9 @@ fn leases(run: &Run) -> String {
     let mut md = String::from(
         "| leases | side | held | time to open all, s | script calls/s | renewals seen/s | Baton CPU % of one core | Baton RSS MiB | Redis CPU % | load gen CPU % | all released after |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
-    for (clients, side, build) in distinct(&records, |r| (r.clients, r.side.clone(), r.build.clone())) {
+    for (clients, side, build) in
+        distinct(&records, |r| (r.clients, r.side.clone(), r.build.clone()))
+    {
         let r: Vec<&Record> = records
             .iter()
             .copied()
@@ -537,11 +557,18 @@ fn leases(run: &Run) -> String {
             "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             grouped(clients as f64),
             side_label(&side),
-            if builds { build_label(&build) } else { String::new() },
+            if builds {
+                build_label(&build)
+            } else {
+                String::new()
+            },
             cell(&values(&r, get(names::HELD)), grouped),
             cell(&values(&r, get(names::OPEN_SECS)), fixed(1)),
             cell(&values(&r, fig::scripts_per_sec), grouped),
-            cell(&values(&r, |x| get(names::RENEWALS)(x) / fig::secs(x)), grouped),
+            cell(
+                &values(&r, |x| get(names::RENEWALS)(x) / fig::secs(x)),
+                grouped
+            ),
             cell(&values(&r, |x| fig::pct(x, names::BATON_CPU)), fixed(1)),
             if side.starts_with("baton") {
                 cell(&values(&r, |x| fig::mib(x, names::BATON_RSS)), fixed(1))
@@ -559,13 +586,22 @@ fn leases(run: &Run) -> String {
 /// Baton's memory idle and after the run.
 fn idle(run: &Run) -> String {
     let records = select(run, |r| r.scenario == "idle");
-    let mut md = String::from("| build | idle RSS MiB | RSS after the run MiB |\n|---|---:|---:|\n");
+    let mut md =
+        String::from("| build | idle RSS MiB | RSS after the run MiB |\n|---|---:|---:|\n");
     for build in distinct(&records, |r| r.build.clone()) {
-        let r: Vec<&Record> = records.iter().copied().filter(|r| r.build == build).collect();
+        let r: Vec<&Record> = records
+            .iter()
+            .copied()
+            .filter(|r| r.build == build)
+            .collect();
         let _ = writeln!(
             md,
             "| {} | {} | {} |",
-            if build.is_empty() { "this build" } else { &build },
+            if build.is_empty() {
+                "this build"
+            } else {
+                &build
+            },
             cell(&values(&r, |x| fig::mib(x, names::IDLE_RSS)), fixed(1)),
             cell(&values(&r, |x| fig::mib(x, names::BATON_RSS)), fixed(1)),
         );
@@ -579,7 +615,9 @@ fn leader_failover(run: &Run) -> String {
     let mut md = String::from(
         "| handoff | candidates | handoffs | p50 µs | p99 µs | max µs | mean µs | Baton CPU µs / handoff |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (side, clients, build) in distinct(&records, |r| (r.side.clone(), r.clients, r.build.clone())) {
+    for (side, clients, build) in
+        distinct(&records, |r| (r.side.clone(), r.clients, r.build.clone()))
+    {
         let r: Vec<&Record> = records
             .iter()
             .copied()
@@ -596,7 +634,10 @@ fn leader_failover(run: &Run) -> String {
             cell(&values(&r, get(names::P99)), grouped),
             cell(&values(&r, get(names::MAX)), grouped),
             cell(&values(&r, get(names::MEAN)), grouped),
-            cell(&values(&r, |x| fig::us_per_op(x, names::BATON_CPU)), fixed(1)),
+            cell(
+                &values(&r, |x| fig::us_per_op(x, names::BATON_CPU)),
+                fixed(1)
+            ),
         );
     }
     md
@@ -678,13 +719,22 @@ fn autocomplete(run: &Run) -> String {
                 fixed(1)
             ),
             cell(&values(&r, fig::command_us_per_op), fixed(1)),
-            cell(&values(&r, |x| fig::us_per_op(x, names::LOADGEN_CPU)), fixed(1)),
+            cell(
+                &values(&r, |x| fig::us_per_op(x, names::LOADGEN_CPU)),
+                fixed(1)
+            ),
             if side.starts_with("baton") {
-                cell(&values(&r, |x| fig::us_per_op(x, names::BATON_CPU)), fixed(1))
+                cell(
+                    &values(&r, |x| fig::us_per_op(x, names::BATON_CPU)),
+                    fixed(1),
+                )
             } else {
                 "—".into()
             },
-            cell(&values(&r, |x| fig::us_per_op(x, names::REDIS_CPU)), fixed(1)),
+            cell(
+                &values(&r, |x| fig::us_per_op(x, names::REDIS_CPU)),
+                fixed(1)
+            ),
         );
     }
     md
@@ -725,7 +775,10 @@ fn autocomplete_memory(run: &Run) -> String {
                 &values(&r, |x| x.get(&format!("keys:{kind}")).unwrap_or(f64::NAN)),
                 grouped
             ),
-            cell(&bytes.iter().map(|b| b / 1_048_576.0).collect::<Vec<_>>(), fixed(1)),
+            cell(
+                &bytes.iter().map(|b| b / 1_048_576.0).collect::<Vec<_>>(),
+                fixed(1)
+            ),
             cell(
                 &values(&r, |x| x.get(&format!("bytes:{kind}")).unwrap_or(f64::NAN)
                     / get(names::TERMS)(x).max(1.0)),
@@ -744,7 +797,10 @@ fn autocomplete_memory(run: &Run) -> String {
         md,
         "| all | | {} | {} |",
         cell(&values(&r, |x| sum(x) / 1_048_576.0), fixed(1)),
-        cell(&values(&r, |x| sum(x) / get(names::TERMS)(x).max(1.0)), grouped),
+        cell(
+            &values(&r, |x| sum(x) / get(names::TERMS)(x).max(1.0)),
+            grouped
+        ),
     );
     md
 }
@@ -755,7 +811,8 @@ fn functions(run: &Run) -> String {
     let mut md = String::from(
         "| operation | clients | called as | ops/s | `FCALL` / `EVALSHA` ops/s | call p50 µs | call p99 µs | Redis CPU µs / script call | Redis µs / script call (commandstats) | script calls counted / op |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (case, clients, side) in distinct(&records, |r| (r.case.clone(), r.clients, r.side.clone())) {
+    for (case, clients, side) in distinct(&records, |r| (r.case.clone(), r.clients, r.side.clone()))
+    {
         let r: Vec<&Record> = records
             .iter()
             .copied()
@@ -813,7 +870,8 @@ fn redis_failover(run: &Run) -> String {
             md,
             "| {} | {} | {} | {:.2} | {:.2}–{:.2} |",
             match side.as_str() {
-                "sentinel" => "Sentinel: SIGKILL of the master → a Sentinel names the promoted replica",
+                "sentinel" =>
+                    "Sentinel: SIGKILL of the master → a Sentinel names the promoted replica",
                 "cluster" => "Cluster (3 masters, 1 replica each): SIGKILL of a master → healthy",
                 other => other,
             },
@@ -856,19 +914,30 @@ fn builds(run: &Run) -> String {
     ];
     let contended: [Figure; 4] = [
         ("Baton / direct grants/s", |_| f64::NAN, 2),
-        ("handoff p50 µs", |r| r.get(names::HANDOFF_P50).unwrap_or(f64::NAN), 0),
-        ("handoff p99 µs", |r| r.get(names::HANDOFF_P99).unwrap_or(f64::NAN), 0),
+        (
+            "handoff p50 µs",
+            |r| r.get(names::HANDOFF_P50).unwrap_or(f64::NAN),
+            0,
+        ),
+        (
+            "handoff p99 µs",
+            |r| r.get(names::HANDOFF_P99).unwrap_or(f64::NAN),
+            0,
+        ),
         ("script calls / grant", fig::scripts_per_op, 2),
     ];
     let lease: [Figure; 3] = [
-        ("Baton CPU % of one core", |r| fig::pct(r, names::BATON_CPU), 1),
+        (
+            "Baton CPU % of one core",
+            |r| fig::pct(r, names::BATON_CPU),
+            1,
+        ),
         ("Baton RSS MiB", |r| fig::mib(r, names::BATON_RSS), 1),
         ("script calls/s", fig::scripts_per_sec, 0),
     ];
-    let keys = distinct(
-        &select(run, |r| r.side.starts_with("baton")),
-        |r| (r.scenario.clone(), r.clients, r.side.clone()),
-    );
+    let keys = distinct(&select(run, |r| r.side.starts_with("baton")), |r| {
+        (r.scenario.clone(), r.clients, r.side.clone())
+    });
     for (scenario, clients, side) in keys {
         let figures: &[Figure] = match scenario.as_str() {
             "lock" | "semaphore" | "ratelimit" => &unary,
@@ -888,7 +957,10 @@ fn builds(run: &Run) -> String {
             let mut medians = Vec::new();
             for n in &names {
                 let r = select(run, |r| {
-                    r.scenario == scenario && r.clients == clients && r.side == side && &r.build == n
+                    r.scenario == scenario
+                        && r.clients == clients
+                        && r.side == side
+                        && &r.build == n
                 });
                 let v = if i == 0 && figures.len() == 4 {
                     relative(run, &r, "direct", fig::rate, false)
@@ -914,7 +986,11 @@ pub mod targets;
 pub(crate) fn current<'a>(runs: &'a [Run], scenario: &str) -> Vec<(&'a Run, &'a Record)> {
     let mut out = Vec::new();
     for run in runs {
-        let build = run.builds.last().map(|b| b.name.clone()).unwrap_or_default();
+        let build = run
+            .builds
+            .last()
+            .map(|b| b.name.clone())
+            .unwrap_or_default();
         for r in &run.records {
             if r.scenario == scenario && r.build == build {
                 out.push((run, r));
@@ -929,12 +1005,20 @@ pub(crate) fn median_of<'a>(
     rows: impl Iterator<Item = (&'a Run, &'a Record)>,
     f: impl Fn(&Run, &Record) -> Option<f64>,
 ) -> Option<f64> {
-    let v: Vec<f64> = rows.filter_map(|(run, r)| f(run, r)).filter(|v| v.is_finite()).collect();
+    let v: Vec<f64> = rows
+        .filter_map(|(run, r)| f(run, r))
+        .filter(|v| v.is_finite())
+        .collect();
     (!v.is_empty()).then(|| median(&v))
 }
 
 /// The same-repeat ratio `f(r) / f(direct)` of one record, against `against`.
-pub(crate) fn ratio_to(run: &Run, r: &Record, against: &str, f: impl Fn(&Record) -> f64) -> Option<f64> {
+pub(crate) fn ratio_to(
+    run: &Run,
+    r: &Record,
+    against: &str,
+    f: impl Fn(&Record) -> f64,
+) -> Option<f64> {
     let base = run.records.iter().find(|b| {
         b.scenario == r.scenario
             && b.case == r.case
@@ -947,7 +1031,12 @@ pub(crate) fn ratio_to(run: &Run, r: &Record, against: &str, f: impl Fn(&Record)
 }
 
 /// The same-repeat difference `f(r) - f(direct)` of one record.
-pub(crate) fn diff_to(run: &Run, r: &Record, against: &str, f: impl Fn(&Record) -> f64) -> Option<f64> {
+pub(crate) fn diff_to(
+    run: &Run,
+    r: &Record,
+    against: &str,
+    f: impl Fn(&Record) -> f64,
+) -> Option<f64> {
     let base = run.records.iter().find(|b| {
         b.scenario == r.scenario
             && b.case == r.case

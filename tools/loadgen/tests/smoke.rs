@@ -98,7 +98,10 @@ async fn closed_loop_scenarios_progress_and_count_script_calls() {
                     "{what}: fewer script calls ({scripts}) than an acquire and a release per grant"
                 );
                 let jain = value(r, names::JAIN);
-                assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{what}: Jain's index {jain}");
+                assert!(
+                    jain > 0.0 && jain <= 1.0 + 1e-9,
+                    "{what}: Jain's index {jain}"
+                );
                 if r.scenario.starts_with("lock") && ops > 1 {
                     assert!(
                         r.get(names::HANDOFF_P50).is_some(),
@@ -114,8 +117,15 @@ async fn closed_loop_scenarios_progress_and_count_script_calls() {
             );
         }
     }
-    let idle = run.records.iter().find(|r| r.scenario == "idle").expect("idle");
-    assert!(value(idle, names::IDLE_RSS) > 0.0, "Baton's memory was not read");
+    let idle = run
+        .records
+        .iter()
+        .find(|r| r.scenario == "idle")
+        .expect("idle");
+    assert!(
+        value(idle, names::IDLE_RSS) > 0.0,
+        "Baton's memory was not read"
+    );
     for table in ["run", "unary", "contention", "idle", "targets"] {
         let md = report::table_of(table, std::slice::from_ref(&run)).expect(table);
         assert!(md.lines().count() > 2, "{table}: {md}");
@@ -128,11 +138,19 @@ async fn closed_loop_scenarios_progress_and_count_script_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_are_held_renewed_and_released() {
     let (options, run) = smoke(&[Scenario::Leases], |_| {}).await;
-    let leases: Vec<&Record> = run.records.iter().filter(|r| r.scenario == "leases").collect();
+    let leases: Vec<&Record> = run
+        .records
+        .iter()
+        .filter(|r| r.scenario == "leases")
+        .collect();
     assert_eq!(leases.len(), options.sides_of(Scenario::Leases).len());
     for r in leases {
         let what = format!("leases, {}", r.side);
-        assert_eq!(value(r, names::HELD) as usize, options.leases, "{what}: held");
+        assert_eq!(
+            value(r, names::HELD) as usize,
+            options.leases,
+            "{what}: held"
+        );
         // The direct side renews every lease three times in the window (a third of the ttl
         // apart), a script call each; Baton about as often, in fewer calls when it batches.
         let scripts = r.script_calls();
@@ -210,7 +228,11 @@ async fn autocomplete_loads_and_completes() {
         .iter()
         .filter(|r| r.scenario == "autocomplete" && r.case != "load" && r.case != "memory")
         .collect();
-    assert_eq!(queries.len(), 10, "7 kinds through Baton, 2 direct, raw ZRANGE");
+    assert_eq!(
+        queries.len(),
+        10,
+        "7 kinds through Baton, 2 direct, raw ZRANGE"
+    );
     for r in queries {
         let what = format!("{} {}", r.case, r.side);
         assert_eq!(value(r, names::ERRORS), 0.0, "{what}: {:?}", r.first_error);
@@ -284,8 +306,7 @@ fn the_performance_document_is_generated() {
         text.contains("<!-- loadgen: "),
         "the document has generated tables"
     );
-    let rendered =
-        report::render_document(&text, doc.parent().expect("docs/")).expect("renders");
+    let rendered = report::render_document(&text, doc.parent().expect("docs/")).expect("renders");
     assert!(
         rendered == text,
         "docs/PERFORMANCE.md differs from what its JSON renders to: run `cargo run -p loadgen -- report docs/PERFORMANCE.md`"

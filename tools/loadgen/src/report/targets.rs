@@ -157,10 +157,7 @@ fn lease_figure(
         .max()?;
     let mut found = per_side(runs, "leases", leases, f, format, ok)?;
     if leases < 10_000 {
-        found = (
-            format!("{} (with {leases} leases)", found.0),
-            Some(false),
-        );
+        found = (format!("{} (with {leases} leases)", found.0), Some(false));
     }
     Some(found)
 }
