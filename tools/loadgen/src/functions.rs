@@ -156,8 +156,9 @@ struct Scripts {
     gcra: Script,
 }
 
-/// Measures both cases via both sides for each client count, appending the records.
-pub async fn run(options: &Options, records: &mut Vec<Record>) {
+/// Measures both cases via both sides for each client count, appending the records; `repeat`
+/// (the repeat's number) picks which side goes first.
+pub async fn run(options: &Options, repeat: usize, records: &mut Vec<Record>) {
     let redis = RedisServer::start_standalone().await;
     let mut admin = redis.client().await;
     let source = library(&sources());
@@ -188,8 +189,9 @@ pub async fn run(options: &Options, records: &mut Vec<Record>) {
     let mut probe = Probe::new(admin, None);
     for case in [Case::LockCycle, Case::Gcra] {
         for &clients in &options.clients {
-            // Alternate which side goes first, so neither always runs on a warmer Redis.
-            let order = if clients % 2 == 0 {
+            // Alternate which side goes first (by client count and repeat), so that neither
+            // always runs on a warmer Redis.
+            let order = if (clients + repeat) % 2 == 0 {
                 [Via::Evalsha, Via::Fcall]
             } else {
                 [Via::Fcall, Via::Evalsha]

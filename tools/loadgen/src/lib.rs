@@ -389,7 +389,8 @@ impl Options {
     }
 }
 
-/// A fresh `redis-server` and Baton for one repeat of one build.
+/// A fresh `redis-server` and Baton for one repeat of one build (several builds take turns going
+/// first, repeat by repeat).
 pub struct Stage {
     /// The Redis every side works on.
     pub redis: RedisServer,
@@ -485,7 +486,11 @@ pub async fn run(options: &Options, command: &str) -> Run {
     };
     let wants = |s: Scenario| options.scenarios.contains(&s);
     for repeat in 0..options.repeat {
-        for build in &options.builds {
+        // Builds take turns going first, repeat by repeat.
+        let mut builds: Vec<&BuildSpec> = options.builds.iter().collect();
+        let first = repeat % builds.len().max(1);
+        builds.rotate_left(first);
+        for build in builds {
             let load_before = probe::load_average();
             let mut records = Vec::new();
             if options.scenarios.iter().any(|s| s.needs_baton()) {
@@ -528,7 +533,7 @@ pub async fn run(options: &Options, command: &str) -> Run {
         // Redis alone: once per repeat whatever the builds.
         let mut records = Vec::new();
         if wants(Scenario::Functions) {
-            functions::run(options, &mut records).await;
+            functions::run(options, repeat, &mut records).await;
         }
         if wants(Scenario::RedisFailover) {
             redis_failover::run(options, &mut records).await;

@@ -401,7 +401,7 @@ fn unary(run: &Run) -> String {
     });
     let builds = several_builds(run);
     let mut md = String::from(
-        "| scenario | clients | side | ops/s | Baton / direct | call p50 µs | call p99 µs | added p50 µs | script calls / op | Baton CPU µs / call | Redis CPU µs / op | CPU % Baton / Redis / load gen |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| scenario | clients | side | ops/s | Baton / direct | call p50 µs | call p99 µs | added p50 µs | script calls / op | Baton CPU µs / call | Redis CPU µs / op | CPU µs / op, all three | CPU % Baton / Redis / load gen |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for (scenario, clients, side, build) in distinct(&records, |r| {
         (
@@ -422,7 +422,7 @@ fn unary(run: &Run) -> String {
         let has_direct = baton && scenario != "health";
         let _ = writeln!(
             md,
-            "| {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
+            "| {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
             scenario_label(&scenario),
             clients,
             side_label(&side),
@@ -451,6 +451,12 @@ fn unary(run: &Run) -> String {
                 "—".into()
             },
             cell(&values(&r, fig::redis_us_per_op), fixed(1)),
+            cell(
+                &values(&r, |x| fig::us_per_op(x, names::BATON_CPU)
+                    + fig::us_per_op(x, names::REDIS_CPU)
+                    + fig::us_per_op(x, names::LOADGEN_CPU)),
+                fixed(1)
+            ),
             cell(&values(&r, |x| fig::pct(x, names::BATON_CPU)), fixed(0)),
             cell(&values(&r, |x| fig::pct(x, names::REDIS_CPU)), fixed(0)),
             cell(&values(&r, |x| fig::pct(x, names::LOADGEN_CPU)), fixed(0)),
@@ -926,6 +932,10 @@ fn builds(run: &Run) -> String {
         ),
         ("script calls / grant", fig::scripts_per_op, 2),
     ];
+    let health: [Figure; 2] = [
+        ("Baton CPU µs / call", fig::baton_us_per_call, 1),
+        ("call p50 µs", |r| r.get(names::P50).unwrap_or(f64::NAN), 0),
+    ];
     let lease: [Figure; 3] = [
         (
             "Baton CPU % of one core",
@@ -943,6 +953,7 @@ fn builds(run: &Run) -> String {
             "lock" | "semaphore" | "ratelimit" => &unary,
             "lock-contended" | "lock-fair" | "semaphore-contended" => &contended,
             "leases" => &lease,
+            "health" => &health,
             _ => continue,
         };
         for (i, (what, f, decimals)) in figures.iter().enumerate() {
