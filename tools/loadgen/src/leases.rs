@@ -174,14 +174,15 @@ async fn through_baton(options: &Options, probe: &mut Probe, channels: Vec<Chann
                 }
             };
             use pb::lock_service_hold_response::Event;
-            if let Ok(Some(pb::LockServiceHoldResponse {
-                event: Some(Event::Acquired(_)),
-            })) = stream.message().await
-            {
-                acquired.fetch_add(1, Ordering::Relaxed);
-            }
+            let first = stream.message().await;
             drop(permit);
             let _ = ready.send(()).await;
+            match first {
+                Ok(Some(pb::LockServiceHoldResponse {
+                    event: Some(Event::Acquired(_)),
+                })) => acquired.fetch_add(1, Ordering::Relaxed),
+                other => return Err(format!("the Hold stream's first message: {other:?}")),
+            };
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return Ok(()),

@@ -240,7 +240,7 @@ fn main() -> ExitCode {
                 .build()
                 .expect("a tokio runtime");
             let run = runtime.block_on(loadgen::run(&options, &format!("loadgen {command}")));
-            let json = serde_json::to_string_pretty(&run).expect("a run serializes") + "\n";
+            let json = run.to_json();
             match &args.out {
                 Some(path) => {
                     if let Err(e) = std::fs::write(path, json) {

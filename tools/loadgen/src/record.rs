@@ -93,6 +93,28 @@ pub struct CommandStat {
     pub usec: u64,
 }
 
+impl Run {
+    /// The run as JSON: indented, each record on a line of its own (diffs read by record).
+    pub fn to_json(&self) -> String {
+        let head = Run {
+            records: Vec::new(),
+            ..self.clone()
+        };
+        let head = serde_json::to_string_pretty(&head).expect("a run serializes");
+        let records: Vec<String> = self
+            .records
+            .iter()
+            .map(|r| format!("    {}", serde_json::to_string(r).expect("a record serializes")))
+            .collect();
+        let body = if records.is_empty() {
+            "[]".to_owned()
+        } else {
+            format!("[\n{}\n  ]", records.join(",\n"))
+        };
+        head.replacen("\"records\": []", &format!("\"records\": {body}"), 1) + "\n"
+    }
+}
+
 impl Record {
     /// The figure `name`, if measured.
     pub fn get(&self, name: &str) -> Option<f64> {

@@ -957,15 +957,8 @@ fn builds(run: &Run) -> String {
             _ => continue,
         };
         for (i, (what, f, decimals)) in figures.iter().enumerate() {
-            let _ = write!(
-                md,
-                "| {} | {} | {} | {} |",
-                scenario_label(&scenario),
-                clients,
-                side_label(&side),
-                what
-            );
             let mut medians = Vec::new();
+            let mut row = String::new();
             for n in &names {
                 let r = select(run, |r| {
                     r.scenario == scenario
@@ -979,8 +972,20 @@ fn builds(run: &Run) -> String {
                     values(&r, f)
                 };
                 medians.push(median(&v));
-                let _ = write!(md, " {} |", cell(&v, fixed(*decimals)));
+                let _ = write!(row, " {} |", cell(&v, fixed(*decimals)));
             }
+            // A figure the scenario does not have (a semaphore's handoff) gets no row.
+            if medians.iter().all(|m| !m.is_finite()) {
+                continue;
+            }
+            let _ = write!(
+                md,
+                "| {} | {} | {} | {} |{row}",
+                scenario_label(&scenario),
+                clients,
+                side_label(&side),
+                what
+            );
             if let [a, b] = medians[..] {
                 let _ = write!(md, " {} |", fixed(2)(b / a));
             }

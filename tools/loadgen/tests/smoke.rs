@@ -34,7 +34,7 @@ async fn smoke(scenarios: &[Scenario], tweak: impl FnOnce(&mut Options)) -> (Opt
     )
     .await;
     // The JSON reads back as written.
-    let json = serde_json::to_string(&run).expect("serializes");
+    let json = run.to_json();
     let back: Run = serde_json::from_str(&json).expect("reads back");
     assert_eq!(back.records, run.records);
     (options, run)
