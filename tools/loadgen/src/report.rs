@@ -8,7 +8,8 @@
 //! <!-- /loadgen -->
 //! ```
 //!
-//! A marker names a table ([`TABLES`]) and the JSON files it reads, relative to the document.
+//! A marker, at the start of a line, names a table ([`TABLES`]) and the JSON files it reads,
+//! relative to the document.
 //! Cells over several repeats are `median (min–max)`; a ratio against direct Redis is taken
 //! within each repeat first.
 
@@ -63,7 +64,13 @@ pub fn render_document(document: &str, dir: &Path) -> Result<String, String> {
     const CLOSE: &str = "<!-- /loadgen -->";
     let mut out = String::with_capacity(document.len());
     let mut rest = document;
-    while let Some(start) = rest.find(OPEN) {
+    // A marker starts a line (the same text inside a sentence is prose about markers).
+    let next_marker = |text: &str| {
+        text.match_indices(OPEN)
+            .map(|(i, _)| i)
+            .find(|i| *i == 0 || text.as_bytes()[i - 1] == b'\n')
+    };
+    while let Some(start) = next_marker(rest) {
         let header_end = rest[start..]
             .find("-->")
             .map(|i| start + i + 3)
