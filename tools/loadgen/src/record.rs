@@ -104,7 +104,12 @@ impl Run {
         let records: Vec<String> = self
             .records
             .iter()
-            .map(|r| format!("    {}", serde_json::to_string(r).expect("a record serializes")))
+            .map(|r| {
+                format!(
+                    "    {}",
+                    serde_json::to_string(r).expect("a record serializes")
+                )
+            })
             .collect();
         let body = if records.is_empty() {
             "[]".to_owned()
