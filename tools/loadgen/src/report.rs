@@ -907,7 +907,7 @@ fn builds(run: &Run) -> String {
         let _ = write!(md, " {n} |");
     }
     if names.len() == 2 {
-        let _ = write!(md, " {} / {} |", names[1], names[0]);
+        let _ = write!(md, " {} / {} | ranges overlap |", names[1], names[0]);
     }
     md.push('\n');
     let _ = write!(md, "|---|---:|---|---|");
@@ -915,7 +915,7 @@ fn builds(run: &Run) -> String {
         md.push_str("---:|");
     }
     if names.len() == 2 {
-        md.push_str("---:|");
+        md.push_str("---:|---|");
     }
     md.push('\n');
     type Figure = (&'static str, fn(&Record) -> f64, usize);
@@ -965,6 +965,7 @@ fn builds(run: &Run) -> String {
         };
         for (i, (what, f, decimals)) in figures.iter().enumerate() {
             let mut medians = Vec::new();
+            let mut ranges = Vec::new();
             let mut row = String::new();
             for n in &names {
                 let r = select(run, |r| {
@@ -979,6 +980,11 @@ fn builds(run: &Run) -> String {
                     values(&r, f)
                 };
                 medians.push(median(&v));
+                let finite = v.iter().copied().filter(|x| x.is_finite());
+                ranges.push((
+                    finite.clone().fold(f64::INFINITY, f64::min),
+                    finite.fold(f64::NEG_INFINITY, f64::max),
+                ));
                 let _ = write!(row, " {} |", cell(&v, fixed(*decimals)));
             }
             // A figure the scenario does not have (a semaphore's handoff) gets no row.
@@ -993,8 +999,17 @@ fn builds(run: &Run) -> String {
                 side_label(&side),
                 what
             );
-            if let [a, b] = medians[..] {
-                let _ = write!(md, " {} |", fixed(2)(b / a));
+            if let ([a, b], [(a_lo, a_hi), (b_lo, b_hi)]) = (&medians[..], &ranges[..]) {
+                // Compared at the precision shown.
+                let decimals = *decimals;
+                let round = |x: f64| format!("{x:.decimals$}").parse::<f64>().unwrap_or(x);
+                let overlap = round(a_lo.max(*b_lo)) <= round(a_hi.min(*b_hi));
+                let _ = write!(
+                    md,
+                    " {} | {} |",
+                    fixed(2)(b / a),
+                    if overlap { "yes" } else { "**no**" }
+                );
             }
             md.push('\n');
         }
