@@ -3,10 +3,6 @@
 
 mod support;
 
-#[path = "../benches/autocomplete.rs"]
-#[allow(dead_code)]
-mod load;
-
 use std::{
     collections::{HashMap, HashSet},
     sync::{
@@ -2555,59 +2551,4 @@ async fn recent_ttl_present_but_zero_is_refused() {
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= 5000, "5 s ttl: {pttl} ms");
-}
-
-// ---------------------------------------------------------------------------------------------
-// The benchmark
-// ---------------------------------------------------------------------------------------------
-
-/// The load generator (benches/autocomplete.rs) runs end to end on a tiny dictionary.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn benchmark_smoke() {
-    if support::TestTopology::from_env() == support::TestTopology::Cluster {
-        eprintln!("skipped on a Cluster: the load generator starts a standalone Redis of its own");
-        return;
-    }
-    let options = load::Options {
-        terms: 2000,
-        clients: 2,
-        connections: 1,
-        seconds: 0.1,
-        seed: 7,
-        loaders: 2,
-        batch: 500,
-        memory: true,
-        client_threads: 0,
-        pool: 4,
-        only: Vec::new(),
-    };
-    let report = within(
-        Duration::from_secs(60),
-        load::run(&options),
-        "the benchmark",
-    )
-    .await
-    .expect("benchmark runs");
-    assert_eq!(report.terms, 2000);
-    assert!(!report.indexes.is_empty());
-    for s in &report.scenarios {
-        assert_eq!(s.errors, 0, "{}", s.name);
-        assert!(s.requests > 0, "{}", s.name);
-        assert!(
-            s.results > 0 || s.name.starts_with("gRPC health"),
-            "{}: no results",
-            s.name
-        );
-        // CPU time is told apart: Baton's threads serve every call but the raw ZRANGE.
-        assert!(
-            s.cpu.baton > 0 || s.name.starts_with("Raw ZRANGE"),
-            "{}: {:?}",
-            s.name,
-            s.cpu
-        );
-        assert!(s.cpu.load_generator > 0, "{}: {:?}", s.name, s.cpu);
-    }
-    assert!(report.load_cpu.redis > 0 && report.load_cpu.baton > 0);
-    let text = load::markdown(&options, &report);
-    assert!(text.contains("Raw ZRANGE"));
 }

@@ -23,7 +23,8 @@ use tokio::{sync::mpsc, time::Instant};
 
 /// A Sentinel failover (SIGKILL of the master to a Sentinel naming the promoted replica, which
 /// answers as a master) must finish within this. Measured 2.2-2.35 s (median 2.31 s) on a loaded
-/// 2-core machine with the default timings; see `cargo bench --bench failover`. The rest is CI headroom.
+/// 2-core machine with the default timings; see the load generator's `redis-failover` scenario
+/// (docs/PERFORMANCE.md). The rest is CI headroom.
 const SENTINEL_FAILOVER_BOUND: Duration = Duration::from_secs(8);
 /// A cluster master's replica must take over (SIGKILL to the cluster healthy again) within this.
 /// Measured 2.7-3.5 s with the 1.5 s node timeout on the same machine.

@@ -34,6 +34,7 @@
 //! of tonic.
 
 pub mod cursor;
+pub mod scripts;
 pub mod service;
 pub mod text;
 
@@ -351,50 +352,31 @@ impl<'a> AddBatch<'a> {
         wide: bool,
     ) -> ScriptInvocation<'s> {
         let keys = &self.keys;
-        let mut invocation = script.key(&keys.data);
-        invocation.key(&keys.vocab).key(&keys.heavy).key(keys.top());
-        if let Some(k) = &self.record_key {
-            invocation.key(k);
+        let wide_sets = wide.then(|| keys.first_byte_sets());
+        let touched = declared(&self.planned[at..end], wide_sets.as_deref());
+        scripts::Add {
+            keys,
+            record: self.record_key.as_deref(),
+            touched: &touched,
+            wide,
+            fingerprint: self.fingerprint.as_deref().unwrap_or(""),
+            first: at,
+            memory_ms: self.memory_ms,
         }
-        declare(
-            &mut invocation,
-            &self.planned[at..end],
-            wide.then(|| keys.first_byte_sets()),
-        );
-        invocation
-            .arg(&keys.base)
-            .arg(HEAVY_PREFIX)
-            .arg(MAX_ABS_SCORE)
-            .arg(MAX_RANKED_DEPTH)
-            .arg(TOP_RANKED)
-            .arg(DEEP_RANKED)
-            .arg(if wide { "1" } else { "" })
-            .arg(self.fingerprint.as_deref().unwrap_or(""))
-            .arg(at)
-            .arg(self.memory_ms)
-            .arg(STEP_COPIES);
-        for (term, words) in self.terms[at..end].iter().zip(&self.words[at..end]) {
-            let (op, value) = score_op(term.score);
-            invocation
-                .arg(&term.text.id)
-                .arg(&term.text.key)
-                .arg(term.text.stored_display())
-                .arg(op)
-                .arg(score_arg(value))
-                .arg(payload_arg(term.payload.as_deref()))
-                .arg(words.len())
-                .arg(words);
-        }
-        invocation
-    }
-}
-
-/// A score change as the scripts take it: an op ('' keep, 's' set, 'i' add) and a value.
-fn score_op(change: ScoreChange) -> (&'static str, f64) {
-    match change {
-        ScoreChange::Keep => ("", 0.0),
-        ScoreChange::Set(v) => ("s", v),
-        ScoreChange::Increment(v) => ("i", v),
+        .invocation(
+            script,
+            self.terms[at..end]
+                .iter()
+                .zip(&self.words[at..end])
+                .map(|(term, words)| scripts::AddEntry {
+                    id: &term.text.id,
+                    key: &term.text.key,
+                    display: term.text.stored_display(),
+                    score: term.score,
+                    payload: term.payload.as_deref(),
+                    words,
+                }),
+        )
     }
 }
 
@@ -448,19 +430,16 @@ fn next_step(planned: &[Planned], most: usize) -> usize {
     planned.len().min(most).max(1)
 }
 
-/// Declares the keys of a step's entries (each once), and every first-byte set when `wide`
-/// holds them.
-fn declare(invocation: &mut ScriptInvocation<'_>, step: &[Planned], wide: Option<Vec<String>>) {
+/// The keys a step's entries may touch, each once, and every first-byte set when `wide` holds
+/// them: what the step declares beyond the dictionary's own keys.
+fn declared<'k>(step: &'k [Planned], wide: Option<&'k [String]>) -> Vec<&'k str> {
     let mut seen = std::collections::HashSet::new();
-    for key in step
-        .iter()
+    step.iter()
         .flat_map(|p| &p.keys)
-        .chain(wide.iter().flatten())
-    {
-        if seen.insert(key.as_str()) {
-            invocation.key(key);
-        }
-    }
+        .chain(wide.into_iter().flatten())
+        .map(String::as_str)
+        .filter(|key| seen.insert(*key))
+        .collect()
 }
 
 /// A fingerprint of an `Add` batch, kept in its record: the same request id sent with another
@@ -682,46 +661,16 @@ impl Autocomplete {
         Self {
             inner: Arc::new(Inner {
                 redis,
-                add: Script::new(concat!(
-                    include_str!("rank.lua"),
-                    include_str!("write.lua"),
-                    include_str!("add.lua")
-                )),
-                scores: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("scores.lua")
-                )),
-                remove: Script::new(concat!(
-                    include_str!("rank.lua"),
-                    include_str!("write.lua"),
-                    include_str!("remove.lua")
-                )),
-                complete: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("rank.lua"),
-                    include_str!("match.lua"),
-                    include_str!("complete.lua")
-                )),
-                prefix: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("prefix.lua")
-                )),
-                ranked: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("rank.lua"),
-                    include_str!("ranked.lua")
-                )),
-                record: Script::new(include_str!("recent_record.lua")),
-                forget: Script::new(include_str!("recent_remove.lua")),
-                list: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("recent_list.lua")
-                )),
-                complete_recent: Script::new(concat!(
-                    "#!lua flags=no-writes\n",
-                    include_str!("match.lua"),
-                    include_str!("recent_complete.lua")
-                )),
+                add: Script::new(scripts::ADD),
+                scores: Script::new(scripts::SCORES),
+                remove: Script::new(scripts::REMOVE),
+                complete: Script::new(scripts::COMPLETE),
+                prefix: Script::new(scripts::PREFIX),
+                ranked: Script::new(scripts::RANKED),
+                record: Script::new(scripts::RECENT_RECORD),
+                forget: Script::new(scripts::RECENT_REMOVE),
+                list: Script::new(scripts::RECENT_LIST),
+                complete_recent: Script::new(scripts::RECENT_COMPLETE),
             }),
         }
     }
@@ -869,21 +818,20 @@ impl Autocomplete {
             .filter(|t| matches!(t.score, ScoreChange::Increment(_)))
             .map(|t| t.text.id.as_str())
             .collect();
-        let mut invocation = self.inner.scores.key(&batch.keys.data);
-        if let Some(k) = &batch.record_key {
-            invocation.key(k);
+        let checked: Vec<usize> = (0..terms.len())
+            .filter(|i| incremented.contains(terms[*i].text.id.as_str()))
+            .collect();
+        let invocation = scripts::Scores {
+            keys: &batch.keys,
+            record: batch.record_key.as_deref(),
+            fingerprint: batch.fingerprint.as_deref().unwrap_or(""),
         }
-        invocation
-            .arg(batch.fingerprint.as_deref().unwrap_or(""))
-            .arg(MAX_ABS_SCORE);
-        let mut checked = Vec::new();
-        for (i, term) in terms.iter().enumerate() {
-            if incremented.contains(term.text.id.as_str()) {
-                let (op, value) = score_op(term.score);
-                invocation.arg(&term.text.id).arg(op).arg(score_arg(value));
-                checked.push(i);
-            }
-        }
+        .invocation(
+            &self.inner.scores,
+            checked
+                .iter()
+                .map(|i| (terms[*i].text.id.as_str(), terms[*i].score)),
+        );
         let reply: i64 = self.eval_by(&invocation, stop_by, 0, terms.len()).await?;
         if reply == 0 {
             return Ok(());
@@ -913,25 +861,24 @@ impl Autocomplete {
         let (mut at, mut wide) = (0, false);
         while at < texts.len() {
             let end = next_step(&planned[at..], STEP_ENTRIES) + at;
-            let mut invocation = self.inner.remove.key(&keys.data);
-            invocation.key(&keys.vocab).key(&keys.heavy).key(keys.top());
-            declare(
-                &mut invocation,
-                &planned[at..end],
-                wide.then(|| keys.first_byte_sets()),
-            );
-            invocation
-                .arg(&keys.base)
-                .arg(LIGHT_PREFIX)
-                .arg(MAX_RANKED_DEPTH)
-                .arg(if wide { "1" } else { "" });
-            for (text, words) in texts[at..end].iter().zip(&words[at..end]) {
-                invocation
-                    .arg(&text.id)
-                    .arg(&text.key)
-                    .arg(words.len())
-                    .arg(words);
+            let wide_sets = wide.then(|| keys.first_byte_sets());
+            let touched = declared(&planned[at..end], wide_sets.as_deref());
+            let invocation = scripts::Remove {
+                keys: &keys,
+                touched: &touched,
+                wide,
             }
+            .invocation(
+                &self.inner.remove,
+                texts[at..end]
+                    .iter()
+                    .zip(&words[at..end])
+                    .map(|(text, words)| scripts::RemoveEntry {
+                        id: &text.id,
+                        key: &text.key,
+                        words,
+                    }),
+            );
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.as_slice() {
                 [status, gone, count] if int(status)? == 0 => {
@@ -983,35 +930,27 @@ impl Autocomplete {
         let keys = self.dictionary_keys(dictionary);
         // Prefix queries, the most common, have scripts of their own (prefix.lua, ranked.lua):
         // the same results as complete.lua's, with less for Redis to run per call.
-        let reply: Vec<Value> = match (request.mode, request.order) {
-            (MatchMode::Prefix, Order::Lexicographic) => {
-                let mut invocation = self.inner.prefix.key(keys.lex_of(&request.query));
-                invocation
-                    .key(&keys.data)
-                    .arg(request.limit)
-                    .arg(&request.query)
-                    .arg(position);
-                self.inner.redis.eval(&invocation).await?
-            }
-            (MatchMode::Prefix, Order::Score) => {
-                let mut invocation = self.inner.ranked.key(keys.lex_of(&request.query));
-                invocation
-                    .key(&keys.data)
-                    .key(&keys.heavy)
-                    .arg(&keys.base)
-                    .arg(request.limit)
-                    .arg(&request.query)
-                    .arg(position)
-                    .arg(MAX_RANKED_DEPTH)
-                    .arg(HEAVY_PREFIX)
-                    .arg(BUDGET);
-                self.inner.redis.eval(&invocation).await?
-            }
-            _ => {
-                self.complete_script(&keys, request, group, position)
-                    .await?
-            }
+        let prefix = scripts::Prefix {
+            keys: &keys,
+            query: &request.query,
+            limit: request.limit,
+            position: &position,
         };
+        let invocation = match (request.mode, request.order) {
+            (MatchMode::Prefix, Order::Lexicographic) => prefix.lexicographic(&self.inner.prefix),
+            (MatchMode::Prefix, Order::Score) => prefix.ranked(&self.inner.ranked),
+            _ => scripts::Complete {
+                keys: &keys,
+                mode: request.mode.name(),
+                order: request.order.name(),
+                limit: request.limit,
+                query: &request.query,
+                group,
+                position: &position,
+            }
+            .invocation(&self.inner.complete),
+        };
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         let [next_group, next_position, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("complete reply"));
         };
@@ -1034,43 +973,6 @@ impl Autocomplete {
         })
     }
 
-    /// Runs complete.lua: every query but prefixes outside automatic mode.
-    async fn complete_script(
-        &self,
-        keys: &DictionaryKeys,
-        request: &Completion,
-        group: u8,
-        position: Vec<u8>,
-    ) -> Result<Vec<Value>, Error> {
-        let (words, starts_sep, ends_sep) = text::query_words(&request.query);
-        let flags = match (starts_sep, ends_sep) {
-            (false, false) => "",
-            (true, false) => "s",
-            (false, true) => "e",
-            (true, true) => "se",
-        };
-        let mut invocation = self.inner.complete.key(keys.lex_of(&request.query));
-        invocation
-            .key(&keys.data)
-            .key(&keys.vocab)
-            .key(&keys.heavy)
-            .arg(&keys.base)
-            .arg(request.mode.name())
-            .arg(request.order.name())
-            .arg(request.limit)
-            .arg(&request.query)
-            .arg(u32::from(group))
-            .arg(position)
-            .arg(text::WORD_SEPARATORS)
-            .arg(GATHER)
-            .arg(BUDGET)
-            .arg(MAX_RANKED_DEPTH)
-            .arg(flags)
-            .arg(HEAVY_PREFIX)
-            .arg(words);
-        self.inner.redis.eval(&invocation).await
-    }
-
     /// Records `text` at the front of a recent list kept to `max_items`, living `ttl` from now.
     pub async fn record(
         &self,
@@ -1081,15 +983,16 @@ impl Autocomplete {
         ttl: Duration,
     ) -> Result<Recorded, Error> {
         let keys = self.recent_keys(list);
-        let mut invocation = self.inner.record.key(&keys.order);
-        invocation
-            .key(&keys.items)
-            .arg(&text.id)
-            .arg(&text.key)
-            .arg(text.stored_display())
-            .arg(payload_arg(payload))
-            .arg(max_items)
-            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let invocation = scripts::RecentRecord {
+            keys: &keys,
+            id: &text.id,
+            key: &text.key,
+            display: text.stored_display(),
+            payload,
+            max_items,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        }
+        .invocation(&self.inner.record);
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [size, evicted, stamp] => Ok(Recorded {
@@ -1104,11 +1007,11 @@ impl Autocomplete {
     /// Removes items from a recent list; returns how many were there and the items left.
     pub async fn remove_recent(&self, list: &str, texts: &[Text]) -> Result<(u32, u32), Error> {
         let keys = self.recent_keys(list);
-        let mut invocation = self.inner.forget.key(&keys.order);
-        invocation.key(&keys.items);
-        for text in texts {
-            invocation.arg(&text.id);
-        }
+        let invocation = scripts::recent_remove(
+            &self.inner.forget,
+            &keys,
+            texts.iter().map(|t| t.id.as_str()),
+        );
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [removed, size] => Ok((count_u32(removed)?, count_u32(size)?)),
@@ -1135,8 +1038,7 @@ impl Autocomplete {
             None => Vec::new(),
         };
         let keys = self.recent_keys(list);
-        let mut invocation = self.inner.list.key(&keys.order);
-        invocation.key(&keys.items).arg(limit).arg(position);
+        let invocation = scripts::recent_list(&self.inner.list, &keys, limit, &position);
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         let [more, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("list reply"));
@@ -1184,15 +1086,15 @@ impl Autocomplete {
             None => (AUTO_GROUPS[0], Vec::new()),
         };
         let keys = self.recent_keys(list);
-        let mut invocation = self.inner.complete_recent.key(&keys.order);
-        invocation
-            .key(&keys.items)
-            .arg(mode.name())
-            .arg(limit)
-            .arg(query)
-            .arg(u32::from(group))
-            .arg(position)
-            .arg(text::WORD_SEPARATORS);
+        let invocation = scripts::RecentComplete {
+            keys: &keys,
+            mode: mode.name(),
+            limit,
+            query,
+            group,
+            position: &position,
+        }
+        .invocation(&self.inner.complete_recent);
         let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
         let [next_group, next_position, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("complete reply"));
@@ -1322,35 +1224,6 @@ fn micros_time(stamp: &[u8]) -> Result<SystemTime, Error> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| unexpected("time"))?;
     Ok(SystemTime::UNIX_EPOCH + Duration::from_micros(micros))
-}
-
-/// A score as text that reads back to the same double in Lua (add.lua stores it as it is).
-fn score_arg(v: f64) -> String {
-    if v == 0.0 {
-        // Not "-0e0": -0 is stored as 0.
-        return "0".to_owned();
-    }
-    // Rust's shortest round-trip digits, in plain or exponent notation, whichever is shorter
-    // (it is stored as given); Lua's tonumber reads either back exactly.
-    let plain = format!("{v}");
-    let exponent = format!("{v:e}");
-    if plain.len() <= exponent.len() {
-        plain
-    } else {
-        exponent
-    }
-}
-
-fn payload_arg(payload: Option<&[u8]>) -> Vec<u8> {
-    match payload {
-        None => Vec::new(),
-        Some(p) => {
-            let mut v = Vec::with_capacity(p.len() + 1);
-            v.push(b'p');
-            v.extend_from_slice(p);
-            v
-        }
-    }
 }
 
 fn bytes(v: &Value) -> Result<Vec<u8>, Error> {
@@ -1483,17 +1356,5 @@ mod tests {
         assert_eq!(term_field(999, TermPart::Score), "terms[999].score");
         assert_eq!(term_field(7, TermPart::Removal), "displays[7]");
         assert_eq!(term_field(MAX_TERMS, TermPart::Payload), "terms");
-    }
-
-    /// Scores pass to Lua in a form that reads back exactly.
-    #[test]
-    fn score_text_round_trips() {
-        for v in [0.0, -0.0, 1.0, 0.1, -2.5e-300, 1e15, 123_456_789.123_456_78] {
-            assert_eq!(score_arg(v).parse::<f64>().unwrap(), v);
-        }
-        assert_eq!(score_arg(-0.0), "0");
-        assert_eq!(score_arg(512.0), "512");
-        assert_eq!(score_arg(1e15), "1e15");
-        assert_eq!(score_arg(-2.5e-300), "-2.5e-300");
     }
 }

@@ -15,11 +15,12 @@
 //!
 //! The gRPC handlers are in [`service`] (`baton.v1.RateLimitService`) and [`envoy`]
 //! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`],
-//! through a bounded YAML reader (`yaml`).
+//! through a bounded YAML reader (`yaml`); the scripts and their arguments are in [`scripts`].
 //! This module knows nothing of tonic.
 
 pub mod envoy;
 pub mod rules;
+pub mod scripts;
 pub mod service;
 mod yaml;
 
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 use crate::{
     config::{FailureMode, RateLimitConfig, RedisConfig},
     error::{Error, UNAVAILABLE_RETRY_AFTER},
-    redis::{Redis, reply::millis},
+    redis::Redis,
 };
 
 /// Longest limited key, in bytes.
@@ -246,10 +247,10 @@ impl RateLimiter {
             inner: Arc::new(Inner {
                 redis,
                 failure_mode,
-                gcra: Script::new(include_str!("gcra.lua")),
-                fixed_window: Script::new(include_str!("fixed_window.lua")),
-                aligned_window: Script::new(include_str!("aligned_window.lua")),
-                sliding_window: Script::new(include_str!("sliding_window.lua")),
+                gcra: Script::new(scripts::GCRA),
+                fixed_window: Script::new(scripts::FIXED_WINDOW),
+                aligned_window: Script::new(scripts::ALIGNED_WINDOW),
+                sliding_window: Script::new(scripts::SLIDING_WINDOW),
                 last_warning: Mutex::new(None),
             }),
         }
@@ -318,44 +319,17 @@ impl RateLimiter {
 
     /// Runs the algorithm's script: one Redis round trip.
     pub async fn try_check(&self, key: &str, rate: &Rate, cost: u64) -> Result<Decision, Error> {
-        let period_ms = millis(rate.period);
-        let period_us = period_ms.saturating_mul(1000);
         let inner = &self.inner;
-        let mut invocation = match rate.algorithm {
-            Algorithm::Gcra => inner.gcra.key(key),
-            Algorithm::FixedWindow => inner.fixed_window.key(key),
-            Algorithm::AlignedWindow => inner.aligned_window.key(key),
-            Algorithm::SlidingWindow => inner.sliding_window.key(key),
+        let script = match rate.algorithm {
+            Algorithm::Gcra => &inner.gcra,
+            Algorithm::FixedWindow => &inner.fixed_window,
+            Algorithm::AlignedWindow => &inner.aligned_window,
+            Algorithm::SlidingWindow => &inner.sliding_window,
         };
-        match rate.algorithm {
-            Algorithm::Gcra => invocation
-                .arg(period_us)
-                .arg(rate.limit)
-                .arg(rate.burst)
-                .arg(cost),
-            Algorithm::FixedWindow | Algorithm::AlignedWindow => {
-                invocation.arg(rate.limit).arg(period_ms).arg(cost)
-            }
-            Algorithm::SlidingWindow => invocation
-                .arg(rate.limit)
-                .arg(period_us)
-                .arg(period_ms)
-                .arg(cost),
-        };
+        let invocation = scripts::Check { key, rate, cost }.invocation(script);
         let reply: Vec<i64> = inner.redis.eval(&invocation).await?;
-        match reply.as_slice() {
-            [allowed, remaining, retry, reset] => Ok(Decision {
-                allowed: *allowed == 1,
-                limit: rate.limit,
-                remaining: u64::try_from(*remaining).unwrap_or(0),
-                retry_after: u64::try_from(*retry).ok().map(Duration::from_micros),
-                reset_after: Duration::from_micros(u64::try_from(*reset).unwrap_or(0)),
-                decided_by: DecidedBy::Redis,
-            }),
-            _ => Err(Error::Internal(
-                "unexpected rate limit reply from Redis".to_owned(),
-            )),
-        }
+        scripts::decision(rate, &reply)
+            .ok_or_else(|| Error::Internal("unexpected rate limit reply from Redis".to_owned()))
     }
 }
 

@@ -30,7 +30,7 @@ use redis::{
 };
 use tokio::time::Instant;
 
-use super::{free_port, read_log, within};
+use crate::{free_port, redis_server::read_log, within};
 
 /// Hash slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;

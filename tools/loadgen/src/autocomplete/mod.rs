@@ -1,0 +1,538 @@
+//! Autocomplete: loading a seeded dictionary through `Add`, then completing from it with
+//! concurrent closed-loop clients, through Baton and directly on the same Redis and data.
+//!
+//! Query kinds ([`Case`]): prefixes of 1 to 5 characters of random terms (lexicographic, by score,
+//! automatic mode), word prefixes of 2 to 4 characters of a term's second word, and substrings of
+//! 3 to 5 characters from anywhere in a term (lexicographic, by score). For prefixes the same
+//! queries also run directly: the script Baton runs (`prefix.lua`, `ranked.lua`, through
+//! `baton::autocomplete::scripts`) and raw `ZRANGE [p (p\xff BYLEX LIMIT 0 10` on the lex set
+//! Baton reads, the floor Baton builds on (without the display texts, scores and payloads Baton
+//! also fetches); and the gRPC health check gives the cost of a gRPC call alone.
+
+pub mod terms;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use baton::{
+    autocomplete::{DictionaryKeys, scripts, text::query_form},
+    proto::v1::{
+        self as pb, AutocompleteMatchMode as M, AutocompleteOrder as O,
+        autocomplete_service_client::AutocompleteServiceClient,
+    },
+};
+use hdrhistogram::Histogram;
+use redis::{Script, Value, aio::MultiplexedConnection};
+use testkit::within;
+use tokio::{sync::Barrier, task::JoinSet, time::Instant};
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use crate::{
+    BATON_PREFIX, Options, Scenario, Stage, Transport, names,
+    probe::{self, Probe},
+    record::Record,
+    stats::{self, histogram, micros},
+};
+use terms::{GeneratedTerm, Rng, generate};
+
+/// The dictionary's name.
+const DICTIONARY: &str = "names";
+/// Terms per `Add` call.
+const BATCH: usize = 1000;
+/// Concurrent `Add` calls while loading.
+const LOADERS: usize = 4;
+/// The seed of the terms and the queries.
+pub const SEED: u64 = 42;
+/// Suggestions per request.
+const LIMIT: u32 = 10;
+/// Queries drawn per kind (each client walks them in turn).
+const QUERIES: usize = 20_000;
+
+/// What is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Case {
+    /// Prefixes of 1 to 5 characters, lexicographic.
+    PrefixLex,
+    /// The same, by score.
+    PrefixScore,
+    /// The same prefixes in automatic mode.
+    Automatic,
+    /// Word prefixes of 2 to 4 characters.
+    Word,
+    /// Substrings of 3 to 5 characters, lexicographic.
+    ContainsLex,
+    /// The same, by score.
+    ContainsScore,
+    /// The gRPC health check (no Redis).
+    Health,
+}
+
+impl Case {
+    /// Every case, in the order they run.
+    pub const ALL: [Case; 7] = [
+        Case::PrefixLex,
+        Case::Health,
+        Case::PrefixScore,
+        Case::Automatic,
+        Case::Word,
+        Case::ContainsLex,
+        Case::ContainsScore,
+    ];
+
+    /// Its name in the records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::PrefixLex => "prefix-lex",
+            Case::PrefixScore => "prefix-score",
+            Case::Automatic => "automatic",
+            Case::Word => "word-prefix",
+            Case::ContainsLex => "contains-lex",
+            Case::ContainsScore => "contains-score",
+            Case::Health => "health",
+        }
+    }
+
+    fn mode_order(self) -> (M, O) {
+        match self {
+            Case::PrefixLex => (M::Prefix, O::Lexicographic),
+            Case::PrefixScore => (M::Prefix, O::Score),
+            Case::Automatic => (M::Automatic, O::Lexicographic),
+            Case::Word => (M::WordPrefix, O::Lexicographic),
+            Case::ContainsLex => (M::Contains, O::Lexicographic),
+            Case::ContainsScore => (M::Contains, O::Score),
+            Case::Health => (M::Unspecified, O::Unspecified),
+        }
+    }
+}
+
+/// The seeded queries of each kind.
+struct Queries {
+    prefixes: Arc<Vec<String>>,
+    words: Arc<Vec<String>>,
+    substrings: Arc<Vec<String>>,
+}
+
+impl Queries {
+    fn new(terms: &[GeneratedTerm]) -> Self {
+        let mut rng = Rng(SEED ^ 0x5eed);
+        let prefixes = (0..QUERIES)
+            .map(|_| {
+                let t = &terms[rng.below(terms.len())].display;
+                let n = 1 + rng.below(5);
+                t.chars().take(n).collect()
+            })
+            .collect();
+        let substrings = (0..QUERIES)
+            .map(|_| {
+                let chars: Vec<char> = terms[rng.below(terms.len())].display.chars().collect();
+                let n = (3 + rng.below(3)).min(chars.len());
+                let start = rng.below(chars.len() - n + 1);
+                chars[start..start + n].iter().collect()
+            })
+            .collect();
+        let words = (0..QUERIES)
+            .map(|_| {
+                let t = &terms[rng.below(terms.len())].display;
+                let word = t.split(' ').nth(1).unwrap_or(t);
+                word.chars().take(2 + rng.below(3)).collect()
+            })
+            .collect();
+        Self {
+            prefixes: Arc::new(prefixes),
+            words: Arc::new(words),
+            substrings: Arc::new(substrings),
+        }
+    }
+
+    fn of(&self, case: Case) -> Arc<Vec<String>> {
+        match case {
+            Case::Word => Arc::clone(&self.words),
+            Case::ContainsLex | Case::ContainsScore => Arc::clone(&self.substrings),
+            _ => Arc::clone(&self.prefixes),
+        }
+    }
+}
+
+/// Loads the dictionary on `stage` and measures every case, appending the records.
+pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
+    let mut probe = Probe::new(stage.redis.client().await, Some(stage.baton.pid()));
+    let clients = options.autocomplete_clients.max(1);
+    let channels = stage.channels(Transport::Tcp, clients).await;
+
+    let terms = Arc::new(generate(options.terms, SEED));
+    let memory_before = probe::used_memory(&mut probe.admin).await;
+    let mark = probe.mark().await;
+    let started = Instant::now();
+    let mut loaders = JoinSet::new();
+    for l in 0..LOADERS {
+        let mut api = AutocompleteServiceClient::new(channels[l % channels.len()].clone());
+        let terms = Arc::clone(&terms);
+        loaders.spawn(async move {
+            let mut at = l * BATCH;
+            while at < terms.len() {
+                let chunk = &terms[at..(at + BATCH).min(terms.len())];
+                api.add(pb::AutocompleteServiceAddRequest {
+                    dictionary: DICTIONARY.to_owned(),
+                    terms: chunk
+                        .iter()
+                        .map(|t| pb::AutocompleteTerm {
+                            display: t.display.clone(),
+                            score: Some(t.score),
+                            increment: false,
+                            payload: t.payload.clone(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|s| panic!("Add: {s:?}"));
+                at += BATCH * LOADERS;
+            }
+        });
+    }
+    let limit = Duration::from_secs(600);
+    while let Some(done) = within(limit, loaders.join_next(), "the dictionary to load").await {
+        done.expect("a loader task");
+    }
+    let took = started.elapsed();
+    let mut load = Record {
+        scenario: Scenario::Autocomplete.name().to_owned(),
+        case: "load".to_owned(),
+        clients: LOADERS,
+        side: "baton-tcp".to_owned(),
+        ..Record::default()
+    };
+    probe.usage(mark, &mut load).await;
+    let count = AutocompleteServiceClient::new(channels[0].clone())
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: DICTIONARY.to_owned(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner()
+        .term_count;
+    load.set(names::TERMS, count as f64);
+    load.set(names::TOOK, took.as_secs_f64());
+    load.set(
+        names::MEMORY,
+        probe::used_memory(&mut probe.admin)
+            .await
+            .saturating_sub(memory_before) as f64,
+    );
+    eprintln!(
+        "autocomplete: {count} terms loaded in {:.1} s",
+        took.as_secs_f64()
+    );
+    records.push(load);
+
+    let keys = Arc::new(DictionaryKeys::new(BATON_PREFIX, DICTIONARY));
+    let queries = Queries::new(&terms);
+    let mut conns = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        conns.push(stage.redis.client().await);
+    }
+    let scripts = Arc::new((Script::new(scripts::PREFIX), Script::new(scripts::RANKED)));
+    for case in Case::ALL {
+        let mut sides = vec!["baton-tcp"];
+        if matches!(case, Case::PrefixLex | Case::PrefixScore) {
+            sides.push("direct");
+        }
+        if case == Case::PrefixLex {
+            sides.push("zrange");
+        }
+        for side in sides {
+            let record = measure(
+                options,
+                &mut probe,
+                case,
+                side,
+                Callers {
+                    channels: &channels,
+                    conns: &conns,
+                    keys: &keys,
+                    scripts: &scripts,
+                    queries: queries.of(case),
+                },
+            )
+            .await;
+            eprintln!(
+                "autocomplete {:<15} {:<10} {:>8.0}/s p50 {} us p99 {} us",
+                case.name(),
+                side,
+                record.get(names::RATE).unwrap_or(0.0),
+                record.get(names::P50).unwrap_or(0.0),
+                record.get(names::P99).unwrap_or(0.0)
+            );
+            records.push(record);
+        }
+    }
+
+    let mut memory = Record {
+        scenario: Scenario::Autocomplete.name().to_owned(),
+        case: "memory".to_owned(),
+        side: "redis".to_owned(),
+        ..Record::default()
+    };
+    memory.set(names::TERMS, count as f64);
+    for (kind, (bytes, keys)) in index_memory(&mut probe.admin, &keys.base).await {
+        memory.set(&format!("bytes:{kind}"), bytes as f64);
+        memory.set(&format!("keys:{kind}"), keys as f64);
+    }
+    records.push(memory);
+}
+
+/// What the clients of a case call through.
+struct Callers<'a> {
+    channels: &'a [Channel],
+    conns: &'a [MultiplexedConnection],
+    keys: &'a Arc<DictionaryKeys>,
+    scripts: &'a Arc<(Script, Script)>,
+    queries: Arc<Vec<String>>,
+}
+
+/// Starts the measured window once every client has warmed up.
+struct Gate {
+    warm_until: Instant,
+    paused: Barrier,
+    go: Barrier,
+    until: OnceLock<Instant>,
+}
+
+/// One client's call: returns the suggestions it got.
+async fn call(
+    case: Case,
+    side: &str,
+    n: usize,
+    grpc: &mut (AutocompleteServiceClient<Channel>, HealthClient<Channel>),
+    conn: &mut MultiplexedConnection,
+    callers: (&DictionaryKeys, &(Script, Script), &[String]),
+) -> Result<u64, String> {
+    let (keys, scripts, queries) = callers;
+    let query = &queries[n % queries.len()];
+    match side {
+        "baton-tcp" if case == Case::Health => grpc
+            .1
+            .check(HealthCheckRequest {
+                service: "liveness".to_owned(),
+            })
+            .await
+            .map(|_| 0)
+            .map_err(|s| format!("Health/Check: {s:?}")),
+        "baton-tcp" => {
+            let (mode, order) = case.mode_order();
+            grpc.0
+                .complete(pb::AutocompleteServiceCompleteRequest {
+                    dictionary: DICTIONARY.to_owned(),
+                    query: query.clone(),
+                    limit: LIMIT,
+                    mode: mode.into(),
+                    order: order.into(),
+                    page_token: String::new(),
+                })
+                .await
+                .map(|r| r.into_inner().suggestions.len() as u64)
+                .map_err(|s| format!("Complete: {s:?}"))
+        }
+        "direct" => {
+            let form = query_form(query);
+            let prefix = scripts::Prefix {
+                keys,
+                query: &form,
+                limit: LIMIT,
+                position: &[],
+            };
+            let invocation = if case == Case::PrefixScore {
+                prefix.ranked(&scripts.1)
+            } else {
+                prefix.lexicographic(&scripts.0)
+            };
+            let reply: Vec<Value> = invocation
+                .invoke_async(conn)
+                .await
+                .map_err(|e| format!("prefix script: {e}"))?;
+            Ok(reply.len().saturating_sub(2) as u64 / 3)
+        }
+        _ => {
+            let form = query_form(query);
+            let mut lo = b"[".to_vec();
+            lo.extend_from_slice(form.as_bytes());
+            let mut hi = b"(".to_vec();
+            hi.extend_from_slice(form.as_bytes());
+            hi.push(0xff);
+            let rows: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                .arg(keys.lex_of(&form))
+                .arg(lo)
+                .arg(hi)
+                .arg("BYLEX")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(LIMIT)
+                .query_async(conn)
+                .await
+                .map_err(|e| format!("ZRANGE: {e}"))?;
+            Ok(rows.len() as u64)
+        }
+    }
+}
+
+/// Runs the clients of `case` on `side` for a window after a short warm-up.
+async fn measure(
+    options: &Options,
+    probe: &mut Probe,
+    case: Case,
+    side: &'static str,
+    callers: Callers<'_>,
+) -> Record {
+    let clients = options.autocomplete_clients.max(1);
+    let window = options.autocomplete_window;
+    let warmup = (window / 10).min(Duration::from_secs(1));
+    let gate = Arc::new(Gate {
+        warm_until: Instant::now() + warmup,
+        paused: Barrier::new(clients + 1),
+        go: Barrier::new(clients + 1),
+        until: OnceLock::new(),
+    });
+    let mut tasks = JoinSet::new();
+    for i in 0..clients {
+        let channel = callers.channels[i % callers.channels.len()].clone();
+        let mut grpc = (
+            AutocompleteServiceClient::new(channel.clone()),
+            HealthClient::new(channel),
+        );
+        let mut conn = callers.conns[i % callers.conns.len()].clone();
+        let keys = Arc::clone(callers.keys);
+        let scripts = Arc::clone(callers.scripts);
+        let queries = Arc::clone(&callers.queries);
+        let gate = Arc::clone(&gate);
+        tasks.spawn(async move {
+            let mut n = i * 7919;
+            let what = (&*keys, &*scripts, queries.as_slice());
+            while Instant::now() < gate.warm_until {
+                let _ = call(case, side, n, &mut grpc, &mut conn, what).await;
+                n += 1;
+            }
+            gate.paused.wait().await;
+            gate.go.wait().await;
+            let until = *gate.until.get().expect("the window is set before it opens");
+            let mut latency = histogram();
+            let (mut ops, mut errors, mut results, mut first_error) = (0u64, 0u64, 0u64, None);
+            while Instant::now() < until {
+                let sent = Instant::now();
+                match call(case, side, n, &mut grpc, &mut conn, what).await {
+                    Ok(r) => {
+                        latency.saturating_record(micros(sent.elapsed()));
+                        ops += 1;
+                        results += r;
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert(e);
+                    }
+                }
+                n += 1;
+            }
+            (latency, ops, errors, results, first_error)
+        });
+    }
+    within(
+        warmup + Duration::from_secs(60),
+        gate.paused.wait(),
+        "the clients to warm up",
+    )
+    .await;
+    let mark = probe.mark().await;
+    gate.until
+        .set(Instant::now() + window)
+        .expect("the window is set once");
+    gate.go.wait().await;
+    let mut all: Histogram<u64> = histogram();
+    let (mut ops, mut errors, mut results, mut first_error) = (0u64, 0u64, 0u64, None);
+    while let Some(done) = within(
+        window + Duration::from_secs(60),
+        tasks.join_next(),
+        "the clients to finish the window",
+    )
+    .await
+    {
+        let (h, o, e, r, f) = done.expect("a client task");
+        all.add(&h).expect("histograms add");
+        ops += o;
+        errors += e;
+        results += r;
+        if first_error.is_none() {
+            first_error = f;
+        }
+    }
+    let mut record = Record {
+        scenario: Scenario::Autocomplete.name().to_owned(),
+        case: case.name().to_owned(),
+        clients,
+        side: side.to_owned(),
+        ..Record::default()
+    };
+    probe.usage(mark, &mut record).await;
+    let secs = record.get(names::SECS).unwrap_or(1.0).max(1e-9);
+    record.set(names::OPS, ops as f64);
+    record.set(names::ERRORS, errors as f64);
+    record.set(names::RESULTS, results as f64);
+    record.set(names::RATE, ops as f64 / secs);
+    stats::latency(&mut record, &all);
+    record.first_error = first_error;
+    record
+}
+
+/// Bytes and keys per kind of key of the dictionary at `base` (`MEMORY USAGE` of every key).
+async fn index_memory(
+    conn: &mut MultiplexedConnection,
+    base: &str,
+) -> BTreeMap<&'static str, (u64, u64)> {
+    let mut totals = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", base.replace('{', "\\{").replace('}', "\\}")))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .expect("SCAN");
+        for key in keys {
+            let bytes: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(conn)
+                .await
+                .expect("MEMORY USAGE");
+            let rest = &key[base.len()..];
+            let kind = match rest {
+                b":data" => "data",
+                b":h" => "h",
+                b":top" => "top",
+                b":v" => "v",
+                _ if rest.starts_with(b":l:") => "l",
+                _ if rest.starts_with(b":b:") => "b",
+                _ if rest.starts_with(b":t:") => "t",
+                _ if rest.starts_with(b":r:") => "r",
+                _ if rest.starts_with(b":w:") => "w",
+                _ if rest.starts_with(b":vg:") => "vg",
+                _ => "other",
+            };
+            let entry = totals.entry(kind).or_insert((0, 0));
+            entry.0 += bytes.unwrap_or(0);
+            entry.1 += 1;
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    totals
+}

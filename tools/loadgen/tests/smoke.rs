@@ -1,0 +1,314 @@
+//! The load generator's scenarios on tiny sizes, as the test suite runs them: every side makes
+//! progress without errors, and Redis counts exactly the script calls the scripts imply. Then
+//! the report renders the runs, and `docs/PERFORMANCE.md` is what its committed JSON renders to.
+//!
+//! The scenarios run one at a time (they measure CPU and latency; the smoke runs only assert
+//! what holds on a busy machine). They run the `baton` binary of the same build profile
+//! (`cargo test --workspace` builds it).
+
+use std::{path::Path, time::Duration};
+
+use loadgen::{
+    BuildSpec, Options, Run, Scenario, names, record::Record, report, run as run_scenarios,
+};
+use testkit::within;
+use tokio::sync::Mutex;
+
+/// One scenario at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// Runs `scenarios` of the smoke options, changed by `tweak`.
+async fn smoke(scenarios: &[Scenario], tweak: impl FnOnce(&mut Options)) -> (Options, Run) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut options = Options::smoke();
+    options.scenarios = scenarios.to_vec();
+    options.builds = vec![BuildSpec {
+        name: String::new(),
+        path: testkit::baton_bin(),
+    }];
+    tweak(&mut options);
+    let run = within(
+        Duration::from_secs(180),
+        run_scenarios(&options, "smoke"),
+        "the smoke run",
+    )
+    .await;
+    // The JSON reads back as written.
+    let json = run.to_json();
+    let back: Run = serde_json::from_str(&json).expect("reads back");
+    assert_eq!(back.records, run.records);
+    (options, run)
+}
+
+fn value(r: &Record, name: &str) -> f64 {
+    r.get(name)
+        .unwrap_or_else(|| panic!("{} {} {}: no {name}", r.scenario, r.clients, r.side))
+}
+
+/// Locks, semaphores, rate limits and the health check, uncontended and contended, on every side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_scenarios_progress_and_count_script_calls() {
+    let scenarios: Vec<Scenario> = Scenario::ALL
+        .into_iter()
+        .filter(|s| s.closed_loop())
+        .collect();
+    let (options, run) = smoke(&scenarios, |o| {
+        o.transports.push(loadgen::Transport::TcpOwn);
+    })
+    .await;
+    for scenario in &scenarios {
+        for clients in options.clients_of(*scenario) {
+            for side in options.sides_of(*scenario) {
+                assert!(
+                    run.records.iter().any(|r| r.scenario == scenario.name()
+                        && r.clients == clients
+                        && r.side == side.name()),
+                    "{} with {clients} clients on {}: not measured",
+                    scenario.name(),
+                    side.name()
+                );
+            }
+        }
+    }
+    for r in run.records.iter().filter(|r| r.scenario != "idle") {
+        let what = format!("{} with {} clients, {}", r.scenario, r.clients, r.side);
+        let ops = value(r, names::OPS) as u64;
+        assert!(ops > 0, "{what}: no operation completed: {r:?}");
+        assert_eq!(
+            value(r, names::ERRORS),
+            0.0,
+            "{what}: errors, the first: {:?}",
+            r.first_error
+        );
+        let scripts = r.script_calls();
+        match r.scenario.as_str() {
+            "lock" | "semaphore" => {
+                assert_eq!(value(r, names::TIMEOUTS), 0.0, "{what}: refused");
+                // One EVALSHA per acquire and one per release, nothing else; at most one wake-up
+                // per release.
+                assert_eq!(scripts, 2 * ops, "{what}: script calls {:?}", r.commands);
+                assert!(r.calls("publish") <= ops, "{what}: PUBLISH per release");
+                assert_eq!(value(r, names::CALLS) as u64, 2 * ops, "{what}: calls");
+            }
+            "ratelimit" => assert_eq!(scripts, ops, "{what}: one script call per decision"),
+            "health" => assert_eq!(scripts, 0, "{what}: a health check runs no script"),
+            _ => {
+                assert!(
+                    scripts >= 2 * ops,
+                    "{what}: fewer script calls ({scripts}) than an acquire and a release per grant"
+                );
+                let jain = value(r, names::JAIN);
+                assert!(
+                    jain > 0.0 && jain <= 1.0 + 1e-9,
+                    "{what}: Jain's index {jain}"
+                );
+                if r.scenario.starts_with("lock") && ops > 1 {
+                    assert!(
+                        r.get(names::HANDOFF_P50).is_some(),
+                        "{what}: no handoff measured"
+                    );
+                }
+            }
+        }
+        if r.side.starts_with("baton") {
+            assert!(
+                value(r, names::BATON_RSS) > 0.0 && value(r, names::BATON_CPU) >= 0.0,
+                "{what}: Baton's /proc figures"
+            );
+        }
+    }
+    let idle = run
+        .records
+        .iter()
+        .find(|r| r.scenario == "idle")
+        .expect("idle");
+    assert!(
+        value(idle, names::IDLE_RSS) > 0.0,
+        "Baton's memory was not read"
+    );
+    for table in ["run", "unary", "contention", "idle", "targets"] {
+        let md = report::table_of(table, std::slice::from_ref(&run)).expect(table);
+        assert!(md.lines().count() > 2, "{table}: {md}");
+    }
+    let unary = report::table_of("unary", std::slice::from_ref(&run)).unwrap();
+    assert!(unary.contains("Baton, TCP, a connection per client"));
+}
+
+/// Leases held through `Hold` streams and by direct renewals: all granted, renewed, released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_held_renewed_and_released() {
+    let (options, run) = smoke(&[Scenario::Leases], |_| {}).await;
+    let leases: Vec<&Record> = run
+        .records
+        .iter()
+        .filter(|r| r.scenario == "leases")
+        .collect();
+    assert_eq!(leases.len(), options.sides_of(Scenario::Leases).len());
+    for r in leases {
+        let what = format!("leases, {}", r.side);
+        assert_eq!(
+            value(r, names::HELD) as usize,
+            options.leases,
+            "{what}: held"
+        );
+        // The direct side renews every lease three times in the window (a third of the ttl
+        // apart), a script call each; Baton about as often, in fewer calls when it batches.
+        let scripts = r.script_calls();
+        let due = 3 * options.leases as u64;
+        if r.side.starts_with("baton") {
+            assert!(
+                (1..=due * 2).contains(&scripts),
+                "{what}: {scripts} script calls where {due} renewals are due"
+            );
+        } else {
+            assert!(
+                scripts >= due / 2 && scripts <= due * 2,
+                "{what}: {scripts} script calls where {due} renewals are due"
+            );
+        }
+        let renewals = value(r, names::RENEWALS) as u64;
+        assert!(
+            renewals >= due / 4 && renewals > 0,
+            "{what}: {renewals} renewals seen where {due} are due"
+        );
+        assert_eq!(
+            value(r, names::RELEASED),
+            1.0,
+            "{what}: leases left behind after the holders let go"
+        );
+    }
+    let md = report::table_of("leases", &[run]).unwrap();
+    assert!(md.contains("Baton, Unix socket"), "{md}");
+}
+
+/// Leader failover and the fair lock's handoff: every handoff measured, each within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_hands_over_every_time() {
+    let (options, run) = smoke(&[Scenario::LeaderFailover], |_| {}).await;
+    for side in ["campaign", "fair-lock-hold"] {
+        let r = run
+            .records
+            .iter()
+            .find(|r| r.scenario == "leader-failover" && r.side == side)
+            .unwrap_or_else(|| panic!("{side}: not measured"));
+        assert_eq!(value(r, names::OPS) as usize, options.handoffs, "{side}");
+        assert!(
+            value(r, names::MAX) < 1_000_000.0,
+            "{side}: a handoff took {} µs",
+            value(r, names::MAX)
+        );
+    }
+    let md = report::table_of("leader-failover", &[run]).unwrap();
+    assert!(md.contains("Campaign"), "{md}");
+}
+
+/// The dictionary loads and every query kind answers on every side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autocomplete_loads_and_completes() {
+    let (options, run) = smoke(&[Scenario::Autocomplete], |o| {
+        o.autocomplete_window = Duration::from_millis(300);
+    })
+    .await;
+    let load = run
+        .records
+        .iter()
+        .find(|r| r.scenario == "autocomplete" && r.case == "load")
+        .expect("the load");
+    assert_eq!(value(load, names::TERMS) as usize, options.terms);
+    assert!(value(load, names::REDIS_CPU) > 0.0 && value(load, names::MEMORY) > 0.0);
+    let memory = run
+        .records
+        .iter()
+        .find(|r| r.case == "memory")
+        .expect("memory per index");
+    assert!(memory.values.keys().any(|k| k.starts_with("bytes:l")));
+    let mut baton_cpu = 0.0;
+    let queries: Vec<&Record> = run
+        .records
+        .iter()
+        .filter(|r| r.scenario == "autocomplete" && r.case != "load" && r.case != "memory")
+        .collect();
+    assert_eq!(
+        queries.len(),
+        10,
+        "7 kinds through Baton, 2 direct, raw ZRANGE"
+    );
+    for r in queries {
+        let what = format!("{} {}", r.case, r.side);
+        assert_eq!(value(r, names::ERRORS), 0.0, "{what}: {:?}", r.first_error);
+        assert!(value(r, names::OPS) > 0.0, "{what}: no request");
+        assert!(
+            value(r, names::RESULTS) > 0.0 || r.case == "health",
+            "{what}: no results"
+        );
+        if r.side == "direct" {
+            assert_eq!(
+                r.calls("evalsha") as f64,
+                value(r, names::OPS),
+                "{what}: one script call per request"
+            );
+        }
+        if r.side.starts_with("baton") {
+            baton_cpu += value(r, names::BATON_CPU);
+        }
+        assert!(value(r, names::LOADGEN_CPU) >= 0.0);
+    }
+    assert!(baton_cpu > 0.0, "Baton's CPU time was measured");
+    for table in ["autocomplete-load", "autocomplete", "autocomplete-memory"] {
+        let md = report::table_of(table, std::slice::from_ref(&run)).unwrap();
+        assert!(md.lines().count() > 2, "{table}: {md}");
+    }
+}
+
+/// The same scripts as Redis Functions and through EVALSHA: both decide, and Redis counts the
+/// calls of each kind, none of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_and_scripts_both_run() {
+    let (_, run) = smoke(&[Scenario::Functions], |_| {}).await;
+    assert_eq!(run.records.len(), 4, "two operations, two ways");
+    for r in &run.records {
+        let what = format!("{} {}", r.case, r.side);
+        let ops = value(r, names::OPS) as u64;
+        assert!(ops > 0, "{what}: nothing done");
+        assert_eq!(value(r, names::ERRORS), 0.0, "{what}: {:?}", r.first_error);
+        let per_op = if r.case == "lock-cycle" { 2 } else { 1 };
+        let (own, other) = if r.side == "fcall" {
+            ("fcall", "evalsha")
+        } else {
+            ("evalsha", "fcall")
+        };
+        assert_eq!(r.calls(own), per_op * ops, "{what}: {:?}", r.commands);
+        assert_eq!(r.calls(other), 0, "{what}: {:?}", r.commands);
+    }
+    let md = report::table_of("functions", &[run]).unwrap();
+    assert!(md.contains("`FCALL`"), "{md}");
+}
+
+/// A Sentinel failover of the test deployment, within 8 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_completes() {
+    let (_, run) = smoke(&[Scenario::RedisFailover], |_| {}).await;
+    let [r] = run.records.as_slice() else {
+        panic!("one failover: {:?}", run.records)
+    };
+    let took = value(r, names::TOOK);
+    assert!(took > 0.0 && took < 8.0, "the failover took {took} s");
+    let md = report::table_of("redis-failover", &[run]).unwrap();
+    assert!(md.contains("Sentinel"), "{md}");
+}
+
+/// `docs/PERFORMANCE.md` is what its committed JSON renders to: no figure is edited by hand.
+#[test]
+fn the_performance_document_is_generated() {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/PERFORMANCE.md");
+    let text = std::fs::read_to_string(&doc).expect("docs/PERFORMANCE.md");
+    assert!(
+        text.contains("<!-- loadgen: "),
+        "the document has generated tables"
+    );
+    let rendered = report::render_document(&text, doc.parent().expect("docs/")).expect("renders");
+    assert!(
+        rendered == text,
+        "docs/PERFORMANCE.md differs from what its JSON renders to: run `cargo run -p loadgen -- report docs/PERFORMANCE.md`"
+    );
+}
