@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step's header says how long the suite has run, so a slow step shows in CI's log.
+step() { echo "==> $* (at ${SECONDS} s)"; }
+
 scripts/install-deps.sh --with-buf
 
 # The image test (root only, as CI runs) packs a release binary: it compiles at the lowest CPU
@@ -21,22 +24,22 @@ if [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; then
   trap 'kill "$image_build" 2>/dev/null || true' EXIT
 fi
 
-echo "==> cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
+step "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-echo "==> buf lint"
+step "buf lint"
 .tools/node_modules/.bin/buf lint
-echo "==> Python tests: the contract from a generated client, the Helm chart, the image"
+step "Python tests: the contract from a generated client, the Helm chart, the image"
 scripts/python-tests.sh --no-image
-echo "==> client packages (clients/python, clients/node)"
+step "client packages (clients/python, clients/node)"
 scripts/client-tests.sh
-echo "==> cargo test (the load generator's smoke runs included: tools/loadgen/tests/smoke.rs)"
+step "cargo test (the load generator's smoke runs included: tools/loadgen/tests/smoke.rs)"
 cargo test --locked --workspace --all-targets
-echo "==> the service suites again, against a local 3-master Redis Cluster"
+step "the service suites again, against a local 3-master Redis Cluster"
 BATON_TEST_TOPOLOGY=cluster cargo test --locked --test lock --test semaphore --test election --test autocomplete --test ratelimit
 if [ -n "$image_build" ]; then
-  echo "==> the image, from the release binary built meanwhile"
+  step "the image, from the release binary built meanwhile"
   if ! wait "$image_build"; then
     cat target/image-build.log
     exit 1
@@ -44,3 +47,4 @@ if [ -n "$image_build" ]; then
   BATON_RELEASE_BIN="$PWD/target/image/release/baton" BATON_PY_GEN="$PWD/.tools/py-gen" \
     .tools/py/bin/python -m unittest discover -s tests/python -p 'test_image.py' -v
 fi
+step "done"

@@ -317,11 +317,16 @@ impl RedisServer {
 
     /// A multiplexed connection to the `redis-server` (not for a cluster: see
     /// [`RedisServer::conn`], which works on both).
+    /// Its replies may take 5 s (the crate's default is 500 ms): a Redis busy with a test's load
+    /// on a loaded machine answers a bookkeeping command late, not never.
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
         let client = redis::Client::open(self.url()).expect("redis url");
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
         within(
             Duration::from_secs(5),
-            client.get_multiplexed_async_connection(),
+            client.get_multiplexed_async_connection_with_config(&config),
             "a redis connection",
         )
         .await
