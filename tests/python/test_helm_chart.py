@@ -451,6 +451,9 @@ class ChartRenders(unittest.TestCase):
         self.assertIn("BATON_ADDR=unix:///var/run/baton/baton.sock", notes)
         notes = self.renders["tcp-values.yaml"]["baton/templates/NOTES.txt"]
         self.assertIn("BATON_ADDR=127.0.0.1:50051", notes)
+        self.assertNotIn("BATON_API_TOKEN_FILE", notes)
+        notes = self.renders["security-values.yaml"]["baton/templates/NOTES.txt"]
+        self.assertIn("BATON_API_TOKEN_FILE=/var/run/secrets/baton/api-token/token", notes)
 
     def test_bad_values_are_rejected(self):
         """Typos, wrong types, a password in the URL, a TLS URL, a Sentinel without its master, a
