@@ -38,17 +38,18 @@ struct TokenFile {
 }
 
 impl Credentials {
-    /// Reads the token file of `args`, if any: a missing, unreadable or empty file, or a token
-    /// an HTTP header cannot carry, is an error naming the file.
+    /// Reads the token file of `args`, if any (an empty name is none): a missing, unreadable or
+    /// empty file, or a token an HTTP header cannot carry, is an error naming the file.
     pub fn new(args: &ClientArgs) -> Result<Self, String> {
-        let Some(path) = &args.api_token_file else {
+        let Some(path) = args.api_token_file.as_deref().filter(|p| !p.is_empty()) else {
             return Ok(Self::default());
         };
-        let header = read_token(path)
+        let path = PathBuf::from(path);
+        let header = read_token(&path)
             .map_err(|e| format!("--api-token-file / BATON_API_TOKEN_FILE: {e}"))?;
         Ok(Self {
             token: Some(TokenFile {
-                path: path.clone(),
+                path,
                 header: Arc::new(Mutex::new(header)),
             }),
         })
@@ -174,4 +175,73 @@ fn certificates(pem: &[u8]) -> Result<usize, String> {
         n += 1;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(contents: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, contents).expect("writing the token");
+        (dir, path)
+    }
+
+    /// The token is the first non-empty line, trimmed; an empty file, a token no header can
+    /// carry and a missing file are refused naming the file.
+    #[test]
+    fn the_token_is_the_first_non_empty_line() {
+        let (_dir, path) = file("\n  \n  first-token \nsecond\n");
+        assert_eq!(
+            read_token(&path).expect("a token").to_str().ok(),
+            Some("Bearer first-token")
+        );
+        let (_dir, path) = file("\n \n");
+        assert!(read_token(&path).unwrap_err().contains("holds no token"));
+        let (_dir, path) = file("two words\n");
+        assert!(read_token(&path).unwrap_err().contains("not visible ASCII"));
+        let (dir, _) = file("");
+        let missing = dir.path().join("missing");
+        assert!(
+            read_token(&missing)
+                .unwrap_err()
+                .contains(&missing.display().to_string())
+        );
+    }
+
+    /// A token file changed on disk is used by the next call; one emptied keeps the last token.
+    #[test]
+    fn the_token_file_is_read_for_each_call() {
+        let (_dir, path) = file("old-token\n");
+        let header = |c: &mut Credentials| {
+            let request = c.call(Request::new(())).expect("never refused");
+            request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let mut credentials = Credentials {
+            token: Some(TokenFile {
+                path: path.clone(),
+                header: Arc::new(Mutex::new(read_token(&path).expect("a token"))),
+            }),
+        };
+        assert_eq!(
+            header(&mut credentials).as_deref(),
+            Some("Bearer old-token")
+        );
+        std::fs::write(&path, "new-token\n").expect("rotating");
+        assert_eq!(
+            header(&mut credentials).as_deref(),
+            Some("Bearer new-token")
+        );
+        std::fs::write(&path, "").expect("emptying");
+        assert_eq!(
+            header(&mut credentials).as_deref(),
+            Some("Bearer new-token")
+        );
+        assert_eq!(header(&mut Credentials::default()), None);
+    }
 }

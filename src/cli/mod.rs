@@ -63,8 +63,9 @@ pub struct ClientArgs {
     pub timeout: Duration,
     /// File holding Baton's API token (its first non-empty line), sent on every call as
     /// `authorization: Bearer <token>`; read again for each call, so a rotated token is used.
+    /// Empty: none.
     #[arg(long, env = "BATON_API_TOKEN_FILE", value_name = "FILE")]
-    pub api_token_file: Option<PathBuf>,
+    pub api_token_file: Option<String>,
     /// CA bundle (PEM) Baton's certificate must chain to; connects with TLS. TLS is also used
     /// for an `https://` address, checked against the public roots without this flag.
     #[arg(long, value_name = "FILE")]
