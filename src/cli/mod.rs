@@ -36,6 +36,20 @@ pub use credentials::{Connection, Credentials};
 /// The address used when neither `--addr` nor `BATON_ADDR` gives one.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
 
+/// The client subcommands' exit codes, as `baton --help` lists them (the table above).
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes of the client subcommands:
+  0       success (lock/semaphore/campaign: the command exited 0)
+  1       a check said no (ratelimit check denied, health not SERVING, leader: nobody leads)
+  2       bad usage, or a request Baton refused (INVALID_ARGUMENT)
+  69      Baton not reachable, or UNAVAILABLE after the retries
+  70      any other error from Baton
+  75      not acquired (not elected) within --wait
+  76      the lease (leadership) was lost while the command ran; the command was stopped
+  77      Baton refused the credentials (UNAUTHENTICATED): give --api-token-file, or
+          --tls-cert and --tls-key
+  N       lock/semaphore/campaign: the command's own exit code (128+N: killed by signal N)";
+
 /// Exit code: a check said no.
 pub const EXIT_NO: u8 = 1;
 /// Exit code: bad usage, or a request Baton refused as invalid.
