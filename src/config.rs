@@ -53,7 +53,7 @@ pub const DEFAULT_RATELIMIT_CONFIG_RELOAD: Duration = Duration::from_secs(10);
 
 /// Baton: a coordination sidecar serving distributed locks over gRPC, with state in Redis.
 #[derive(Debug, Parser)]
-#[command(name = "baton", version, about)]
+#[command(name = "baton", version, about, after_help = cli::EXIT_CODES_HELP)]
 pub struct Cli {
     /// What to run.
     #[command(subcommand)]

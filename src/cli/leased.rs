@@ -22,12 +22,12 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     time::{Instant, sleep_until, timeout_at},
 };
-use tonic::{Code, Status, transport::Channel};
+use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 use super::{
-    CampaignArgs, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Failure,
-    LockArgs, SemaphoreArgs, connect,
+    CampaignArgs, Connection, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_SOFTWARE, EXIT_UNAVAILABLE,
+    Failure, LockArgs, SemaphoreArgs, connect,
     job::{Job, signal_code},
     proto_duration, std_duration,
 };
@@ -157,10 +157,13 @@ type Events = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
 
 /// The service a lease is held from, with its `Hold` (or `Campaign`) request.
 enum Target {
-    Lock(LockServiceClient<Channel>, LockServiceHoldRequest),
-    Semaphore(SemaphoreServiceClient<Channel>, SemaphoreServiceHoldRequest),
+    Lock(LockServiceClient<Connection>, LockServiceHoldRequest),
+    Semaphore(
+        SemaphoreServiceClient<Connection>,
+        SemaphoreServiceHoldRequest,
+    ),
     Election(
-        ElectionServiceClient<Channel>,
+        ElectionServiceClient<Connection>,
         ElectionServiceCampaignRequest,
     ),
 }

@@ -12,11 +12,13 @@
 //! | 2 | bad usage: an invalid flag or a request Baton refused (`INVALID_ARGUMENT`) |
 //! | 69 | Baton is not reachable, or answered `UNAVAILABLE` after the retries |
 //! | 70 | any other error from Baton |
+//! | 77 | Baton refused the credentials (`UNAUTHENTICATED`): no or a wrong API token, no or a refused client certificate |
 //! | 75 | not acquired: the lock or permits stayed taken (not elected) for the whole `--wait` |
 //! | 76 | the lease (leadership) was lost while the command ran; the command was stopped |
 //! | N | `lock`/`semaphore`/`campaign`: the command's own exit code |
 //! | 128+N | the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
+mod credentials;
 mod demo;
 mod election;
 mod job;
@@ -27,13 +29,26 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Subcommand, ValueEnum};
 use hyper_util::rt::TokioIo;
-use tonic::{
-    Code, Status,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Code, Status, transport::Endpoint};
+
+pub use credentials::{Connection, Credentials};
 
 /// The address used when neither `--addr` nor `BATON_ADDR` gives one.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
+
+/// The client subcommands' exit codes, as `baton --help` lists them (the table above).
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes of the client subcommands:
+  0       success (lock/semaphore/campaign: the command exited 0)
+  1       a check said no (ratelimit check denied, health not SERVING, leader: nobody leads)
+  2       bad usage, or a request Baton refused (INVALID_ARGUMENT)
+  69      Baton not reachable, or UNAVAILABLE after the retries
+  70      any other error from Baton
+  75      not acquired (not elected) within --wait
+  76      the lease (leadership) was lost while the command ran; the command was stopped
+  77      Baton refused the credentials (UNAUTHENTICATED): give --api-token-file, or
+          --tls-cert and --tls-key
+  N       lock/semaphore/campaign: the command's own exit code (128+N: killed by signal N)";
 
 /// Exit code: a check said no.
 pub const EXIT_NO: u8 = 1;
@@ -43,6 +58,8 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code: any other error from Baton.
 pub const EXIT_SOFTWARE: u8 = 70;
+/// Exit code: Baton refused the credentials (`UNAUTHENTICATED`).
+pub const EXIT_UNAUTHENTICATED: u8 = 77;
 /// Exit code: not acquired within the wait.
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code: the lease was lost while the command ran.
@@ -51,12 +68,32 @@ pub const EXIT_LEASE_LOST: u8 = 76;
 /// How to reach Baton, shared by every client subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Baton's address: `host:port`, or a Unix socket as `unix:///path` (or just `/path`).
+    /// Baton's address: `host:port`, `https://host:port` (TLS), or a Unix socket as
+    /// `unix:///path` (or just `/path`).
     #[arg(long, env = "BATON_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
     /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// File holding Baton's API token (its first non-empty line), sent on every call as
+    /// `authorization: Bearer <token>`; read again for each call, so a rotated token is used.
+    /// Empty: none.
+    #[arg(long, env = "BATON_API_TOKEN_FILE", value_name = "FILE")]
+    pub api_token_file: Option<String>,
+    /// CA bundle (PEM) Baton's certificate must chain to; connects with TLS. TLS is also used
+    /// for an `https://` address, checked against the public roots without this flag.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS, with --tls-key; connects with TLS.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// The name Baton's certificate must carry, and the TLS server name sent (SNI), in place of
+    /// the address's host; connects with TLS.
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 /// `baton lock`: run a command while holding a lock.
@@ -437,13 +474,37 @@ impl Failure {
 
     /// The failure for a gRPC error of a call to Baton at `addr`.
     pub fn from_status(status: &Status, addr: &str) -> Self {
+        // The connection failed under the call (Baton gone, or a TLS listener spoken to in the
+        // clear): tonic reports it as Unknown with the transport error as its source.
+        if let Some(transport) = std::error::Error::source(status)
+            .and_then(|e| e.downcast_ref::<tonic::transport::Error>())
+        {
+            return Self::new(
+                EXIT_UNAVAILABLE,
+                unreachable(
+                    addr,
+                    &format!(
+                        "{} (if it serves TLS, give --tls-ca or an https:// address)",
+                        error_chain(transport)
+                    ),
+                ),
+            );
+        }
         let code = match status.code() {
             Code::InvalidArgument => EXIT_USAGE,
             Code::Unavailable => EXIT_UNAVAILABLE,
+            Code::Unauthenticated => EXIT_UNAUTHENTICATED,
             _ => EXIT_SOFTWARE,
         };
         let message = if status.code() == Code::Unavailable && status.message().is_empty() {
             format!("Baton at {addr} is unavailable")
+        } else if status.code() == Code::Unauthenticated {
+            format!(
+                "Baton at {addr} refused the credentials (Unauthenticated): {} (give its API \
+                 token with --api-token-file or BATON_API_TOKEN_FILE, a client certificate with \
+                 --tls-cert and --tls-key)",
+                status.message()
+            )
         } else {
             format!("{:?}: {}", status.code(), status.message())
         };
@@ -456,12 +517,15 @@ impl Failure {
 pub enum Address {
     /// A TCP `host:port`.
     Tcp(String),
+    /// A TCP `host:port` given as `https://host:port`: TLS.
+    Https(String),
     /// A Unix socket path.
     Unix(PathBuf),
 }
 
 impl Address {
-    /// Parses `unix:///path`, `unix:/path`, `/path`, `http://host:port` or `host:port`.
+    /// Parses `unix:///path`, `unix:/path`, `/path`, `http://host:port`, `https://host:port`
+    /// or `host:port`.
     pub fn parse(addr: &str) -> Result<Self, String> {
         let addr = addr.trim();
         let path = addr
@@ -476,27 +540,46 @@ impl Address {
             }
             return Ok(Self::Unix(PathBuf::from(path)));
         }
-        let hostport = addr.strip_prefix("http://").unwrap_or(addr);
+        let (hostport, tls) = match addr.strip_prefix("https://") {
+            Some(hostport) => (hostport, true),
+            None => (addr.strip_prefix("http://").unwrap_or(addr), false),
+        };
         if hostport.is_empty() || !hostport.contains(':') {
             return Err(format!(
-                "--addr / BATON_ADDR: {addr:?} is not host:port or unix:///path"
+                "--addr / BATON_ADDR: {addr:?} is not host:port, https://host:port or \
+                 unix:///path"
             ));
         }
-        Ok(Self::Tcp(hostport.to_owned()))
+        Ok(if tls {
+            Self::Https(hostport.to_owned())
+        } else {
+            Self::Tcp(hostport.to_owned())
+        })
     }
 }
 
-/// Opens a channel to Baton, failing with [`EXIT_UNAVAILABLE`] and a clear message when it
-/// cannot be reached, or [`EXIT_USAGE`] for an address that makes no sense.
-pub async fn connect(args: &ClientArgs) -> Result<Channel, Failure> {
+/// Opens a channel to Baton that carries the API token of `--api-token-file` (if given), over
+/// TLS when asked, failing with [`EXIT_UNAVAILABLE`] and a clear message when it cannot be
+/// reached, or [`EXIT_USAGE`] for an address, a TLS option or a file that makes no sense.
+pub async fn connect(args: &ClientArgs) -> Result<Connection, Failure> {
     let address = Address::parse(&args.addr).map_err(|e| Failure::new(EXIT_USAGE, e))?;
+    let credentials = Credentials::new(args).map_err(|e| Failure::new(EXIT_USAGE, e))?;
     let unreachable =
         |e: &dyn std::fmt::Display| Failure::new(EXIT_UNAVAILABLE, unreachable(&args.addr, e));
     let connect_timeout = args.timeout.min(Duration::from_secs(5));
-    match address {
-        Address::Tcp(hostport) => {
-            let endpoint = Endpoint::from_shared(format!("http://{hostport}"))
+    let channel = match address {
+        Address::Tcp(ref hostport) | Address::Https(ref hostport) => {
+            let tls = matches!(address, Address::Https(_)) || credentials::tls_asked(args);
+            let scheme = if tls { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{hostport}"))
                 .map_err(|e| Failure::new(EXIT_USAGE, format!("--addr {hostport:?}: {e}")))?;
+            if tls {
+                let config =
+                    credentials::tls_config(args).map_err(|e| Failure::new(EXIT_USAGE, e))?;
+                endpoint = endpoint
+                    .tls_config(config)
+                    .map_err(|e| Failure::new(EXIT_USAGE, format!("TLS: {}", error_chain(&e))))?;
+            }
             endpoint
                 .connect_timeout(connect_timeout)
                 .tcp_nodelay(true)
@@ -504,6 +587,15 @@ pub async fn connect(args: &ClientArgs) -> Result<Channel, Failure> {
                 .await
                 .map_err(|e| unreachable(&error_chain(&e)))
         }
+        Address::Unix(_) if credentials::tls_asked(args) => Err(Failure::new(
+            EXIT_USAGE,
+            format!(
+                "--tls-ca / --tls-cert / --tls-key / --tls-server-name need a TCP address \
+                 (host:port or https://host:port), not the Unix socket {}: Baton serves its \
+                 socket in the clear, confined by the file's permissions",
+                args.addr
+            ),
+        )),
         Address::Unix(path) => {
             // The URI only names the `:authority` (a valid one); every connection goes to the
             // socket.
@@ -521,7 +613,11 @@ pub async fn connect(args: &ClientArgs) -> Result<Channel, Failure> {
                 .await
                 .map_err(|e| unreachable(&error_chain(&e)))
         }
-    }
+    }?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        credentials,
+    ))
 }
 
 fn unreachable(addr: &str, e: &dyn std::fmt::Display) -> String {
@@ -584,6 +680,10 @@ mod tests {
         assert_eq!(
             Address::parse("http://localhost:50051"),
             Ok(Address::Tcp("localhost:50051".into()))
+        );
+        assert_eq!(
+            Address::parse("https://baton.example:443"),
+            Ok(Address::Https("baton.example:443".into()))
         );
         assert!(Address::parse("unix:relative.sock").is_err());
         assert!(Address::parse("localhost").is_err());

@@ -237,12 +237,13 @@ class ChartRenders(unittest.TestCase):
         cls.charts.close()
 
     def test_values_files_cover_every_case(self):
-        """The CI values files cover the demo, Cluster, Sentinel, TCP, metrics and ordinary
-        container (no native sidecar) cases."""
+        """The CI values files cover the demo, Cluster, Sentinel, TCP, metrics, ordinary
+        container (no native sidecar) and security (Redis TLS, API token) cases."""
         self.assertEqual(
             sorted(self.cases),
             ["cluster-values.yaml", "demo-values.yaml", "metrics-values.yaml",
-             "ordinary-container-values.yaml", "sentinel-values.yaml", "tcp-values.yaml"])
+             "ordinary-container-values.yaml", "security-values.yaml", "sentinel-values.yaml",
+             "tcp-values.yaml"])
 
     def test_lint_is_clean_in_strict_mode(self):
         """`helm lint --strict` finds nothing, for the defaults, every values file, the example."""
@@ -450,6 +451,9 @@ class ChartRenders(unittest.TestCase):
         self.assertIn("BATON_ADDR=unix:///var/run/baton/baton.sock", notes)
         notes = self.renders["tcp-values.yaml"]["baton/templates/NOTES.txt"]
         self.assertIn("BATON_ADDR=127.0.0.1:50051", notes)
+        self.assertNotIn("BATON_API_TOKEN_FILE", notes)
+        notes = self.renders["security-values.yaml"]["baton/templates/NOTES.txt"]
+        self.assertIn("BATON_API_TOKEN_FILE=/var/run/secrets/baton/api-token/token", notes)
 
     def test_bad_values_are_rejected(self):
         """Typos, wrong types, a password in the URL, a TLS URL, a Sentinel without its master, a
@@ -460,9 +464,15 @@ class ChartRenders(unittest.TestCase):
             ({"demo": {"enabled": "yes"}}, "/demo/enabled"),
             ({"transport": "udp"}, "/transport"),
             ({"redis": {"url": "redis://:secret@redis:6379"}}, "/redis/url"),
-            # TLS is not supported by Baton yet: refused rather than passed to a Baton that
-            # would not start.
-            ({"redis": {"url": "rediss://redis:6380"}}, "/redis/url"),
+            ({"redis": {"url": "rediss://:secret@redis:6380"}}, "/redis/url"),
+            ({"redis": {"username": "a b"}}, "/redis/username"),
+            ({"redis": {"tls": {"insecure": "yes"}}}, "/redis/tls/insecure"),
+            ({"redis": {"tls": {"existingSecret": "Not_A_Name"}}}, "/redis/tls/existingSecret"),
+            ({"redis": {"tls": {"cert": "x"}}}, "cert"),
+            ({"tls": {"clientCA": "yes"}}, "/tls/clientCA"),
+            ({"apiToken": {"existingSecret": "a/b"}}, "/apiToken/existingSecret"),
+            ({"apiToken": {"key": ""}}, "/apiToken/key"),
+            ({"credentialsReload": "10"}, "/credentialsReload"),
             ({"redis": {"mode": "sentinel"}}, "/redis/sentinelMaster"),
             ({"redis": {"url": "redis://a:1,redis://b:1"}}, "/redis/url"),
             ({"redis": {"keyPrefix": "a{b}"}}, "/redis/keyPrefix"),
@@ -480,6 +490,115 @@ class ChartRenders(unittest.TestCase):
             self.charts.render(self.charts.chart, {"shutdownDelay": "25s", "drainTimeout": "10s",
                                                    "demo": {"enabled": True}})
         self.assertIn("terminationGracePeriodSeconds (30) must be longer", str(caught.exception))
+
+    def test_security_values_that_cannot_work_are_refused(self):
+        """TLS with the socket transport, mutual TLS or a Redis client certificate without their
+        Secret, Redis TLS settings with a plaintext URL, and the demo (a plaintext client) with
+        TLS each fail the render with a message that says why."""
+        refused = [
+            ({"tls": {"existingSecret": "baton-tls"}, "demo": {"enabled": True}},
+             "tls.existingSecret needs transport: tcp"),
+            ({"transport": "tcp", "tls": {"clientCA": True}, "demo": {"enabled": True}},
+             "tls.clientCA (mutual TLS) needs tls.existingSecret"),
+            ({"redis": {"url": "rediss://r:6380", "tls": {"clientCert": True}},
+              "demo": {"enabled": True, "redis": {"enabled": False}}},
+             "redis.tls.clientCert needs redis.tls.existingSecret"),
+            ({"redis": {"tls": {"existingSecret": "redis-tls"}},
+              "demo": {"enabled": True, "redis": {"enabled": False}}},
+             "redis.tls needs rediss:// Redis URLs"),
+            ({"redis": {"url": "rediss://r:6380", "tls": {"insecure": True}},
+              "demo": {"enabled": True}},
+             "redis.tls needs rediss:// Redis URLs"),
+            ({"transport": "tcp", "tls": {"existingSecret": "baton-tls"},
+              "demo": {"enabled": True}},
+             "the demo app talks to Baton without TLS"),
+        ]
+        for values, message in refused:
+            with self.subTest(values=values):
+                with self.assertRaises(helm.HelmError) as caught:
+                    self.charts.render(self.charts.chart, values)
+                self.assertIn(message, str(caught.exception))
+        with self.assertRaises(helm.HelmError) as caught:
+            self.charts.render(self.charts.example, {"baton": {"tls": {
+                "existingSecret": "baton-tls"}}})
+        self.assertIn("tls.existingSecret needs transport: tcp", str(caught.exception))
+
+    def test_security_values_reach_flags_mounts_and_the_app(self):
+        """The security values: the Redis ACL user, CA bundle and client certificate, the API
+        token and the reload interval become Baton's flags, naming files of Secrets mounted
+        read-only with mode 0440; the API token is mounted in the app container too, named by
+        BATON_API_TOKEN_FILE. Nothing of it appears in the defaults."""
+        objects = documents(self.renders["security-values.yaml"])
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        (baton,) = spec["initContainers"]
+        for flag in ["--redis-url=rediss://redis.example.svc:6380", "--redis-username=baton",
+                     "--redis-tls-ca=/var/run/secrets/baton/redis-tls/ca.crt",
+                     "--redis-tls-cert=/var/run/secrets/baton/redis-tls/tls.crt",
+                     "--redis-tls-key=/var/run/secrets/baton/redis-tls/tls.key",
+                     "--api-token-file=/var/run/secrets/baton/api-token/token",
+                     "--credentials-reload=5s"]:
+            self.assertIn(flag, baton["args"])
+        self.assertNotIn("--redis-tls-insecure", baton["args"])
+        self.assertFalse([a for a in baton["args"] if a.startswith("--tls-")])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        self.assertEqual(volumes["baton-redis-tls"]["secret"], {
+            "secretName": "redis-tls", "defaultMode": 0o440,
+            "items": [{"key": "ca.crt", "path": "ca.crt"}, {"key": "tls.crt", "path": "tls.crt"},
+                      {"key": "tls.key", "path": "tls.key"}]})
+        self.assertEqual(volumes["baton-api-token"]["secret"], {
+            "secretName": "baton-api-token", "defaultMode": 0o440,
+            "items": [{"key": "api-token", "path": "token"}]})
+        self.assertNotIn("baton-tls", volumes)
+        mounts = {m["name"]: m for m in baton["volumeMounts"]}
+        self.assertEqual(mounts["baton-redis-tls"], {
+            "name": "baton-redis-tls", "mountPath": "/var/run/secrets/baton/redis-tls",
+            "readOnly": True})
+        self.assertEqual(mounts["baton-api-token"], {
+            "name": "baton-api-token", "mountPath": "/var/run/secrets/baton/api-token",
+            "readOnly": True})
+        (app,) = spec["containers"]
+        self.assertIn({"name": "BATON_API_TOKEN_FILE",
+                       "value": "/var/run/secrets/baton/api-token/token"}, app["env"])
+        self.assertIn(mounts["baton-api-token"], app["volumeMounts"])
+        self.assertNotIn("baton-redis-tls", [m["name"] for m in app["volumeMounts"]])
+
+        # Serving TLS and mutual TLS, in the example parent chart over TCP; insecure Redis TLS.
+        objects = documents(self.charts.render(self.charts.example, {"baton": {
+            "transport": "tcp", "tls": {"existingSecret": "baton-tls", "clientCA": True},
+            "redis": {"url": "rediss://redis:6380", "tls": {"insecure": True}}}}))
+        for version in KUBE_VERSIONS:
+            for obj in objects:
+                kubernetes_validate.validate(obj, version, strict=True)
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-myapp")]
+        baton, _ = batons(spec)
+        for flag in ["--tls-cert=/var/run/secrets/baton/tls/tls.crt",
+                     "--tls-key=/var/run/secrets/baton/tls/tls.key",
+                     "--tls-client-ca=/var/run/secrets/baton/tls/ca.crt",
+                     "--redis-tls-insecure", "--credentials-reload=10s"]:
+            self.assertIn(flag, baton["args"])
+        self.assertFalse([a for a in baton["args"] if a.startswith("--redis-tls-ca")])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        self.assertEqual(volumes["baton-tls"]["secret"], {
+            "secretName": "baton-tls", "defaultMode": 0o440,
+            "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"},
+                      {"key": "ca.crt", "path": "ca.crt"}]})
+        self.assertIn({"name": "baton-tls", "mountPath": "/var/run/secrets/baton/tls",
+                       "readOnly": True}, baton["volumeMounts"])
+        self.assertNotIn("baton-redis-tls", volumes)
+        self.assertNotIn("baton-api-token", volumes)
+
+        # The defaults: no credential flags, volumes or app environment beyond BATON_ADDR.
+        for name in ["demo-values.yaml", "tcp-values.yaml"]:
+            (_, spec), = [p for p in pod_specs(documents(self.renders[name]))
+                          if p[0].endswith("-demo")]
+            baton, _ = batons(spec)
+            args = " ".join(baton["args"])
+            for flag in ["--tls-", "--redis-tls", "--redis-username", "--api-token-file"]:
+                self.assertNotIn(flag, args)
+            self.assertFalse({"baton-tls", "baton-redis-tls", "baton-api-token"}
+                             & {v["name"] for v in spec["volumes"]})
+            app = [c for c in spec["containers"] if c["name"] == "app"][0]
+            self.assertEqual([e["name"] for e in app["env"]], ["BATON_ADDR", "HOSTNAME"])
 
     def test_every_value_is_documented(self):
         """Each key of values.yaml has a `# --` comment, or lies in a value documented as a whole,
@@ -672,16 +791,30 @@ class RunWhatTheChartRenders(unittest.TestCase):
             if addr.startswith("unix://"):
                 socket_path = addr[len("unix://"):]
                 self.assertEqual(oct(os.stat(socket_path).st_mode & 0o777), "0o660")
+            # With an API token, the app reads it from the file its environment names (mounted
+            # from the same Secret as Baton's); a call without it is refused.
+            auth = ()
+            if "BATON_API_TOKEN_FILE" in app_env:
+                with open(app_env["BATON_API_TOKEN_FILE"]) as f:
+                    auth = (("authorization", f"Bearer {f.read().strip()}"),)
+                with grpc.insecure_channel(addr) as channel:
+                    with self.assertRaises(grpc.RpcError) as caught:
+                        lock_pb2_grpc.LockServiceStub(channel).Acquire(
+                            lock_pb2.LockServiceAcquireRequest(name="no-token", ttl=ms(10_000)),
+                            timeout=10)
+                    self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
             # A stock grpcio channel, as an app would open it: over the socket it names the
             # socket's path as the HTTP/2 authority, which Baton accepts.
             with grpc.insecure_channel(addr) as channel:
                 locks = lock_pb2_grpc.LockServiceStub(channel)
                 got = locks.Acquire(lock_pb2.LockServiceAcquireRequest(
-                    name="from-the-app", ttl=ms(10_000), owner=pod_name), timeout=10)
+                    name="from-the-app", ttl=ms(10_000), owner=pod_name), timeout=10,
+                    metadata=auth)
                 self.assertTrue(got.acquired, got)
                 self.assertGreater(got.lease.fencing_token, 0)
                 described = locks.Describe(
-                    lock_pb2.LockServiceDescribeRequest(name="from-the-app"), timeout=10)
+                    lock_pb2.LockServiceDescribeRequest(name="from-the-app"), timeout=10,
+                    metadata=auth)
                 self.assertTrue(described.held)
                 self.assertEqual(described.owner, pod_name)
 
@@ -727,6 +860,23 @@ class RunWhatTheChartRenders(unittest.TestCase):
         self.run_pod(self.charts.chart, values, demo_app=True)
         self.assertIn("serving gRPC over a Unix socket", self.log)
         self.assertNotIn("serving gRPC over TCP", self.log)
+
+    def test_api_token_for_baton_and_the_app(self):
+        """The security values with a plaintext Redis: Baton requires the API token of the
+        mounted Secret; the app finds it through BATON_API_TOKEN_FILE (a call without it is
+        refused UNAUTHENTICATED), and the demo app, Baton's own CLI, takes its lock with no flag
+        but what the chart's environment gives it."""
+        def values(port, prefix):
+            return merge(values_file("security-values.yaml"), {
+                "health": {"port": free_port()},
+                "metrics": {"port": free_port()},
+                "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix,
+                          "username": "",
+                          "tls": {"existingSecret": "", "clientCert": False}},
+            })
+        # Every Secret item holds this value, as `volumes` lays them out: the Redis password and
+        # the API token alike.
+        self.run_pod(self.charts.chart, values, password=uuid.uuid4().hex, demo_app=True)
 
     def test_tcp_with_password_secret_and_rate_limit_rules(self):
         """The TCP values: Baton on 127.0.0.1, the Redis password read from the mounted Secret

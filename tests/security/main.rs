@@ -7,7 +7,8 @@
 //! - [`token`]: the API token: missing, malformed, wrong, right, health without it, rotation;
 //! - [`limits`]: lease streams, streams per connection, message size, connections, handshake
 //!   deadline, a silent connection and a client that stops reading;
-//! - [`socket`]: the Unix socket's mode and group, a stale socket replaced, anything else refused.
+//! - [`socket`]: the Unix socket's mode and group, a stale socket replaced, anything else refused;
+//! - [`cli`]: the `baton` CLI with an API token (rotated too), over TLS and mutual TLS.
 //!
 //! Certificates are made in the test with `rcgen` ([`certs`]).
 
@@ -15,6 +16,7 @@
 mod support;
 
 mod certs;
+mod cli;
 mod limits;
 mod socket;
 mod tls;

@@ -1,11 +1,12 @@
 // The client: Baton.connect(), leases held through Hold streams, leaderships through Campaign
 // streams, and plain calls.
 
+import * as fs from "node:fs";
 import * as net from "node:net";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
-import { createClient, type CallOptions, type Client } from "@connectrpc/connect";
+import { createClient, type CallOptions, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   AutocompleteMatchKind,
@@ -42,15 +43,16 @@ const MAX_RETRY_DELAY_MS = 2000;
 /** Baton's longest wait per call; longer waits are made of several. */
 const MAX_WAIT_MS = 3_600_000;
 
-/** Where Baton is: a base URL, and the Unix socket to reach it through, if any. */
+/** Where Baton is: a base URL (`https://` for TLS), and the Unix socket to reach it through, if any. */
 export interface Address {
   baseUrl: string;
   socketPath?: string;
 }
 
 /**
- * Parses `host:port`, `http://host:port`, `unix:///path`, `unix:/path` or `/path` (default:
- * BATON_ADDR, then 127.0.0.1:50051). Over a Unix socket the `:authority` is `localhost`.
+ * Parses `host:port`, `http://host:port`, `https://host:port` (TLS), `unix:///path`,
+ * `unix:/path` or `/path` (default: BATON_ADDR, then 127.0.0.1:50051). Over a Unix socket the
+ * `:authority` is `localhost`.
  */
 export function resolveAddress(addr?: string): Address {
   const a = (addr || process.env.BATON_ADDR || DEFAULT_ADDR).trim();
@@ -62,15 +64,156 @@ export function resolveAddress(addr?: string): Address {
     }
     return { baseUrl: "http://localhost", socketPath: path };
   }
-  const hostport = a.replace(/^http:\/\//, "");
-  if (!hostport.includes(":")) throw new TypeError(`BATON_ADDR: "${a}" is not host:port or unix:///path`);
-  return { baseUrl: `http://${hostport}` };
+  const https = a.startsWith("https://");
+  const hostport = a.replace(/^https?:\/\//, "");
+  if (!hostport.includes(":")) {
+    throw new TypeError(`BATON_ADDR: "${a}" is not host:port, https://host:port or unix:///path`);
+  }
+  return { baseUrl: `${https ? "https" : "http"}://${hostport}` };
 }
+
+/** The variable naming the API token file when neither `apiToken` nor `apiTokenFile` is given. */
+export const TOKEN_FILE_ENV = "BATON_API_TOKEN_FILE";
+/** Largest token file read, in bytes (Baton's own bound). */
+const MAX_TOKEN_FILE_BYTES = 4096;
 
 /** Options of Baton.connect. */
 export interface ConnectOptions {
   /** Deadline of each plain call in ms (waits get theirs on top); default 10 s. */
   timeoutMs?: number;
+  /** Baton's API token, sent as `authorization: Bearer <token>` on every call. */
+  apiToken?: string;
+  /**
+   * A file whose first non-empty line is Baton's API token, checked before each call and read
+   * again when it changed (a rotated Kubernetes Secret is used without reconnecting). Without
+   * `apiToken` or this, the file BATON_API_TOKEN_FILE names, if set.
+   */
+  apiTokenFile?: string;
+  /**
+   * The CA bundle (PEM; a file path, or the PEM itself as bytes) Baton's certificate must chain
+   * to: connects with TLS, as an `https://` address does (checked against Node's roots without
+   * it).
+   */
+  tlsCa?: string | Uint8Array;
+  /** A client certificate chain (PEM; a path or bytes) for mutual TLS, with `tlsKey`. */
+  tlsCert?: string | Uint8Array;
+  /** The private key (PEM; a path or bytes) of `tlsCert`. */
+  tlsKey?: string | Uint8Array;
+  /** The name Baton's certificate must carry (and the SNI sent), in place of the address's host. */
+  tlsServerName?: string;
+}
+
+function checkToken(token: string, where: string): string {
+  const t = token.trim();
+  if (t.length === 0) throw new TypeError(`${where}: no token (it is empty)`);
+  if (!/^[\x21-\x7e]+$/.test(t)) {
+    throw new TypeError(`${where}: the token holds a character that is not visible ASCII (a token must fit an HTTP header)`);
+  }
+  return t;
+}
+
+function readBounded(path: string, limit: number, what: string): Buffer {
+  let data: Buffer;
+  try {
+    const fd = fs.openSync(path, "r");
+    try {
+      data = Buffer.alloc(limit + 1);
+      data = data.subarray(0, fs.readSync(fd, data, 0, limit + 1, null));
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch (e) {
+    throw new TypeError(`${what}: cannot read ${path}: ${(e as Error).message}`);
+  }
+  if (data.length > limit) throw new TypeError(`${what}: ${path} is more than the ${limit} bytes accepted`);
+  return data;
+}
+
+function tokenFromFile(path: string): string {
+  const text = readBounded(path, MAX_TOKEN_FILE_BYTES, "apiTokenFile").toString("utf8");
+  const line = text.split(/\r?\n/).find((l) => l.trim().length > 0);
+  if (line === undefined) throw new TypeError(`the API token file ${path} holds no token (it is empty)`);
+  return checkToken(line, `the API token file ${path}`);
+}
+
+/**
+ * The `authorization` value of each call: a fixed token, or a file's, read again whenever the
+ * file changed (inode, size or modification time); should the file become unreadable or empty,
+ * the last token read stays in use.
+ */
+class TokenSource {
+  #header: string;
+  #stamp?: string;
+  constructor(token: string | undefined, readonly path: string | undefined) {
+    if (token !== undefined) {
+      this.#header = `Bearer ${checkToken(token, "apiToken")}`;
+    } else {
+      this.#stamp = this.#stat();
+      this.#header = `Bearer ${tokenFromFile(path as string)}`;
+    }
+  }
+
+  #stat(): string | undefined {
+    try {
+      const st = fs.statSync(this.path as string, { bigint: true });
+      return `${st.ino}:${st.size}:${st.mtimeNs}`;
+    } catch {
+      return undefined;
+    }
+  }
+
+  header(): string {
+    if (this.path === undefined) return this.#header;
+    const stamp = this.#stat();
+    if (stamp !== undefined && stamp !== this.#stamp) {
+      try {
+        this.#header = `Bearer ${tokenFromFile(this.path)}`;
+        this.#stamp = stamp;
+      } catch {
+        // Half-written or emptied: the token in use stays until the file settles.
+      }
+    }
+    return this.#header;
+  }
+}
+
+function tokenSource(options: ConnectOptions): TokenSource | undefined {
+  if (options.apiToken !== undefined && options.apiTokenFile !== undefined) {
+    throw new TypeError("give apiToken or apiTokenFile, not both");
+  }
+  if (options.apiToken !== undefined) return new TokenSource(options.apiToken, undefined);
+  const path = options.apiTokenFile ?? (process.env[TOKEN_FILE_ENV] || undefined);
+  return path === undefined ? undefined : new TokenSource(undefined, path);
+}
+
+function pem(value: string | Uint8Array | undefined, what: string, marker: string): Buffer | undefined {
+  if (value === undefined) return undefined;
+  const data = typeof value === "string" ? readBounded(value, 1024 * 1024, what) : Buffer.from(value);
+  if (!data.includes(marker)) throw new TypeError(`${what}: holds no PEM ${marker.includes("KEY") ? "private key" : "certificate"}`);
+  return data;
+}
+
+/** The TLS options of the HTTP/2 session, or undefined for plaintext; throws on a bad option. */
+function tlsOptions(address: Address, options: ConnectOptions): Record<string, unknown> | undefined {
+  const asked = [options.tlsCa, options.tlsCert, options.tlsKey, options.tlsServerName].some((v) => v !== undefined);
+  if (!asked && !address.baseUrl.startsWith("https:")) return undefined;
+  if (address.socketPath !== undefined) {
+    throw new TypeError(
+      "TLS (tlsCa, tlsCert, tlsKey, tlsServerName) needs a TCP address: Baton serves its Unix socket in the clear, confined by the file's permissions",
+    );
+  }
+  if ((options.tlsCert === undefined) !== (options.tlsKey === undefined)) {
+    throw new TypeError("tlsCert and tlsKey go together (a client certificate and its key)");
+  }
+  const tls: Record<string, unknown> = {};
+  const ca = pem(options.tlsCa, "tlsCa", "-----BEGIN CERTIFICATE-----");
+  if (ca !== undefined) tls.ca = ca;
+  const cert = pem(options.tlsCert, "tlsCert", "-----BEGIN CERTIFICATE-----");
+  if (cert !== undefined) tls.cert = cert;
+  const key = pem(options.tlsKey, "tlsKey", "PRIVATE KEY-----");
+  if (key !== undefined) tls.key = key;
+  if (options.tlsServerName !== undefined) tls.servername = options.tlsServerName;
+  return tls;
 }
 
 /** Options of lock(), tryLock(), withLock(). */
@@ -332,17 +475,30 @@ export class Baton {
   }
 
   constructor(addr?: string, options: ConnectOptions = {}) {
-    const address = resolveAddress(addr);
+    let address = resolveAddress(addr);
+    const tls = tlsOptions(address, options);
+    if (tls !== undefined) address = { baseUrl: address.baseUrl.replace(/^http:/, "https:") };
+    const token = tokenSource(options);
     this.#timeoutMs = options.timeoutMs ?? 10_000;
     // Pings an idle connection so a dead Baton is noticed; Node answers Baton's own pings.
     this.#sessions = new Http2SessionManager(
       address.baseUrl,
       { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 },
-      address.socketPath === undefined
-        ? {}
-        : { createConnection: () => net.connect(address.socketPath as string) },
+      address.socketPath !== undefined
+        ? { createConnection: () => net.connect(address.socketPath as string) }
+        : (tls ?? {}),
     );
-    const transport = createGrpcTransport({ baseUrl: address.baseUrl, sessionManager: this.#sessions });
+    // The token on every call, plain and streaming, over any transport.
+    const interceptors: Interceptor[] =
+      token === undefined
+        ? []
+        : [
+            (next) => async (req) => {
+              req.header.set("authorization", token.header());
+              return next(req);
+            },
+          ];
+    const transport = createGrpcTransport({ baseUrl: address.baseUrl, sessionManager: this.#sessions, interceptors });
     this.#locks = createClient(LockService, transport);
     this.#semaphores = createClient(SemaphoreService, transport);
     this.#elections = createClient(ElectionService, transport);

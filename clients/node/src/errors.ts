@@ -35,6 +35,13 @@ export class UnavailableError extends BatonError {
   }
 }
 
+/**
+ * Baton refused the call's credentials: no API token or a wrong one (`apiToken`, `apiTokenFile`
+ * or BATON_API_TOKEN_FILE), or with mutual TLS no valid client certificate (`tlsCert`,
+ * `tlsKey`). The message says which.
+ */
+export class UnauthenticatedError extends BatonError {}
+
 /** The call cannot apply now: a token that no longer holds, a refused upgrade, a reused key. */
 export class FailedPreconditionError extends BatonError {}
 
@@ -89,6 +96,9 @@ export function fromError(error: unknown): BatonError {
       mapped = new UnavailableError(message, delay, { cause: e });
       break;
     }
+    case Code.Unauthenticated:
+      mapped = new UnauthenticatedError(message, e.code, { cause: e });
+      break;
     case Code.FailedPrecondition:
       mapped = new FailedPreconditionError(message, e.code, { cause: e });
       break;

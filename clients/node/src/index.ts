@@ -10,6 +10,7 @@ export {
   DEFAULT_ADDR,
   RateLimits,
   resolveAddress,
+  TOKEN_FILE_ENV,
   type Address,
   type CampaignOptions,
   type ConnectOptions,
@@ -35,6 +36,7 @@ export {
   LeaseLostError,
   NotAcquiredError,
   ResourceExhaustedError,
+  UnauthenticatedError,
   UnavailableError,
 } from "./errors.js";
 export { Leadership, Lease } from "./lease.js";

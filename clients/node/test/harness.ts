@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { randomUUID } from "node:crypto";
 import { fileURLToPath } from "node:url";
-import { Baton } from "../src/index.js";
+import { Baton, type ConnectOptions } from "../src/index.js";
 
 const HERE = fileURLToPath(new URL(".", import.meta.url));
 export const REPO = resolve(HERE, "..", "..", "..", "..");
@@ -82,15 +82,19 @@ export class BatonServer {
   socket!: string;
   prefix = `node-${randomUUID().slice(0, 8)}:`;
 
-  static async start(redis: Redis): Promise<BatonServer> {
+  /**
+   * Starts one with `extra` arguments of `baton serve` (TLS, an API token); ready once it answers
+   * a call over its socket (plaintext whatever `extra` asks of TCP) made with `ready`'s options.
+   */
+  static async start(redis: Redis, extra: string[] = [], ready: ConnectOptions = {}): Promise<BatonServer> {
     const b = new BatonServer();
     b.port = await freePort();
     b.socket = join(workdir, `baton-${b.port}.sock`);
     const log = openSync(join(workdir, `baton-${b.port}.log`), "w");
     const binary = process.env.BATON_BIN || join(REPO, "target", "debug", "baton");
     b.proc = spawn(binary, ["serve", "--listen", b.tcp, "--socket", b.socket,
-      "--redis-url", `redis://127.0.0.1:${redis.port}`, "--key-prefix", b.prefix], { stdio: ["ignore", log, log] });
-    const client = Baton.connect(b.tcp, { timeoutMs: 1000 });
+      "--redis-url", `redis://127.0.0.1:${redis.port}`, "--key-prefix", b.prefix, ...extra], { stdio: ["ignore", log, log] });
+    const client = Baton.connect(b.unix, { timeoutMs: 1000, ...ready });
     try {
       await waitUntil("Baton to answer", async () => {
         await client.describeLock("ready");

@@ -72,9 +72,10 @@ class Redis:
 
 
 class BatonServer:
-    """The baton binary over TCP and a Unix socket, ready once readiness is SERVING."""
+    """The baton binary over TCP and a Unix socket, ready once readiness is SERVING; `extra`
+    are more `baton serve` arguments (TLS, an API token)."""
 
-    def __init__(self, redis, workdir):
+    def __init__(self, redis, workdir, *extra):
         self.prefix = f"py-{uuid.uuid4().hex[:8]}:"
         self.port = free_port()
         self.socket = os.path.join(workdir, f"baton-{self.port}.sock")
@@ -83,11 +84,14 @@ class BatonServer:
         binary = os.environ.get("BATON_BIN") or os.path.join(REPO, "target", "debug", "baton")
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket,
-             "--redis-url", f"redis://127.0.0.1:{redis.port}", "--key-prefix", self.prefix],
+             "--redis-url", f"redis://127.0.0.1:{redis.port}", "--key-prefix", self.prefix,
+             *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        channel = grpc.insecure_channel(self.tcp)
+        # Over the socket, which stays plaintext and answers health without a token whatever
+        # `extra` asks of TCP.
+        channel = grpc.insecure_channel(f"unix:{self.socket}")
         health = health_pb2_grpc.HealthStub(channel)
         wait_until("Baton readiness SERVING", lambda: health.Check(
             health_pb2.HealthCheckRequest(service="readiness"), timeout=1).status == 1)

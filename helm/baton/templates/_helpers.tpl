@@ -45,6 +45,18 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{/* Where the Redis password file is mounted. */}}
 {{- define "baton.passwordDir" -}}/var/run/secrets/baton/redis{{- end -}}
 
+{{/* Where the Redis CA bundle and client certificate are mounted. */}}
+{{- define "baton.redisTlsDir" -}}/var/run/secrets/baton/redis-tls{{- end -}}
+
+{{/* Where Baton's own TLS certificate, key and client CA are mounted. */}}
+{{- define "baton.tlsDir" -}}/var/run/secrets/baton/tls{{- end -}}
+
+{{/* Where the API token is mounted, in Baton's container and the app containers. */}}
+{{- define "baton.apiTokenDir" -}}/var/run/secrets/baton/api-token{{- end -}}
+
+{{/* The API token file (`--api-token-file`, `BATON_API_TOKEN_FILE`). */}}
+{{- define "baton.apiTokenFile" -}}{{ include "baton.apiTokenDir" . }}/token{{- end -}}
+
 {{/* Where the rate limit rules are mounted. */}}
 {{- define "baton.rulesDir" -}}/etc/baton/ratelimit{{- end -}}
 
@@ -87,5 +99,25 @@ selects every pod carrying this Baton. */}}
 {{- printf "%s-demo" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-health" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails the render on security values that cannot work together. */}}
+{{- define "baton.checkSecurity" -}}
+{{- $v := .baton -}}
+{{- if and $v.tls.existingSecret (ne $v.transport "tcp") -}}
+{{- fail "tls.existingSecret needs transport: tcp: TLS is for Baton's TCP listener, and the Unix socket (transport: socket) is plaintext, confined to the pod by the kernel" -}}
+{{- end -}}
+{{- if and $v.tls.clientCA (not $v.tls.existingSecret) -}}
+{{- fail "tls.clientCA (mutual TLS) needs tls.existingSecret: the Secret holding tls.crt, tls.key and the client CA as ca.crt" -}}
+{{- end -}}
+{{- if and $v.redis.tls.clientCert (not $v.redis.tls.existingSecret) -}}
+{{- fail "redis.tls.clientCert needs redis.tls.existingSecret: the Secret holding ca.crt, tls.crt and tls.key" -}}
+{{- end -}}
+{{- if and (or $v.redis.tls.existingSecret $v.redis.tls.insecure) (not (hasPrefix "rediss://" (include "baton.redisUrl" .))) -}}
+{{- fail "redis.tls needs rediss:// Redis URLs (redis.url), and the demo's Redis (demo.redis.enabled) speaks plaintext" -}}
+{{- end -}}
+{{- if and $v.demo.enabled $v.tls.existingSecret -}}
+{{- fail "the demo app talks to Baton without TLS: leave tls.existingSecret empty with demo.enabled" -}}
 {{- end -}}
 {{- end -}}

@@ -44,6 +44,7 @@ false`), or nothing. */}}
 {{- define "baton.sidecar" -}}
 {{- $v := .baton -}}
 {{- include "baton.checkGracePeriod" . -}}
+{{- include "baton.checkSecurity" . -}}
 - name: baton
   image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -68,9 +69,33 @@ false`), or nothing. */}}
     {{- if eq $v.redis.mode "sentinel" }}
     - {{ printf "--redis-sentinel-master=%v" ($v.redis.sentinelMaster) | quote }}
     {{- end }}
+    {{- if $v.redis.username }}
+    - {{ printf "--redis-username=%v" $v.redis.username | quote }}
+    {{- end }}
     {{- if $v.redis.password.existingSecret }}
     - {{ printf "--redis-password-file=%v/password" (include "baton.passwordDir" .) | quote }}
     {{- end }}
+    {{- if $v.redis.tls.existingSecret }}
+    - {{ printf "--redis-tls-ca=%v/ca.crt" (include "baton.redisTlsDir" .) | quote }}
+    {{- if $v.redis.tls.clientCert }}
+    - {{ printf "--redis-tls-cert=%v/tls.crt" (include "baton.redisTlsDir" .) | quote }}
+    - {{ printf "--redis-tls-key=%v/tls.key" (include "baton.redisTlsDir" .) | quote }}
+    {{- end }}
+    {{- end }}
+    {{- if $v.redis.tls.insecure }}
+    - "--redis-tls-insecure"
+    {{- end }}
+    {{- if $v.tls.existingSecret }}
+    - {{ printf "--tls-cert=%v/tls.crt" (include "baton.tlsDir" .) | quote }}
+    - {{ printf "--tls-key=%v/tls.key" (include "baton.tlsDir" .) | quote }}
+    {{- if $v.tls.clientCA }}
+    - {{ printf "--tls-client-ca=%v/ca.crt" (include "baton.tlsDir" .) | quote }}
+    {{- end }}
+    {{- end }}
+    {{- if $v.apiToken.existingSecret }}
+    - {{ printf "--api-token-file=%v" (include "baton.apiTokenFile" .) | quote }}
+    {{- end }}
+    - {{ printf "--credentials-reload=%v" $v.credentialsReload | quote }}
     - {{ printf "--key-prefix=%v" ($v.redis.keyPrefix) | quote }}
     - {{ printf "--min-replicas-ack=%v" ($v.redis.minReplicasAck) | quote }}
     - {{ printf "--min-replicas-ack-timeout=%v" ($v.redis.minReplicasAckTimeout) | quote }}
@@ -142,12 +167,27 @@ false`), or nothing. */}}
       mountPath: {{ include "baton.passwordDir" . }}
       readOnly: true
     {{- end }}
+    {{- if $v.redis.tls.existingSecret }}
+    - name: baton-redis-tls
+      mountPath: {{ include "baton.redisTlsDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.existingSecret }}
+    - name: baton-tls
+      mountPath: {{ include "baton.tlsDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if $v.apiToken.existingSecret }}
+    - name: baton-api-token
+      mountPath: {{ include "baton.apiTokenDir" . }}
+      readOnly: true
+    {{- end }}
     {{- if $v.rateLimit.rules }}
     - name: baton-ratelimit
       mountPath: {{ include "baton.rulesDir" . }}
       readOnly: true
     {{- end }}
-    {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.rateLimit.rules) }} []{{ end }}
+    {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.redis.tls.existingSecret $v.tls.existingSecret $v.apiToken.existingSecret $v.rateLimit.rules) }} []{{ end }}
 {{- end -}}
 
 {{/* The pod's volumes Baton uses, as list items (an empty list when it uses none). */}}
@@ -168,12 +208,51 @@ false`), or nothing. */}}
       - key: {{ $v.redis.password.key }}
         path: password
 {{- end }}
+{{- if $v.redis.tls.existingSecret }}
+- name: baton-redis-tls
+  secret:
+    secretName: {{ $v.redis.tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: ca.crt
+        path: ca.crt
+      {{- if $v.redis.tls.clientCert }}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- if $v.tls.existingSecret }}
+- name: baton-tls
+  secret:
+    secretName: {{ $v.tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- if $v.tls.clientCA }}
+      - key: ca.crt
+        path: ca.crt
+      {{- end }}
+{{- end }}
+{{- if $v.apiToken.existingSecret }}
+- name: baton-api-token
+  secret:
+    secretName: {{ $v.apiToken.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.apiToken.key }}
+        path: token
+{{- end }}
 {{- if $v.rateLimit.rules }}
 - name: baton-ratelimit
   configMap:
     name: {{ include "baton.rulesConfigMap" . }}
 {{- end }}
-{{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.rateLimit.rules) }} []{{ end }}
+{{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.redis.tls.existingSecret $v.tls.existingSecret $v.apiToken.existingSecret $v.rateLimit.rules) }} []{{ end }}
 {{- end -}}
 
 {{/* The environment an app container needs to find Baton, as list items. */}}
@@ -185,17 +264,26 @@ false`), or nothing. */}}
   {{- else }}
   value: {{ printf "127.0.0.1:%v" $v.tcp.port | quote }}
   {{- end }}
+{{- if $v.apiToken.existingSecret }}
+- name: BATON_API_TOKEN_FILE
+  value: {{ include "baton.apiTokenFile" . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* The volume mounts an app container needs to reach Baton, as list items (an empty list over
-TCP). */}}
+TCP without an API token): the socket's folder, the API token's. */}}
 {{- define "baton.appVolumeMounts" -}}
 {{- $v := .baton -}}
 {{- if eq $v.transport "socket" }}
 - name: baton-socket
   mountPath: {{ $v.socket.dir }}
-{{- else }} []
 {{- end }}
+{{- if $v.apiToken.existingSecret }}
+- name: baton-api-token
+  mountPath: {{ include "baton.apiTokenDir" . }}
+  readOnly: true
+{{- end }}
+{{- if not (or (eq $v.transport "socket") $v.apiToken.existingSecret) }} []{{ end }}
 {{- end -}}
 
 {{/* The pod security context Baton needs: the socket's group as fsGroup. */}}

@@ -3,7 +3,8 @@ autocomplete.
 
     import baton
 
-    client = baton.Baton.connect()          # BATON_ADDR, or 127.0.0.1:50051
+    client = baton.Baton.connect()          # BATON_ADDR, or 127.0.0.1:50051; the API token
+                                            # of BATON_API_TOKEN_FILE when it is set
     with client.lock("orders", ttl=10) as lease:
         write(fencing_token=lease.fencing_token)
         lease.check()                       # raises LeaseLost once the lease is gone
@@ -23,7 +24,7 @@ from ._types import (AddResult, Completions, ElectionState, Leader, LockGrant, L
                      PermitGrant, RateLimitDecision, RecentItem, RecentPage, RecordResult,
                      SemaphoreHolder, SemaphoreState, SharedHolder, Suggestion, Term)
 from .errors import (BatonError, DeadlineExceeded, FailedPrecondition, InvalidArgument, LeaseLost,
-                     NotAcquired, ResourceExhausted, Unavailable)
+                     NotAcquired, ResourceExhausted, Unauthenticated, Unavailable)
 
 __all__ = [
     "DEFAULT_ADDR", "AddResult", "Autocomplete", "Baton", "BatonError", "Completions",
@@ -31,5 +32,5 @@ __all__ = [
     "Leader", "Leadership", "Lease", "LeaseLost", "LockGrant", "LockState", "NotAcquired",
     "Observation", "PermitGrant", "RateLimitDecision", "RateLimits",
     "RecentItem", "RecentPage", "RecordResult", "ResourceExhausted", "SemaphoreHolder",
-    "SemaphoreState", "SharedHolder", "Suggestion", "Term", "Unavailable",
+    "SemaphoreState", "SharedHolder", "Suggestion", "Term", "Unauthenticated", "Unavailable",
 ]

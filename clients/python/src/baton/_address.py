@@ -30,7 +30,14 @@ UNIX_AUTHORITY = "localhost"
 def resolve(addr: Optional[str]) -> Tuple[str, List[Tuple[str, object]]]:
     """The gRPC target and channel options for `addr`, `BATON_ADDR` or the default.
 
-    Accepted forms: `host:port`, `http://host:port`, `unix:///path`, `unix:/path`, `/path`."""
+    Accepted forms: `host:port`, `http://host:port`, `https://host:port`, `unix:///path`,
+    `unix:/path`, `/path`."""
+    target, options, _, _ = parse(addr)
+    return target, options
+
+
+def parse(addr: Optional[str]) -> Tuple[str, List[Tuple[str, object]], bool, bool]:
+    """As `resolve`, and whether the address asks for TLS (`https://`) and is a Unix socket."""
     addr = (addr or os.environ.get("BATON_ADDR") or DEFAULT_ADDR).strip()
     options = list(BASE_OPTIONS)
     if addr.startswith("unix:") or addr.startswith("/"):
@@ -40,10 +47,11 @@ def resolve(addr: Optional[str]) -> Tuple[str, List[Tuple[str, object]]]:
         if not path.startswith("/"):
             raise ValueError(f"BATON_ADDR: {addr!r}: a Unix socket path must be absolute")
         options.append(("grpc.default_authority", UNIX_AUTHORITY))
-        return f"unix:{path}", options
-    for scheme in ("http://", "dns:///"):
+        return f"unix:{path}", options, False, True
+    https = addr.startswith("https://")
+    for scheme in ("http://", "https://", "dns:///"):
         if addr.startswith(scheme):
             addr = addr[len(scheme):]
     if not addr:
         raise ValueError("BATON_ADDR: empty address")
-    return addr, options
+    return addr, options, https, False

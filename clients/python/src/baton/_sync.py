@@ -10,8 +10,9 @@ from typing import Iterable, Optional, Sequence, Union
 import grpc
 
 from . import _types as t
-from ._address import resolve
+from ._address import parse
 from ._lease import Leadership, Lease
+from ._security import AuthInterceptor, token_source, tls_credentials
 from .errors import BatonError, DeadlineExceeded, NotAcquired, Unavailable, from_rpc_error
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
@@ -39,15 +40,37 @@ def retry_delay(err: Unavailable) -> float:
 class Baton:
     """A connection to Baton. Cheap to share between threads; close it (or use `with`) when done.
 
-    `addr`: `host:port` or `unix:///path`; `BATON_ADDR` or 127.0.0.1:50051 when not given.
-    `timeout`: the deadline of each plain call, in seconds (waits get theirs on top)."""
+    `addr`: `host:port`, `https://host:port` or `unix:///path`; `BATON_ADDR` or
+    127.0.0.1:50051 when not given.
+    `timeout`: the deadline of each plain call, in seconds (waits get theirs on top).
+    `api_token`: Baton's API token, sent as `authorization: Bearer <token>` on every call;
+    `api_token_file`: a file whose first non-empty line is the token, checked before each call
+    and read again when it changed (a rotated Secret is used without reconnecting). Without
+    either, the file `BATON_API_TOKEN_FILE` names, if set. A missing or empty file raises
+    `ValueError` here.
+    `tls_ca`: the CA bundle (PEM, a path or bytes) Baton's certificate must chain to: connects
+    with TLS, as an `https://host:port` address does (checked against the system's roots
+    without `tls_ca`). `tls_cert`, `tls_key`: a client certificate and its key for mutual TLS.
+    `tls_server_name`: the name Baton's certificate must carry, in place of the address's
+    host. TLS with a Unix socket address raises `ValueError`."""
 
-    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0):
-        target, options = resolve(addr)
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0,
+                 api_token: Optional[str] = None, api_token_file=None, tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name: Optional[str] = None):
+        target, options, https, unix = parse(addr)
+        credentials, tls_options = tls_credentials(https, unix, tls_ca, tls_cert, tls_key,
+                                                   tls_server_name)
+        options = options + tls_options
+        token = token_source(api_token, api_token_file)
         self.target = target
         self.options = options
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=options)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        if token is not None:
+            self._channel = grpc.intercept_channel(self._channel, AuthInterceptor(token))
         self._locks = lock_rpc.LockServiceStub(self._channel)
         self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
         self._elections = el_rpc.ElectionServiceStub(self._channel)
@@ -57,9 +80,11 @@ class Baton:
         self.autocomplete = Autocomplete(self, ac_rpc.AutocompleteServiceStub(self._channel))
 
     @classmethod
-    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0) -> "Baton":
-        """A client for `addr` (see the class); connects lazily on the first call."""
-        return cls(addr, timeout=timeout)
+    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0,
+                **security) -> "Baton":
+        """A client for `addr` (see the class for `timeout` and the API token and TLS
+        arguments); connects lazily on the first call."""
+        return cls(addr, timeout=timeout, **security)
 
     def close(self) -> None:
         """Closes the channel; leases still held through it are released by Baton."""

@@ -24,8 +24,9 @@ from typing import Iterable, Optional, Sequence, Union
 import grpc
 
 from . import _types as t
-from ._address import resolve
+from ._address import parse
 from ._lease import Leadership, Lease
+from ._security import aio_interceptors, token_source, tls_credentials
 from ._sync import RETRIES, retry_delay
 from .errors import BatonError, DeadlineExceeded, LeaseLost, NotAcquired, Unavailable, from_rpc_error
 from .v1 import autocomplete_pb2 as ac_pb
@@ -42,12 +43,25 @@ __all__ = ["AsyncLeadership", "Baton", "Held", "Lease", "LeaseLost", "Observatio
 
 
 class Baton:
-    """An asyncio connection to Baton (see `baton.Baton` for `addr` and `timeout`)."""
+    """An asyncio connection to Baton (see `baton.Baton` for `addr`, `timeout`, the API token
+    and TLS arguments)."""
 
-    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0):
-        target, options = resolve(addr)
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0,
+                 api_token: Optional[str] = None, api_token_file=None, tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name: Optional[str] = None):
+        target, options, https, unix = parse(addr)
+        credentials, tls_options = tls_credentials(https, unix, tls_ca, tls_cert, tls_key,
+                                                   tls_server_name)
+        options = options + tls_options
+        token = token_source(api_token, api_token_file)
         self.target, self.options, self.timeout = target, options, timeout
-        self._channel = grpc.aio.insecure_channel(target, options=options)
+        interceptors = aio_interceptors(token) if token is not None else None
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options,
+                                                      interceptors=interceptors)
+        else:
+            self._channel = grpc.aio.secure_channel(target, credentials, options=options,
+                                                    interceptors=interceptors)
         self._locks = lock_rpc.LockServiceStub(self._channel)
         self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
         self._elections = el_rpc.ElectionServiceStub(self._channel)
@@ -57,9 +71,11 @@ class Baton:
         self.autocomplete = Autocomplete(self, ac_rpc.AutocompleteServiceStub(self._channel))
 
     @classmethod
-    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0) -> "Baton":
-        """A client for `addr`; connects lazily on the first call."""
-        return cls(addr, timeout=timeout)
+    def connect(cls, addr: Optional[str] = None, *, timeout: float = 10.0,
+                **security) -> "Baton":
+        """A client for `addr` (see the class for `timeout` and the API token and TLS
+        arguments); connects lazily on the first call."""
+        return cls(addr, timeout=timeout, **security)
 
     async def close(self) -> None:
         """Closes the channel; leases still held through it are released by Baton."""

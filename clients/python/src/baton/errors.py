@@ -47,6 +47,12 @@ class Unavailable(BatonError):
         self.retry_after = retry_after
 
 
+class Unauthenticated(BatonError):
+    """Baton refused the call's credentials: no API token or a wrong one (give `api_token`,
+    `api_token_file` or `BATON_API_TOKEN_FILE`), or with mutual TLS no valid client
+    certificate (`tls_cert`, `tls_key`). The message says which."""
+
+
 class FailedPrecondition(BatonError):
     """The call cannot apply in the current state: a token that no longer holds, a refused
     upgrade from shared to exclusive, an idempotency key used for another acquisition."""
@@ -119,6 +125,8 @@ def from_rpc_error(error: grpc.RpcError) -> BatonError:
         err: BatonError = InvalidArgument(message, code, field)
     elif code == grpc.StatusCode.UNAVAILABLE:
         err = Unavailable(message, code, retry_after)
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        err = Unauthenticated(message, code)
     elif code == grpc.StatusCode.FAILED_PRECONDITION:
         err = FailedPrecondition(message, code)
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
