@@ -81,7 +81,8 @@ class Redis:
 
 class Baton:
     """The baton binary serving over `redis_port`, with `extra` flags for `baton serve`, under a
-    key prefix of its own, or `prefix` (Batons sharing one are sidecars of one application)."""
+    key prefix of its own, or `prefix` (Batons sharing one are sidecars of one application), and
+    a 2 s Redis command timeout unless `extra` sets one."""
 
     def __init__(self, redis_port, workdir, *extra, prefix=None):
         self.port = free_port()
@@ -89,7 +90,11 @@ class Baton:
         self.proc = subprocess.Popen(
             [os.environ["BATON_BIN"], "serve", "--listen", f"127.0.0.1:{self.port}",
              "--redis-url", f"redis://127.0.0.1:{redis_port}",
-             "--key-prefix", prefix or f"py-{uuid.uuid4().hex[:8]}:", *extra],
+             "--key-prefix", prefix or f"py-{uuid.uuid4().hex[:8]}:",
+             # 2 s per Redis call unless a test says otherwise: on a loaded machine 400 ms
+             # failed calls of the contract tests UNAVAILABLE (a killed Redis still fails at once).
+             *([] if "--redis-command-timeout" in extra else ["--redis-command-timeout", "2s"]),
+             *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         health = health_pb2_grpc.HealthStub(self.channel)
