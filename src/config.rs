@@ -3,12 +3,7 @@
 //! Flags are parsed as plain strings by clap and validated here, so that every mistake is reported
 //! together before Baton exits, instead of one per attempt.
 
-use std::{
-    io::Read as _,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use redis::Client;
@@ -37,6 +32,11 @@ pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::ZERO;
 pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(600);
 /// Largest Redis password file accepted, in bytes.
 pub const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+/// Longest Redis ACL user name accepted, in bytes.
+pub const MAX_REDIS_USERNAME_BYTES: usize = 256;
+/// Largest `--redis-tls-*` file accepted (a CA bundle, a certificate chain, a key), in bytes:
+/// a bundle of every public root is about 250 KiB.
+pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
 /// Default silence after which Baton pings a client over HTTP/2: a live client answers, so a
 /// stream's client that answers nothing for longer than its lease's ttl has stopped.
 pub const DEFAULT_CLIENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
@@ -69,6 +69,12 @@ pub enum Command {
     Lock(cli::LockArgs),
     /// Run a command while holding permits of a semaphore.
     Semaphore(cli::SemaphoreArgs),
+    /// Run a command while leading an election (its term in BATON_ELECTION_TERM).
+    Campaign(cli::CampaignArgs),
+    /// Show who leads an election.
+    Leader(cli::LeaderArgs),
+    /// Print an election's state and every change of it.
+    Observe(cli::ObserveArgs),
     /// Show a lock's or a semaphore's current state.
     Describe(cli::DescribeArgs),
     /// Rate limit checks.
@@ -88,7 +94,7 @@ pub struct ServeArgs {
     /// TCP address to serve gRPC on; an empty value disables TCP.
     #[arg(long, env = "BATON_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: String,
-    /// Unix socket path to serve gRPC on as well (created with mode 0660).
+    /// Unix socket path to serve gRPC on as well (created with --socket-mode, 0660 by default).
     #[arg(long, env = "BATON_SOCKET")]
     pub socket: Option<String>,
     /// TCP address serving only the gRPC health service (for probes that must reach the pod's
@@ -105,10 +111,34 @@ pub struct ServeArgs {
     /// The master's name in the Sentinels' configuration (`--redis-mode sentinel` only).
     #[arg(long, env = "BATON_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
-    /// File holding the Redis password (one line), used for every Redis URL as a password in the
-    /// URL would be; the URLs must not carry one then. Read once at start.
+
+    // --- Redis credentials and TLS (see docs/security.md) ---------------------------------
+    /// Redis ACL user Baton authenticates as, on every connection (the Sentinels' too); the
+    /// URLs must not name one then. Without it: the URL's user, or Redis's `default` user.
+    #[arg(long, env = "BATON_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// File holding the Redis password (one line), used for every connection as a password in
+    /// the URL would be; the URLs must not carry one then. Re-read when it changes (a rotated
+    /// Kubernetes Secret): new connections use the new password, open ones keep theirs.
     #[arg(long, env = "BATON_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<String>,
+    /// CA bundle (PEM) that Redis servers' certificates must chain to (`rediss://` URLs), in
+    /// place of the public roots compiled into Baton. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<String>,
+    /// Client certificate chain (PEM) shown to Redis servers that ask for one (mutual TLS);
+    /// needs `--redis-tls-key`. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_CERT")]
+    pub redis_tls_cert: Option<String>,
+    /// Private key (PEM) of `--redis-tls-cert`. Re-read when it changes.
+    #[arg(long, env = "BATON_REDIS_TLS_KEY")]
+    pub redis_tls_key: Option<String>,
+    /// DANGER: accept any certificate from Redis servers (`rediss://` URLs), so anyone on the
+    /// network path can read and change Baton's traffic and see its password. For tests only;
+    /// warned about in the log at start.
+    #[arg(long, env = "BATON_REDIS_TLS_INSECURE")]
+    pub redis_tls_insecure: bool,
+    // --- end of Redis credentials and TLS -------------------------------------------------
     /// Replicas that must acknowledge a grant (`WAIT`) before it is confirmed; a grant they do not
     /// acknowledge in time is rolled back and reported as not acquired. 0 turns this off.
     #[arg(long, env = "BATON_MIN_REPLICAS_ACK", default_value = "0")]
@@ -166,6 +196,9 @@ pub struct ServeArgs {
     /// 0.0.0.0:9090; empty (the default) serves none.
     #[arg(long, env = "BATON_METRICS_LISTEN", default_value = "")]
     pub metrics_listen: String,
+    /// Serving-side security: TLS, the API token, the socket's mode and group, server limits.
+    #[command(flatten)]
+    pub serving: ServingArgs,
 }
 
 impl ServeArgs {
@@ -249,6 +282,8 @@ pub struct ServeConfig {
     pub ratelimit: RateLimitConfig,
     /// TCP address to serve Prometheus metrics on, if any.
     pub metrics_listen: Option<SocketAddr>,
+    /// Serving-side security settings.
+    pub serving: ServingConfig,
 }
 
 /// Validated Redis connection settings.
@@ -268,9 +303,157 @@ pub struct RedisConfig {
     pub min_replicas_ack: u32,
     /// Time the replicas get to acknowledge a grant.
     pub replica_ack_timeout: Duration,
+    /// The ACL user, the password file and the TLS files of every connection.
+    pub access: RedisAccess,
+}
+
+/// How Baton authenticates to Redis and secures its connections: file paths only, read (and
+/// re-read when they change) by [`crate::redis::Access`]; nothing secret is kept here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisAccess {
+    /// ACL user of every connection; `None`: the URL's, or Redis's `default` user.
+    pub username: Option<String>,
+    /// File holding the password of every connection; `None`: the URL's, if any.
+    pub password_file: Option<PathBuf>,
+    /// TLS settings of `rediss://` connections.
+    pub tls: RedisTls,
+}
+
+/// TLS settings of `rediss://` connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// CA bundle (PEM) trusted in place of the compiled-in public roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate (`--redis-tls-insecure`).
+    pub insecure: bool,
+}
+
+impl RedisTls {
+    /// Whether any TLS setting was given.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some() || self.insecure
+    }
+}
+
+impl RedisAccess {
+    /// Every problem with these settings for `topology`, one line each naming its flag: the
+    /// files are read and checked (see [`crate::redis::Access::load`]), and the URLs must agree
+    /// with the flags (no user or password in both places, TLS settings only for `rediss://`).
+    pub fn problems(&self, topology: &Topology) -> Vec<String> {
+        let mut problems = Vec::new();
+        let urls = topology.urls();
+        let infos: Vec<redis::ConnectionInfo> = urls
+            .iter()
+            .filter_map(|u| redis::IntoConnectionInfo::into_connection_info(u.as_str()).ok())
+            .collect();
+        if let Some(user) = &self.username {
+            if user.is_empty()
+                || user.len() > MAX_REDIS_USERNAME_BYTES
+                || user.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                problems.push(format!(
+                    "--redis-username / BATON_REDIS_USERNAME: {user:?} is not a Redis user name \
+                     (1 to {MAX_REDIS_USERNAME_BYTES} bytes, no spaces or control characters)"
+                ));
+            }
+            if infos
+                .iter()
+                .any(|i| i.redis_settings().username().is_some())
+            {
+                problems.push(
+                    "--redis-username / BATON_REDIS_USERNAME: a Redis URL already names a user; \
+                     give it in one place"
+                        .to_owned(),
+                );
+            }
+        }
+        if self.password_file.is_some()
+            && infos
+                .iter()
+                .any(|i| i.redis_settings().password().is_some())
+        {
+            problems.push(
+                "--redis-password-file / BATON_REDIS_PASSWORD_FILE: a Redis URL already carries a \
+                 password; give it in one place"
+                    .to_owned(),
+            );
+        }
+        let tls_urls = infos
+            .iter()
+            .filter(|i| matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. }))
+            .count();
+        if tls_urls > 0 && tls_urls < infos.len() {
+            problems.push(
+                "--redis-url / BATON_REDIS_URL: some URLs are rediss:// (TLS) and others not; \
+                 Baton uses TLS for all of a deployment's connections or for none"
+                    .to_owned(),
+            );
+        }
+        if infos.iter().any(|i| {
+            matches!(
+                i.addr(),
+                redis::ConnectionAddr::TcpTls { insecure: true, .. }
+            )
+        }) {
+            problems.push(
+                "--redis-url / BATON_REDIS_URL: the #insecure fragment turns certificate \
+                 verification off unseen; use --redis-tls-insecure, which says so in the log"
+                    .to_owned(),
+            );
+        }
+        if self.tls.is_set() && tls_urls == 0 {
+            problems.push(
+                "--redis-tls-* / BATON_REDIS_TLS_*: TLS settings need rediss:// Redis URLs (these \
+                 connect in plain text)"
+                    .to_owned(),
+            );
+        }
+        if self.tls.insecure && self.tls.ca.is_some() {
+            problems.push(
+                "--redis-tls-insecure / BATON_REDIS_TLS_INSECURE: verifies no certificate, so \
+                 --redis-tls-ca would be ignored; give one or the other"
+                    .to_owned(),
+            );
+        }
+        if self.tls.insecure
+            && self.tls.cert.is_some()
+            && matches!(topology, Topology::Sentinel { .. })
+        {
+            problems.push(
+                "--redis-tls-insecure / BATON_REDIS_TLS_INSECURE: with --redis-mode sentinel the \
+                 client certificate would not reach the master (the Sentinel client checks its \
+                 role without one); verify certificates with --redis-tls-ca instead"
+                    .to_owned(),
+            );
+        }
+        if let Err(more) = crate::redis::Access::load(self) {
+            problems.extend(more);
+        }
+        problems
+    }
 }
 
 impl RedisConfig {
+    /// How the connections are secured, for the startup summary: `off` (plain text),
+    /// `verified`, `verified+client-cert` (mutual TLS), or `INSECURE` with the reason.
+    pub fn tls_summary(&self) -> &'static str {
+        let tls = self
+            .topology
+            .urls()
+            .iter()
+            .any(|u| u.starts_with("rediss:"));
+        match (tls, &self.access.tls) {
+            (false, _) => "off",
+            (true, t) if t.insecure => "INSECURE:certificates-not-verified",
+            (true, t) if t.cert.is_some() => "verified+client-cert",
+            (true, _) => "verified",
+        }
+    }
+
     /// Settings for a standalone Redis at `url` with every other value at its default.
     pub fn new(url: impl Into<String>) -> Self {
         Self::with_topology(Topology::Standalone { url: url.into() })
@@ -286,6 +469,7 @@ impl RedisConfig {
             pool_size: DEFAULT_REDIS_POOL_SIZE,
             min_replicas_ack: 0,
             replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
+            access: RedisAccess::default(),
         }
     }
 }
@@ -307,6 +491,7 @@ impl ServeConfig {
             log_filter: "info".to_owned(),
             ratelimit: RateLimitConfig::default(),
             metrics_listen: None,
+            serving: ServingConfig::default(),
         }
     }
 
@@ -362,21 +547,18 @@ impl ServeConfig {
                 url: DEFAULT_REDIS_URL.to_owned(),
             }
         });
-        let topology = match args
-            .redis_password_file
-            .as_deref()
-            .filter(|p| !p.is_empty())
-        {
-            None => topology,
-            Some(path) => read_password_file(Path::new(path))
-                .and_then(|password| topology.with_password(&password))
-                .unwrap_or_else(|e| {
-                    errors.push(format!(
-                        "--redis-password-file / BATON_REDIS_PASSWORD_FILE: {e}"
-                    ));
-                    topology
-                }),
+        let path = |p: &Option<String>| p.as_deref().filter(|p| !p.is_empty()).map(PathBuf::from);
+        let access = RedisAccess {
+            username: args.redis_username.clone().filter(|u| !u.is_empty()),
+            password_file: path(&args.redis_password_file),
+            tls: RedisTls {
+                ca: path(&args.redis_tls_ca),
+                cert: path(&args.redis_tls_cert),
+                key: path(&args.redis_tls_key),
+                insecure: args.redis_tls_insecure,
+            },
         };
+        errors.extend(access.problems(&topology));
 
         let prefix = &args.key_prefix;
         if prefix.contains(['{', '}']) {
@@ -527,6 +709,8 @@ impl ServeConfig {
             ));
         }
 
+        let serving = ServingConfig::from_args(&args.serving, listen.is_some(), &mut errors);
+
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -542,6 +726,7 @@ impl ServeConfig {
                 pool_size,
                 min_replicas_ack,
                 replica_ack_timeout,
+                access,
             },
             drain_timeout,
             shutdown_delay,
@@ -557,6 +742,7 @@ impl ServeConfig {
                 reload_interval: ratelimit_reload,
             },
             metrics_listen,
+            serving,
         })
     }
 
@@ -586,6 +772,16 @@ impl ServeConfig {
         if let Topology::Sentinel { master, .. } = &self.redis.topology {
             summary.push(("redis_sentinel_master", master.clone()));
         }
+        // Paths and names only: the password and the keys are never shown.
+        let access = &self.redis.access;
+        let file = |p: &Option<PathBuf>| or_none(p.as_ref().map(|p| p.display().to_string()));
+        summary.extend([
+            ("redis_username", or_none(access.username.clone())),
+            ("redis_password_file", file(&access.password_file)),
+            ("redis_tls", self.redis.tls_summary().to_owned()),
+            ("redis_tls_ca", file(&access.tls.ca)),
+            ("redis_tls_cert", file(&access.tls.cert)),
+        ]);
         let show = |d: Duration| humantime::format_duration(d).to_string();
         summary.extend([
             ("key_prefix", self.redis.key_prefix.clone()),
@@ -629,7 +825,296 @@ impl ServeConfig {
                 show(self.ratelimit.reload_interval),
             ),
         ]);
+        summary.extend(self.serving.summary());
         summary
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving-side security: TLS on the TCP listener, the API token, the Unix socket's mode and
+// group, and the server's limits (src/security/, docs/security.md).
+// ---------------------------------------------------------------------------------------------
+
+/// Default interval between reads of the credential files (TLS and API token) for changes.
+pub const DEFAULT_CREDENTIALS_RELOAD: Duration = Duration::from_secs(10);
+/// Default HTTP/2 streams (calls) one client connection may have open at once.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Default lease and election streams (`Hold`, `KeepAlive`, `Campaign`, `Observe`) one Baton
+/// serves at once.
+pub const DEFAULT_MAX_LEASE_STREAMS: usize = 16_384;
+/// Default largest gRPC message accepted or sent, in bytes.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest `--max-message-size` accepted, in bytes.
+pub const MAX_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Default client connections open at once, over the TCP listener and the socket together.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default time a new connection has for its TLS handshake, then for its HTTP/2 preface.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Raw serving-side security arguments of `baton serve`, before validation.
+#[derive(Debug, Args)]
+pub struct ServingArgs {
+    /// TLS certificate chain (PEM, the server's certificate first) for the TCP listener; with
+    /// --tls-key. The health listener, the metrics endpoint and the socket stay plaintext.
+    #[arg(long, env = "BATON_TLS_CERT")]
+    pub tls_cert: Option<String>,
+    /// TLS private key (PEM) going with --tls-cert.
+    #[arg(long, env = "BATON_TLS_KEY")]
+    pub tls_key: Option<String>,
+    /// CA certificates (PEM) for mutual TLS: only clients presenting a certificate issued by one
+    /// of them complete the handshake. Needs --tls-cert.
+    #[arg(long, env = "BATON_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<String>,
+    /// File holding the API token (one per line, to rotate without downtime): every call but
+    /// health's must carry `authorization: Bearer <token>` or fails UNAUTHENTICATED.
+    #[arg(long, env = "BATON_API_TOKEN_FILE")]
+    pub api_token_file: Option<String>,
+    /// How often the TLS and API token files are read again and changes put in force (e.g.
+    /// 10s); 0 never rereads them.
+    #[arg(long, env = "BATON_CREDENTIALS_RELOAD", default_value = "10s")]
+    pub credentials_reload: String,
+    /// Permission bits of the Unix socket, in octal (e.g. 0660, 0600).
+    #[arg(long, env = "BATON_SOCKET_MODE", default_value = "0660")]
+    pub socket_mode: String,
+    /// Group of the Unix socket, by name or number (e.g. the pod's fsGroup); Baton must be a
+    /// member of it. Empty: Baton's own group.
+    #[arg(long, env = "BATON_SOCKET_GROUP", default_value = "")]
+    pub socket_group: String,
+    /// HTTP/2 streams (calls) one client connection may have open at once.
+    #[arg(long, env = "BATON_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS.to_string())]
+    pub max_concurrent_streams: String,
+    /// Lease and election streams (Hold, KeepAlive, Campaign, Observe) served at once; past it
+    /// a new one fails RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_MAX_LEASE_STREAMS", default_value_t = DEFAULT_MAX_LEASE_STREAMS.to_string())]
+    pub max_lease_streams: String,
+    /// Largest gRPC message received or sent, in bytes (larger requests fail RESOURCE_EXHAUSTED).
+    #[arg(long, env = "BATON_MAX_MESSAGE_SIZE", default_value_t = DEFAULT_MAX_MESSAGE_BYTES.to_string())]
+    pub max_message_size: String,
+    /// Client connections open at once (TCP and socket together); past it new ones wait.
+    #[arg(long, env = "BATON_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS.to_string())]
+    pub max_connections: String,
+    /// Time a new connection has for its TLS handshake, then for its HTTP/2 preface (e.g. 10s).
+    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    pub handshake_timeout: String,
+}
+
+/// Validated serving-side security settings.
+#[derive(Debug, Clone)]
+pub struct ServingConfig {
+    /// TLS files of the TCP listener; `None`: plaintext.
+    pub tls: Option<crate::security::tls::TlsFiles>,
+    /// The API token file; `None`: calls need no token.
+    pub api_token_file: Option<PathBuf>,
+    /// Interval between reads of the credential files; zero never rereads them.
+    pub credentials_reload: Duration,
+    /// Permission bits of the Unix socket.
+    pub socket_mode: u32,
+    /// Group id of the Unix socket; `None`: Baton's own.
+    pub socket_group: Option<u32>,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Lease and election streams served at once.
+    pub max_lease_streams: usize,
+    /// Largest gRPC message received or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Client connections open at once.
+    pub max_connections: usize,
+    /// Time a new connection has for its TLS handshake, then for its HTTP/2 preface.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServingConfig {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            api_token_file: None,
+            credentials_reload: DEFAULT_CREDENTIALS_RELOAD,
+            socket_mode: crate::security::socket::DEFAULT_MODE,
+            socket_group: None,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_lease_streams: DEFAULT_MAX_LEASE_STREAMS,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+/// A whole number within `range`, recording a problem otherwise.
+fn count<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
+    errors: &mut Vec<String>,
+    what: &str,
+    raw: &str,
+    range: std::ops::RangeInclusive<T>,
+    default: T,
+) -> T {
+    match raw.trim().parse::<T>() {
+        Ok(n) if range.contains(&n) => n,
+        _ => {
+            errors.push(format!(
+                "{what}: {raw:?} is not a whole number from {} to {}",
+                range.start(),
+                range.end()
+            ));
+            default
+        }
+    }
+}
+
+impl ServingConfig {
+    /// Validates the raw arguments (reading the TLS and token files), recording every problem
+    /// in `errors`; `tcp` says whether Baton listens on TCP (TLS needs it).
+    pub fn from_args(args: &ServingArgs, tcp: bool, errors: &mut Vec<String>) -> Self {
+        let given = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+        };
+        let (cert, key, client_ca) = (
+            given(&args.tls_cert),
+            given(&args.tls_key),
+            given(&args.tls_client_ca),
+        );
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(crate::security::tls::TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }),
+            (None, None) => {
+                if client_ca.is_some() {
+                    errors.push(
+                        "--tls-client-ca / BATON_TLS_CLIENT_CA: mutual TLS needs --tls-cert and \
+                         --tls-key too"
+                            .to_owned(),
+                    );
+                }
+                None
+            }
+            _ => {
+                errors.push(
+                    "--tls-cert / --tls-key: give both (the certificate chain and its key) or \
+                     neither"
+                        .to_owned(),
+                );
+                None
+            }
+        };
+        if tls.is_some() && !tcp {
+            errors.push(
+                "--tls-cert / BATON_TLS_CERT: TLS is served on the TCP listener, and --listen is \
+                 empty"
+                    .to_owned(),
+            );
+        }
+        let api_token_file = given(&args.api_token_file);
+        errors.extend(crate::security::check_files(
+            tls.as_ref(),
+            api_token_file.as_deref(),
+        ));
+        let credentials_reload = duration(
+            errors,
+            "--credentials-reload / BATON_CREDENTIALS_RELOAD",
+            &args.credentials_reload,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        );
+        let socket_mode = crate::security::socket::mode(&args.socket_mode).unwrap_or_else(|e| {
+            errors.push(format!("--socket-mode / BATON_SOCKET_MODE: {e}"));
+            crate::security::socket::DEFAULT_MODE
+        });
+        let socket_group = match args.socket_group.trim() {
+            "" => None,
+            spec => match crate::security::socket::group(spec) {
+                Ok(gid) => Some(gid),
+                Err(e) => {
+                    errors.push(format!("--socket-group / BATON_SOCKET_GROUP: {e}"));
+                    None
+                }
+            },
+        };
+        let max_concurrent_streams = count(
+            errors,
+            "--max-concurrent-streams / BATON_MAX_CONCURRENT_STREAMS",
+            &args.max_concurrent_streams,
+            1..=1_000_000,
+            DEFAULT_MAX_CONCURRENT_STREAMS,
+        );
+        let max_lease_streams = count(
+            errors,
+            "--max-lease-streams / BATON_MAX_LEASE_STREAMS",
+            &args.max_lease_streams,
+            1..=1_000_000,
+            DEFAULT_MAX_LEASE_STREAMS,
+        );
+        let max_message_bytes = count(
+            errors,
+            "--max-message-size / BATON_MAX_MESSAGE_SIZE",
+            &args.max_message_size,
+            1024..=MAX_MAX_MESSAGE_BYTES,
+            DEFAULT_MAX_MESSAGE_BYTES,
+        );
+        let max_connections = count(
+            errors,
+            "--max-connections / BATON_MAX_CONNECTIONS",
+            &args.max_connections,
+            1..=1_000_000,
+            DEFAULT_MAX_CONNECTIONS,
+        );
+        let handshake_timeout = duration(
+            errors,
+            "--handshake-timeout / BATON_HANDSHAKE_TIMEOUT",
+            &args.handshake_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        );
+        Self {
+            tls,
+            api_token_file,
+            credentials_reload,
+            socket_mode,
+            socket_group,
+            max_concurrent_streams,
+            max_lease_streams,
+            max_message_bytes,
+            max_connections,
+            handshake_timeout,
+        }
+    }
+
+    /// The settings as `(setting, value)` pairs for the startup log line (paths, never
+    /// contents).
+    pub fn summary(&self) -> Vec<(&'static str, String)> {
+        let path =
+            |p: Option<&std::path::Path>| p.map_or("none".to_owned(), |p| p.display().to_string());
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        vec![
+            (
+                "tls_cert",
+                path(self.tls.as_ref().map(|t| t.cert.as_path())),
+            ),
+            (
+                "tls_client_ca",
+                path(self.tls.as_ref().and_then(|t| t.client_ca.as_deref())),
+            ),
+            ("api_token_file", path(self.api_token_file.as_deref())),
+            ("credentials_reload", show(self.credentials_reload)),
+            ("socket_mode", format!("{:04o}", self.socket_mode)),
+            (
+                "socket_group",
+                self.socket_group
+                    .map_or("none".to_owned(), |g| g.to_string()),
+            ),
+            (
+                "max_concurrent_streams",
+                self.max_concurrent_streams.to_string(),
+            ),
+            ("max_lease_streams", self.max_lease_streams.to_string()),
+            ("max_message_size", self.max_message_bytes.to_string()),
+            ("max_connections", self.max_connections.to_string()),
+            ("handshake_timeout", show(self.handshake_timeout)),
+        ]
     }
 }
 
@@ -676,67 +1161,6 @@ fn duration(
             min
         }
     }
-}
-
-/// Reads a Redis password file: at most [`MAX_PASSWORD_FILE_BYTES`], UTF-8, one line (a final
-/// line break is not part of the password), not empty.
-fn read_password_file(path: &Path) -> Result<String, String> {
-    let file =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PASSWORD_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PASSWORD_FILE_BYTES {
-        return Err(format!(
-            "{} is longer than {MAX_PASSWORD_FILE_BYTES} bytes",
-            path.display()
-        ));
-    }
-    let text =
-        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-    let password = text
-        .strip_suffix('\n')
-        .map(|t| t.strip_suffix('\r').unwrap_or(t))
-        .unwrap_or(&text);
-    if password.is_empty() {
-        return Err(format!("{} holds no password", path.display()));
-    }
-    if password.chars().any(char::is_control) {
-        return Err(format!(
-            "{} holds more than one line or a control character",
-            path.display()
-        ));
-    }
-    Ok(password.to_owned())
-}
-
-/// `url` with `password`: in the user information of a TCP URL, as the `pass` parameter of a
-/// `unix://` one.
-fn url_with_password(url: &str, password: &str) -> Result<String, String> {
-    let mut parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
-    if parsed.scheme().ends_with("unix") {
-        let others: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        if others.iter().any(|(k, _)| k == "pass") {
-            return Err("a Redis URL already carries a password; give it in one place".to_owned());
-        }
-        parsed
-            .query_pairs_mut()
-            .clear()
-            .extend_pairs(others)
-            .append_pair("pass", password);
-    } else {
-        if parsed.password().is_some() {
-            return Err("a Redis URL already carries a password; give it in one place".to_owned());
-        }
-        parsed
-            .set_password(Some(password))
-            .map_err(|()| format!("cannot add a password to {url:?}"))?;
-    }
-    Ok(parsed.into())
 }
 
 /// The deployment named by the configuration.
@@ -819,25 +1243,13 @@ impl Topology {
         }
     }
 
-    /// The same deployment with `password` given to every URL (the Sentinels' too, as a password
-    /// in the first URL would be); an error if a URL already carries a password.
-    pub fn with_password(&self, password: &str) -> Result<Self, String> {
-        let set = |url: &String| url_with_password(url, password);
-        Ok(match self {
-            Self::Standalone { url } => Self::Standalone { url: set(url)? },
-            Self::Cluster { seeds } => Self::Cluster {
-                seeds: seeds.iter().map(set).collect::<Result<_, _>>()?,
-            },
-            Self::Sentinel {
-                sentinels,
-                master,
-                node_url,
-            } => Self::Sentinel {
-                sentinels: sentinels.iter().map(set).collect::<Result<_, _>>()?,
-                master: master.clone(),
-                node_url: node_url.as_ref().map(set).transpose()?,
-            },
-        })
+    /// Every URL of the deployment (the Sentinels' for Sentinel).
+    pub fn urls(&self) -> &[String] {
+        match self {
+            Self::Standalone { url } => std::slice::from_ref(url),
+            Self::Cluster { seeds } => seeds,
+            Self::Sentinel { sentinels, .. } => sentinels,
+        }
     }
 
     /// A short name for logs and errors.
@@ -872,55 +1284,6 @@ mod tests {
         assert_eq!(cfg.redis.connect_timeout, DEFAULT_REDIS_CONNECT_TIMEOUT);
         assert_eq!(cfg.redis.key_prefix, DEFAULT_KEY_PREFIX);
         assert_eq!(cfg.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
-    }
-
-    /// A password from a file reaches every URL as the redis crate reads it back, percent-encoded
-    /// in a TCP URL and as the `pass` parameter of a `unix://` one, the username kept.
-    #[test]
-    fn password_goes_into_every_url() {
-        let password = "p@ss:w/rd %?&=";
-        let info = |url: &str| redis::IntoConnectionInfo::into_connection_info(url).expect("url");
-        let cluster = Topology::parse("cluster", "redis://a:1,redis://user@b:2", None)
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Cluster { seeds } = cluster else {
-            panic!("{cluster:?}")
-        };
-        for seed in &seeds {
-            assert_eq!(info(seed).redis_settings().password(), Some(password));
-        }
-        assert_eq!(info(&seeds[1]).redis_settings().username(), Some("user"));
-        let unix = Topology::parse("standalone", "unix:///tmp/r.sock?db=2", None)
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Standalone { url } = unix else {
-            panic!("{unix:?}")
-        };
-        assert_eq!(info(&url).redis_settings().password(), Some(password));
-        assert_eq!(info(&url).redis_settings().db(), 2);
-        let sentinel = Topology::parse("sentinel", "redis://s1:26379,redis://s2:26379", Some("m"))
-            .expect("topology")
-            .with_password(password)
-            .expect("with a password");
-        let Topology::Sentinel {
-            sentinels,
-            node_url: Some(node),
-            ..
-        } = sentinel
-        else {
-            panic!("{sentinel:?}")
-        };
-        assert_eq!(info(&node).redis_settings().password(), Some(password));
-        assert_eq!(
-            info(&sentinels[1]).redis_settings().password(),
-            Some(password)
-        );
-        for carrying in ["redis://:x@a:1", "unix:///tmp/r.sock?pass=x"] {
-            let topology = Topology::parse("standalone", carrying, None).expect("topology");
-            assert!(topology.with_password(password).is_err(), "{carrying}");
-        }
     }
 
     /// `--shutdown-delay` defaults to none and is bounded by 10 minutes; `--health-listen` is an
@@ -991,6 +1354,134 @@ mod tests {
             masked("redis://127.0.0.1:6379/2"),
             "redis://127.0.0.1:6379/2"
         );
+    }
+
+    /// The serving-side flags default to the documented constants; TLS needs its certificate,
+    /// its key and a TCP listener; every bad value is reported with its flag.
+    #[test]
+    fn serving_flags_are_checked() {
+        let cfg = ServeConfig::from_args(&args(&[])).expect("defaults are valid");
+        assert!(cfg.serving.tls.is_none() && cfg.serving.api_token_file.is_none());
+        assert_eq!(cfg.serving.socket_mode, 0o660);
+        assert_eq!(cfg.serving.max_lease_streams, DEFAULT_MAX_LEASE_STREAMS);
+        assert_eq!(cfg.serving.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
+        assert_eq!(cfg.serving.credentials_reload, DEFAULT_CREDENTIALS_RELOAD);
+        let errors = ServeConfig::from_args(&args(&[
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--socket-mode",
+            "999",
+            "--socket-group",
+            "no-such-group-for-baton",
+            "--max-lease-streams",
+            "0",
+            "--max-message-size",
+            "10",
+            "--handshake-timeout",
+            "1ms",
+        ]))
+        .expect_err("invalid");
+        for flag in [
+            "--tls-cert / --tls-key",
+            "--socket-mode",
+            "--socket-group",
+            "--max-lease-streams",
+            "--max-message-size",
+            "--handshake-timeout",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(flag)),
+                "{flag} missing in {errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), 6, "{errors:#?}");
+        let errors = ServeConfig::from_args(&args(&[
+            "--listen",
+            "",
+            "--socket",
+            "/tmp/baton.sock",
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            "/nonexistent/tls.key",
+        ]))
+        .expect_err("TLS without TCP, files missing");
+        assert!(
+            errors.iter().any(|e| e.contains("--listen is empty")),
+            "{errors:#?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("cannot read /nonexistent/tls.crt")),
+            "{errors:#?}"
+        );
+    }
+
+    /// The Redis user, password file and TLS files reach the Redis settings; the startup
+    /// summary names the files and the TLS mode but never shows the password; a user or a
+    /// password given both in a URL and by a flag is refused.
+    #[test]
+    fn redis_access_flags_are_checked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let password = dir.path().join("password");
+        std::fs::write(&password, "hunter2-not-shown\n").expect("writing");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["redis".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("certificate");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, cert.pem()).expect("writing");
+        let client_key = dir.path().join("client.key");
+        std::fs::write(&client_key, key.serialize_pem()).expect("writing");
+        let path = |p: &std::path::Path| p.display().to_string();
+        let cfg = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "rediss://redis.example:6380",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+            "--redis-tls-ca",
+            &path(&ca),
+            "--redis-tls-cert",
+            &path(&ca),
+            "--redis-tls-key",
+            &path(&client_key),
+        ]))
+        .expect("valid");
+        assert_eq!(cfg.redis.access.username.as_deref(), Some("baton"));
+        assert_eq!(
+            cfg.redis.access.password_file.as_deref(),
+            Some(password.as_path())
+        );
+        let summary = format!("{:?}", cfg.summary());
+        assert!(!summary.contains("hunter2"), "{summary}");
+        for shown in [
+            "\"redis_username\", \"baton\"".to_owned(),
+            format!("\"redis_password_file\", {:?}", path(&password)),
+            "\"redis_tls\", \"verified+client-cert\"".to_owned(),
+            format!("\"redis_tls_ca\", {:?}", path(&ca)),
+        ] {
+            assert!(summary.contains(&shown), "{shown} in {summary}");
+        }
+        let errors = ServeConfig::from_args(&args(&[
+            "--redis-url",
+            "redis://someone:inline@127.0.0.1:6379",
+            "--redis-username",
+            "baton",
+            "--redis-password-file",
+            &path(&password),
+        ]))
+        .expect_err("given twice");
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(errors[0].starts_with("--redis-username"), "{errors:#?}");
+        assert!(
+            errors[1].starts_with("--redis-password-file"),
+            "{errors:#?}"
+        );
+        assert!(!format!("{errors:?}").contains("hunter2"), "{errors:#?}");
     }
 
     /// Every bad value is reported in one pass, each naming its flag.

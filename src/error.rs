@@ -103,6 +103,17 @@ pub fn retryable(e: &RedisError) -> bool {
         )
         || e.code()
             .is_some_and(|code| RETRYABLE_REDIS_CODES.contains(&code))
+        || denied_in_script(e)
+}
+
+/// How Redis words an ACL refusal met inside a script (a plain `ERR`, where a command sent
+/// directly gets `NOPERM`): Baton's Redis user lacks a command, key or channel a script needs.
+pub const SCRIPT_ACL_DENIAL: &str = "The user executing the script can't";
+
+/// Whether `e` is an ACL refusal met inside a script (see [`SCRIPT_ACL_DENIAL`]): a setting to
+/// fix in Redis, reported like `NOPERM`.
+fn denied_in_script(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains(SCRIPT_ACL_DENIAL))
 }
 
 /// A Redis error as the cause of a failed call: an error reply as Redis wrote it (`CODE detail`),
@@ -191,6 +202,7 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "MOVED 3999 127.0.0.1:6381",
             "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "ERR The user executing the script can't run this command or subcommand script: abc, on @user_script:540.",
         ] {
             match Error::from(reply_error(reply)) {
                 Error::Unavailable(cause) => assert_eq!(cause, reply),

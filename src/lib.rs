@@ -8,6 +8,8 @@
 //!   over the generated gRPC clients.
 //! - [`server`]: [`server::serve`] builds the gRPC router (services, health, reflection) on
 //!   already-bound listeners and drains on a shutdown token with a deadline.
+//! - [`security`]: serving-side security: TLS and mutual TLS on the TCP listener, the API token,
+//!   the Unix socket's mode and group, and the limits on connections, streams and messages.
 //! - [`telemetry`]: `tracing` setup (filter from `BATON_LOG`, plain or JSON).
 //! - [`metrics`]: Prometheus metrics: the registry, what the rest records, the tower layer that
 //!   counts RPCs and the `/metrics` endpoint (`--metrics-listen`).
@@ -48,6 +50,7 @@ pub mod metrics;
 pub mod proto;
 pub mod ratelimit;
 pub mod redis;
+pub mod security;
 pub mod semaphore;
 pub mod server;
 pub mod telemetry;

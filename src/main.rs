@@ -7,8 +7,8 @@
 //! once.
 //!
 //! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
-//! flags, or a Redis older than 7.0 found at start), 1 for any other failure, 130 on a signal
-//! during the drain.
+//! flags, files or a socket path, or found at start: a Redis older than 7.0, refusing Baton's credentials, or a
+//! failed TLS handshake), 1 for any other failure, 130 on a signal during the drain.
 
 use std::process::ExitCode;
 
@@ -17,6 +17,7 @@ use baton::{
     config::{Cli, Command, ServeArgs, ServeConfig},
     ratelimit::rules::Rules,
     redis::UnsupportedServer,
+    security::Refused,
     server::{self, Listeners, Stop},
     telemetry::{self, say},
 };
@@ -33,6 +34,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Lock(args) => cli::lock(args),
         Command::Semaphore(args) => cli::semaphore(args),
+        Command::Campaign(args) => cli::campaign(args),
+        Command::Leader(args) => cli::leader(args),
+        Command::Observe(args) => cli::observe(args),
         Command::Describe(args) => cli::describe(args),
         Command::Ratelimit(command) => cli::ratelimit(command),
         Command::Complete(args) => cli::complete(args),
@@ -48,7 +52,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            telemetry::init(config.log_format, &config.log_filter);
+            // Kept to the end of `main`: dropping it writes out the queued log lines.
+            let _logs = telemetry::init(config.log_format, &config.log_filter);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -63,6 +68,12 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.downcast_ref::<UnsupportedServer>().is_some() => {
                     tracing::error!(error = %e, "baton cannot use this Redis");
+                    say(&format!("baton: {e}"));
+                    ExitCode::from(2)
+                }
+                // A socket path or a credential file Baton cannot use, found at start.
+                Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                    tracing::error!(error = %e, "baton cannot serve with this configuration");
                     say(&format!("baton: {e}"));
                     ExitCode::from(2)
                 }
@@ -132,7 +143,9 @@ async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> 
         }
         // A signal during the drain means the operator does not want to wait for it.
         signals.next().await;
-        // Logging cannot fail a task (see `telemetry`), so this line cannot keep Baton alive.
+        // Logging cannot fail or block a task (see `telemetry`), so this line cannot keep Baton
+        // alive; the process exits without waiting for the log queue (its writer may be stuck on
+        // a full pipe), so the line may be lost.
         tracing::warn!("second signal received; exiting without draining");
         std::process::exit(130);
     });

@@ -8,22 +8,15 @@
 //! has two stages ([`Stop`]): readiness turns NOT_SERVING while every call is still served (the
 //! shutdown delay), then everything turns NOT_SERVING and streams drain.
 
-use std::{
-    io,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{io, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use futures::TryStreamExt;
 use tokio::{
-    net::{TcpListener, UnixListener, UnixStream},
+    net::{TcpListener, UnixListener},
     task::JoinSet,
 };
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::transport::{Server, server::TcpIncoming};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -50,6 +43,7 @@ use crate::{
         },
     },
     redis::{Health, Notifier, Redis},
+    security::{self, Serving},
     semaphore::{Semaphore, Semaphores, service::SemaphoreApi},
 };
 
@@ -89,8 +83,10 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the addresses in `config`. The Unix socket gets mode 0660; a stale socket file left
-    /// by a dead Baton is replaced, but one that still accepts connections is an error.
+    /// Binds the addresses in `config`. The Unix socket gets its mode and group before anyone
+    /// can connect; a stale socket left by a dead Baton is replaced, anything else at its path
+    /// (a live socket, a file, a directory) is a [`security::Refused`] error
+    /// ([`security::socket::bind`]).
     pub async fn bind(config: &ServeConfig) -> anyhow::Result<Self> {
         let tcp = match config.listen {
             Some(addr) => Some(
@@ -101,7 +97,15 @@ impl Listeners {
             None => None,
         };
         let unix = match &config.socket {
-            Some(path) => Some((bind_unix(path).await?, path.clone())),
+            Some(path) => Some((
+                security::socket::bind(
+                    path,
+                    config.serving.socket_mode,
+                    config.serving.socket_group,
+                )
+                .await?,
+                path.clone(),
+            )),
             None => None,
         };
         let health = match config.health_listen {
@@ -147,20 +151,6 @@ impl Stop {
             drain: shutdown,
         }
     }
-}
-
-async fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
-    if path.exists() {
-        if UnixStream::connect(path).await.is_ok() {
-            anyhow::bail!("{} is in use by a running server", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
-    }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("setting mode 0660 on {}", path.display()))?;
-    Ok(listener)
 }
 
 /// Serves until `shutdown` is cancelled, then drains: listeners stop accepting, open streams end
@@ -217,6 +207,9 @@ pub async fn serve_until(
         .collect::<Vec<_>>()
         .join(" ");
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %settings, "baton starting");
+    // Serving-side security: the TLS and token files are read (and then watched) first.
+    let serving = Serving::start(&config.serving, shutdown.clone())?;
+    warn_of_exposure(&config, &serving);
     let redis = Redis::new(&config.redis)?;
     // A Redis that answers but is too old stops Baton here; one that does not answer yet is
     // checked again on every connection, and readiness says whether it answers.
@@ -232,15 +225,18 @@ pub async fn serve_until(
     );
     let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
     let pings = config.client_keepalive_interval;
-    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone());
+    // Clean-ups (releases, waiters' removals) and keepalive streams: the drain waits for them.
+    let tasks = TaskTracker::new();
+    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone(), tasks.clone());
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
     let elections = Elections::new(
         Election::new(redis.clone(), notifier.clone()),
         notifier.clone(),
+        tasks.clone(),
     );
     let election_api = ElectionApi::new(elections, shutdown.clone(), pings);
     let semaphore_api = SemaphoreApi::new(
-        Semaphores::new(Semaphore::new(redis.clone()), notifier),
+        Semaphores::new(Semaphore::new(redis.clone()), notifier, tasks.clone()),
         shutdown.clone(),
         pings,
     );
@@ -287,28 +283,47 @@ pub async fn serve_until(
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
+        // The largest message each service decodes and encodes (--max-message-size).
+        let size = config.serving.max_message_bytes;
+        macro_rules! sized {
+            ($server:expr) => {
+                $server
+                    .max_decoding_message_size(size)
+                    .max_encoding_message_size(size)
+            };
+        }
         Ok(Server::builder()
             .http2_keepalive_interval(config.client_keepalive_interval)
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
+            .max_concurrent_streams(config.serving.max_concurrent_streams)
             .layer(rpc_metrics.clone())
+            // Inside the metrics layer, so refused calls are counted with their code.
+            .layer(serving.guard())
             .add_service(health.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(AutocompleteServiceServer::new(autocomplete_api.clone()))
-            .add_service(ElectionServiceServer::new(election_api.clone()))
-            .add_service(LockServiceServer::new(lock_api.clone()))
-            .add_service(RateLimitServiceServer::new(ratelimit_api.clone()))
-            .add_optional_service(envoy_api.clone().map(EnvoyRateLimitServiceServer::new))
-            .add_service(SemaphoreServiceServer::new(semaphore_api.clone())))
+            .add_service(sized!(AutocompleteServiceServer::new(
+                autocomplete_api.clone()
+            )))
+            .add_service(sized!(ElectionServiceServer::new(election_api.clone())))
+            .add_service(sized!(LockServiceServer::new(lock_api.clone())))
+            .add_service(sized!(RateLimitServiceServer::new(ratelimit_api.clone())))
+            .add_optional_service(
+                envoy_api
+                    .clone()
+                    .map(|api| sized!(EnvoyRateLimitServiceServer::new(api))),
+            )
+            .add_service(sized!(SemaphoreServiceServer::new(semaphore_api.clone()))))
     };
 
     let mut servers = JoinSet::new();
     let mut socket_path = None;
     if let Some(tcp) = listeners.tcp {
-        tracing::info!(addr = %tcp.local_addr()?, "serving gRPC over TCP");
-        let incoming = TcpIncoming::from(tcp)
-            .with_nodelay(Some(true))
-            .map_ok(Watched::new);
+        tracing::info!(addr = %tcp.local_addr()?, tls = serving.tls(), "serving gRPC over TCP");
+        let incoming = serving.tcp(tcp, shutdown.clone()).map_ok(|conn| {
+            let refused = conn.refused();
+            Watched::refusing(conn, refused)
+        });
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
     }
@@ -316,8 +331,9 @@ pub async fn serve_until(
         tracing::info!(path = %path.display(), "serving gRPC over a Unix socket");
         let stop = shutdown.clone().cancelled_owned();
         // grpc C-core and grpc-java clients send the socket path as `:authority`.
-        let incoming =
-            UnixListenerStream::new(unix).map_ok(|io| Watched::new(FixAuthority::new(io)));
+        let incoming = serving
+            .unix(unix, shutdown.clone())
+            .map_ok(|io| Watched::new(FixAuthority::new(io)));
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
         socket_path = Some(path);
     }
@@ -351,11 +367,22 @@ pub async fn serve_until(
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
             tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
-            match tokio::time::timeout(config.drain_timeout, first_failure(&mut servers)).await {
+            // The calls and streams first, then the releases and clean-ups still being retried
+            // (a client that left just before, a Redis slow to answer), all by one deadline.
+            let drained = async {
+                let served = first_failure(&mut servers).await;
+                tasks.close();
+                tasks.wait().await;
+                served
+            };
+            match tokio::time::timeout(config.drain_timeout, drained).await {
                 Ok(r) => r,
                 Err(_) => {
                     servers.abort_all();
-                    tracing::warn!("drain deadline passed; stopping hard");
+                    tracing::warn!(
+                        releases_pending = tasks.len(),
+                        "drain deadline passed; stopping hard (leases not yet released end at their ttl)"
+                    );
                     Ok(())
                 }
             }
@@ -374,6 +401,20 @@ pub async fn serve_until(
     }
     tracing::info!("stopped");
     result
+}
+
+/// Warns of a TCP listener that callers beyond this machine can reach without TLS, and of an
+/// API token sent over it in the clear.
+fn warn_of_exposure(config: &ServeConfig, serving: &Serving) {
+    let Some(addr) = config.listen else { return };
+    if serving.tls() || addr.ip().is_loopback() {
+        return;
+    }
+    if config.serving.api_token_file.is_some() {
+        tracing::warn!(addr = %addr, "serving gRPC in the clear beyond this machine: API tokens cross the network readable; give --tls-cert and --tls-key");
+    } else {
+        tracing::warn!(addr = %addr, "serving gRPC in the clear and without an API token beyond this machine: anyone who reaches it can take and release locks");
+    }
 }
 
 /// Waits until every server has ended, returning the first error.

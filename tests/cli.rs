@@ -1,12 +1,14 @@
-//! The command-line client (`baton lock`, `baton semaphore`, one-shot calls), run as the real
-//! binary in a subprocess against a Baton and a redis-server of the test's own.
+//! The command-line client (`baton lock`, `baton semaphore`, `baton campaign`, one-shot calls and
+//! `baton observe`), run as the real binary in a subprocess against a Baton and a redis-server of
+//! the test's own.
 
 mod support;
 
 use std::{
+    io::Write,
     os::unix::process::ExitStatusExt,
     path::{Path, PathBuf},
-    process::{Child, ExitStatus, Stdio},
+    process::{Child, ChildStdin, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -26,20 +28,36 @@ struct Run {
 }
 
 impl Run {
-    /// Starts `baton ARGS...` talking to `addr`.
+    /// Starts `baton ARGS...` talking to `addr`, with nothing on its standard input.
     fn start(addr: &str, args: &[&str]) -> Self {
+        Self::start_with(addr, args, Stdio::null())
+    }
+
+    /// Starts `baton ARGS...` talking to `addr`, its standard input (which the command inherits)
+    /// a pipe written with [`Run::say`].
+    fn start_piped(addr: &str, args: &[&str]) -> Self {
+        Self::start_with(addr, args, Stdio::piped())
+    }
+
+    fn start_with(addr: &str, args: &[&str], stdin: Stdio) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = std::fs::File::create(dir.path().join("stdout")).expect("stdout file");
         let err = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
         let child = support::baton_command()
             .args(args)
             .env("BATON_ADDR", addr)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(out)
             .stderr(err)
             .spawn()
             .expect("spawning baton");
         Self { child, dir }
+    }
+
+    /// Writes a line to the standard input of a [`Run::start_piped`] process.
+    fn say(&mut self, line: &str) {
+        let stdin: &mut ChildStdin = self.child.stdin.as_mut().expect("a piped stdin");
+        writeln!(stdin, "{line}").expect("writing to baton's stdin");
     }
 
     fn pid(&self) -> Pid {
@@ -120,6 +138,67 @@ async fn wait_for_line(path: &Path, line: &str) {
         },
     )
     .await;
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a dead process whose parent has not
+/// reaped it yet).
+fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) STATE ...`: the state follows the last parenthesis.
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// The pid a command wrote to `file`.
+async fn pid_in(file: &Path) -> i32 {
+    wait_until(
+        Duration::from_secs(15),
+        &format!("a pid in {file:?}"),
+        || {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            async move { text.trim().parse::<i32>().map_err(|_| text) }
+        },
+    )
+    .await
+}
+
+/// Waits (bounded) until process `pid` has ended.
+async fn wait_gone(pid: i32, what: &str) {
+    wait_until(Duration::from_secs(5), what, || async move {
+        if alive(pid) { Err(pid) } else { Ok(()) }
+    })
+    .await;
+}
+
+/// A shell command that starts a grandchild (`sleep`, which ignores SIGTERM when `stubborn`),
+/// writes its pid to `gc` and `ready` to `events`, and waits for it.
+fn parent_of_grandchild(gc: &Path, events: &Path, stubborn: bool) -> String {
+    let grandchild = if stubborn {
+        "sh -c 'trap \"\" TERM; exec sleep 600'"
+    } else {
+        "sleep 600"
+    };
+    format!(
+        "{grandchild} & echo $! > {gc}; echo ready >> {events}; wait",
+        gc = gc.display(),
+        events = events.display()
+    )
+}
+
+/// Deletes every key of `baton`'s prefix: the leases there are gone, as after data loss.
+async fn delete_all_keys(redis: &RedisServer, baton: &Baton) {
+    let mut conn = redis.conn().await;
+    let keys = conn.keys(&format!("{}*", baton.prefix())).await;
+    assert!(!keys.is_empty(), "the lease's keys exist");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
 }
 
 /// A shell command that writes `ready` to `file`, writes `stopped` there when SIGTERM comes,
@@ -308,10 +387,20 @@ async fn ctrl_c_stops_the_command_and_releases_the_lock() {
     nix::sys::signal::kill(run.pid(), Signal::SIGINT).expect("SIGINT");
     let status = run.exit(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(130), "stderr: {}", run.stderr());
-    assert!(
-        !held(&baton, "interrupted").await,
-        "released when baton exited, long before the ttl"
-    );
+    // A SIGINT that came while baton was reading the grant ends it before the command starts:
+    // its stream's closing (not a Release) frees the lock then, a moment after baton exited.
+    wait_until(
+        Duration::from_secs(5),
+        "the lock released, long before the 30 s ttl",
+        || async {
+            if held(&baton, "interrupted").await {
+                Err("held")
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
 }
 
 /// A command killed by a signal makes baton exit 128 + the signal, like a shell.
@@ -544,4 +633,395 @@ async fn sigterm_is_forwarded_to_the_command() {
     assert!(status.signal().is_none());
     wait_for_line(&file, "stopped").await;
     assert!(!held(&baton, "terminated").await);
+}
+
+/// A lease lost while the command runs stops the command's whole process group: a grandchild
+/// started in the background by a shell dies with it, and one that ignores SIGTERM is killed
+/// once the grace period is over, though the shell itself exited at once.
+#[tokio::test]
+async fn a_lost_lease_stops_the_commands_grandchildren() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    for stubborn in [false, true] {
+        let name = format!("grandchildren-{stubborn}");
+        let gc = dir.path().join(format!("gc-{stubborn}"));
+        let events = dir.path().join(format!("events-{stubborn}"));
+        let script = parent_of_grandchild(&gc, &events, stubborn);
+        let mut run = Run::start(
+            &baton.addr().to_string(),
+            &[
+                "lock", &name, "--ttl", "600ms", "--grace", "1s", "--", "sh", "-c", &script,
+            ],
+        );
+        wait_for_line(&events, "ready").await;
+        let grandchild = pid_in(&gc).await;
+        assert!(alive(grandchild));
+        delete_all_keys(&redis, &baton).await;
+        let lost = Instant::now();
+        let status = run.exit(Duration::from_secs(15)).await;
+        assert_eq!(status.code(), Some(76), "stderr: {}", run.stderr());
+        assert!(
+            !alive(grandchild),
+            "the grandchild (stubborn: {stubborn}) outlived baton"
+        );
+        if stubborn {
+            assert!(
+                lost.elapsed() >= Duration::from_secs(1),
+                "killed before the grace period was over"
+            );
+        }
+    }
+}
+
+/// SIGINT (Ctrl-C from a script or a shell's `kill -INT`) and SIGTERM to baton reach the
+/// command's grandchildren too; the lock is released once they are gone.
+#[tokio::test]
+async fn interrupts_stop_the_commands_grandchildren_and_release() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (sig, code) in [(Signal::SIGINT, 130), (Signal::SIGTERM, 143)] {
+        let name = format!("interrupted-{sig}");
+        let gc = dir.path().join(format!("gc-{sig}"));
+        let events = dir.path().join(format!("events-{sig}"));
+        // A non-interactive shell starts background commands ignoring SIGINT: only the group's
+        // SIGKILL after the grace period ends that grandchild.
+        let script = parent_of_grandchild(&gc, &events, false);
+        let mut run = Run::start(
+            &baton.addr().to_string(),
+            &[
+                "lock", &name, "--ttl", "30s", "--grace", "1s", "--", "sh", "-c", &script,
+            ],
+        );
+        wait_for_line(&events, "ready").await;
+        let grandchild = pid_in(&gc).await;
+        nix::sys::signal::kill(run.pid(), sig).expect("signal");
+        let status = run.exit(Duration::from_secs(15)).await;
+        assert_eq!(status.code(), Some(code), "stderr: {}", run.stderr());
+        assert!(!alive(grandchild), "the grandchild outlived baton ({sig})");
+        assert!(!held(&baton, &name).await, "released at once (30 s ttl)");
+    }
+}
+
+/// A command whose shell exits by itself leaves its background grandchild running (as a shell
+/// would), and baton passes its code through: only a loss or an interrupt stops the group.
+#[tokio::test]
+async fn a_command_exiting_by_itself_leaves_its_background_work_alone() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gc = dir.path().join("gc");
+    let script = format!("sleep 600 & echo $! > {}; exit 5", gc.display());
+    let (code, _, stderr) = run(
+        &baton.addr().to_string(),
+        &["lock", "leaves", "--", "sh", "-c", &script],
+    )
+    .await;
+    assert_eq!(code, 5, "{stderr}");
+    let grandchild = pid_in(&gc).await;
+    assert!(alive(grandchild));
+    nix::sys::signal::kill(Pid::from_raw(grandchild), Signal::SIGKILL).expect("cleaning up");
+}
+
+/// Run by an interactive shell on a terminal, the command gets the terminal: its own process
+/// group is the terminal's foreground group (it can read the terminal, and baton is not stopped
+/// for handing it over), and Ctrl-C typed there reaches it, once, as a shell's job; baton passes
+/// its exit code through and releases the lock.
+#[tokio::test]
+async fn a_command_run_from_a_terminal_gets_the_terminal() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name);
+    // $PPID is baton; /proc/self/stat fields 5 and 8: the process group, the terminal's
+    // foreground group.
+    let command = format!(
+        "echo $PPID $(cut -d' ' -f5,8 /proc/self/stat) > {ids}; read l; echo \"$l\" > {line}; \
+         trap 'echo INT >> {events}; exit 3' INT; echo ready >> {events}; \
+         while :; do sleep 0.1; done\n",
+        ids = path("ids").display(),
+        line = path("line").display(),
+        events = path("events").display()
+    );
+    std::fs::write(path("command.sh"), command).expect("command.sh");
+    // The job an interactive shell runs (with job control, as at a prompt), then its code.
+    let job = format!(
+        "{baton} lock terminal --ttl 30s -- sh {command}; echo $? > {code}",
+        baton = env!("CARGO_BIN_EXE_baton"),
+        command = path("command.sh").display(),
+        code = path("code").display()
+    );
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let out = std::fs::File::create(path("stderr")).expect("stderr file");
+    // A session of its own whose controlling terminal is the pty, as a login shell's.
+    let mut setsid = std::process::Command::new("setsid");
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("BATON_") {
+            setsid.env_remove(key);
+        }
+    }
+    let mut shell = setsid
+        .args(["--ctty", "bash", "--norc", "--noprofile", "-i", "-c", &job])
+        .env("BATON_ADDR", baton.addr().to_string())
+        .stdin(Stdio::from(pty.slave))
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .expect("spawning bash");
+    let mut master = std::fs::File::from(pty.master);
+    let ids = wait_until(Duration::from_secs(15), "the command's ids", || {
+        let text = std::fs::read_to_string(path("ids")).unwrap_or_default();
+        async move {
+            let v: Vec<i32> = text
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            if v.len() == 3 { Ok(v) } else { Err(text) }
+        }
+    })
+    .await;
+    let (baton_pid, group, foreground) = (ids[0], ids[1], ids[2]);
+    assert_ne!(
+        group, baton_pid,
+        "the command runs in a process group of its own"
+    );
+    assert_eq!(
+        group, foreground,
+        "the command's group is the terminal's foreground group"
+    );
+    master.write_all(b"typed\n").expect("typing");
+    wait_for_line(&path("line"), "typed").await;
+    wait_for_line(&path("events"), "ready").await;
+    master.write_all(&[0x03]).expect("Ctrl-C");
+    wait_for_line(&path("code"), "3").await;
+    let interrupts = std::fs::read_to_string(path("events")).expect("events");
+    assert_eq!(interrupts.matches("INT").count(), 1, "{interrupts}");
+    assert!(!held(&baton, "terminal").await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shell.try_wait().expect("waiting").is_none() {
+        assert!(Instant::now() < deadline, "bash did not exit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `--shared`: two `baton lock --shared` commands run at once; an exclusive one waits for both.
+#[tokio::test]
+async fn shared_locks_run_commands_together() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = dir.path().join("a");
+    let script_a = format!("echo in > {}; read x", a.display());
+    let mut reader = Run::start_piped(
+        &addr,
+        &["lock", "doc", "--shared", "--", "sh", "-c", &script_a],
+    );
+    wait_for_line(&a, "in").await;
+    let b = dir.path().join("b");
+    let script_b = format!("echo in > {}", b.display());
+    let (code, _, stderr) = run(
+        &addr,
+        &[
+            "lock", "doc", "--shared", "--wait", "5s", "--", "sh", "-c", &script_b,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "a second reader ran beside the first: {stderr}");
+    assert!(b.exists());
+    let (code, _, _) = run(&addr, &["lock", "doc", "--wait", "0", "--", "true"]).await;
+    assert_eq!(code, 75, "a writer is kept out while a reader holds it");
+    reader.say("done");
+    let status = reader.exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(0), "stderr: {}", reader.stderr());
+    let (code, _, _) = run(&addr, &["lock", "doc", "--wait", "5s", "--", "true"]).await;
+    assert_eq!(code, 0);
+}
+
+/// `baton campaign`: the first candidate's command runs with its term; the second waits (as
+/// `baton leader` shows) and runs once the first is done, with a higher term. `baton observe`
+/// sees the first leader, then the second.
+#[tokio::test]
+async fn campaigns_take_turns_and_observers_see_each_leader() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = unix_addr(baton.socket_path());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, out, _) = run(&addr, &["leader", "sched", "--json"]).await;
+    assert_eq!(code, 1, "nobody leads yet: {out}");
+    let state: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(state["leader"], serde_json::Value::Null);
+
+    let observer = Run::start(&addr, &["observe", "sched", "--json"]);
+    let first = wait_until(
+        Duration::from_secs(15),
+        "the observer's first state",
+        || {
+            let out = observer.stdout();
+            async move { out.lines().next().map(str::to_owned).ok_or(()) }
+        },
+    )
+    .await;
+    let first: serde_json::Value = serde_json::from_str(&first).expect("JSON");
+    assert_eq!(
+        first["leader"],
+        serde_json::Value::Null,
+        "the first state: nobody led"
+    );
+    let term_file = |who: &str| dir.path().join(format!("{who}.term"));
+    let script = |who: &str, wait: bool| {
+        format!(
+            "echo \"$BATON_ELECTION_TERM $BATON_FENCING_TOKEN\" > {}{}",
+            term_file(who).display(),
+            if wait { "; read x" } else { "" }
+        )
+    };
+    let mut a = Run::start_piped(
+        &addr,
+        &[
+            "campaign",
+            "sched",
+            "--value",
+            "pod-a",
+            "--",
+            "sh",
+            "-c",
+            &script("a", true),
+        ],
+    );
+    let terms = |who: &str| {
+        let file = term_file(who);
+        async move {
+            wait_until(Duration::from_secs(15), &format!("{file:?}"), || {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                async move {
+                    let t: Vec<u64> = text
+                        .split_whitespace()
+                        .filter_map(|w| w.parse().ok())
+                        .collect();
+                    if t.len() == 2 { Ok(t) } else { Err(text) }
+                }
+            })
+            .await
+        }
+    };
+    let a_terms = terms("a").await;
+    assert_eq!(a_terms[0], a_terms[1], "BATON_FENCING_TOKEN is the term");
+    let mut b = Run::start(
+        &addr,
+        &[
+            "campaign",
+            "sched",
+            "--value",
+            "pod-b",
+            "--",
+            "sh",
+            "-c",
+            &script("b", false),
+        ],
+    );
+    let leader = wait_until(Duration::from_secs(15), "b waiting behind a", || {
+        let addr = addr.clone();
+        async move {
+            let (code, out, _) = run(&addr, &["leader", "sched", "--json"]).await;
+            let state: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+            if code == 0 && state["candidates"] == 1 {
+                Ok(state)
+            } else {
+                Err(out)
+            }
+        }
+    })
+    .await;
+    assert_eq!(leader["leader"]["value"], "pod-a");
+    assert_eq!(leader["leader"]["term"], a_terms[0]);
+    assert!(!term_file("b").exists(), "b ran while a led");
+
+    a.say("done");
+    assert_eq!(
+        a.exit(Duration::from_secs(10)).await.code(),
+        Some(0),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(
+        b.exit(Duration::from_secs(10)).await.code(),
+        Some(0),
+        "{}",
+        b.stderr()
+    );
+    let b_terms = terms("b").await;
+    assert!(b_terms[0] > a_terms[0], "{b_terms:?} after {a_terms:?}");
+
+    let seen = wait_until(Duration::from_secs(15), "the observer to see pod-b", || {
+        let out = observer.stdout();
+        async move {
+            let states: Vec<serde_json::Value> = out
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("a JSON line"))
+                .collect();
+            let leaders: Vec<(String, u64)> = states
+                .iter()
+                .filter(|s| !s["leader"].is_null())
+                .map(|s| {
+                    (
+                        s["leader"]["value"].as_str().expect("value").to_owned(),
+                        s["leader"]["term"].as_u64().expect("term"),
+                    )
+                })
+                .collect();
+            if leaders.last().is_some_and(|(v, _)| v == "pod-b") {
+                Ok((states, leaders))
+            } else {
+                Err(out)
+            }
+        }
+    })
+    .await;
+    let (states, leaders) = seen;
+    assert_eq!(
+        leaders.iter().map(|(v, _)| v.as_str()).collect::<Vec<_>>(),
+        ["pod-a", "pod-b"],
+        "{states:?}"
+    );
+    assert_eq!(leaders[0].1, a_terms[0]);
+    assert_eq!(leaders[1].1, b_terms[0]);
+}
+
+/// A leadership lost while the command runs (the election's keys deleted) stops the command and
+/// its grandchildren, and baton exits 76; a campaign not elected within `--wait` exits 75.
+#[tokio::test]
+async fn a_lost_leadership_stops_the_command() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gc = dir.path().join("gc");
+    let events = dir.path().join("events");
+    let script = parent_of_grandchild(&gc, &events, false);
+    let mut run_ = Run::start(
+        &addr,
+        &[
+            "campaign", "doomed", "--ttl", "600ms", "--", "sh", "-c", &script,
+        ],
+    );
+    wait_for_line(&events, "ready").await;
+    let grandchild = pid_in(&gc).await;
+
+    let started = Instant::now();
+    let (code, _, stderr) = run(
+        &addr,
+        &["campaign", "doomed", "--wait", "300ms", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 75, "{stderr}");
+    assert!(stderr.contains("not elected"), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    delete_all_keys(&redis, &baton).await;
+    let status = run_.exit(Duration::from_secs(15)).await;
+    assert_eq!(status.code(), Some(76), "stderr: {}", run_.stderr());
+    assert!(run_.stderr().contains("leadership"), "{}", run_.stderr());
+    wait_gone(grandchild, "the grandchild to die with the leadership").await;
 }

@@ -20,8 +20,12 @@ use std::{
 
 use baton::proto::v1::{
     self as pb, autocomplete_service_client::AutocompleteServiceClient,
-    lock_service_client::LockServiceClient, lock_service_hold_response::Event as HoldEvent,
+    election_service_campaign_response::Event as CampaignEvent,
+    election_service_client::ElectionServiceClient, lock_service_client::LockServiceClient,
+    lock_service_hold_response::Event as HoldEvent,
     rate_limit_service_client::RateLimitServiceClient,
+    semaphore_service_client::SemaphoreServiceClient,
+    semaphore_service_hold_response::Event as SemHoldEvent,
 };
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
@@ -31,7 +35,11 @@ use envoy_types::pb::envoy::{
     },
 };
 use redis::AsyncCommands;
-use support::{BatonProcess, RedisServer, channel, ms, wait_until, within};
+use support::{
+    BatonProcess, RedisServer, channel,
+    lease::{next_event, read_until_lost},
+    ms, wait_until, within,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
@@ -51,9 +59,16 @@ struct Served {
 /// reads the metrics address from its startup log.
 async fn spawn(redis: &RedisServer, extra: &[&str]) -> Served {
     let mut args: Vec<String> = redis.baton_args();
-    args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_with(&args).await
+}
+
+/// Spawns `baton serve --metrics-listen 127.0.0.1:0 ARGS`, and reads the metrics address from
+/// its startup log.
+async fn spawn_with(args: &[&str]) -> Served {
+    let mut args = args.to_vec();
+    args.extend(["--metrics-listen", "127.0.0.1:0"]);
     let baton = BatonProcess::spawn(&args).await;
     let metrics = wait_until(PATIENCE, "the metrics address in the log", || {
         let log = baton.stderr();
@@ -325,31 +340,27 @@ async fn lock_traffic_moves_the_lease_metrics() {
     );
     let holding = Scrape::of(&served).await;
     assert_eq!(holding.value(r#"baton_leases_held{kind="lock"}"#), 1.0);
+    // Renewals come every 75 ms: read a few, each as it comes (so none is replaced unread),
+    // then take the lease away.
+    let mut renewed = 0.0;
+    while renewed < 3.0 {
+        match next_event(&mut lost, PATIENCE, "a renewal").await {
+            HoldEvent::Renewed(_) => renewed += 1.0,
+            other => panic!("expected renewals, got {other:?}"),
+        }
+    }
     let mut conn = redis.client().await;
     let _: () = conn.del("m:{lock:doomed}").await.expect("DEL");
-    let end = within(
-        PATIENCE,
-        async {
-            loop {
-                match lost.message().await.expect("an event") {
-                    Some(pb::LockServiceHoldResponse {
-                        event: Some(HoldEvent::Lost(l)),
-                    }) => return l,
-                    Some(_) => {}
-                    None => panic!("the stream ended without lost"),
-                }
-            }
-        },
-        "the lost event",
-    )
-    .await;
+    let (end, more) = read_until_lost(&mut lost, PATIENCE, "the lost event").await;
+    renewed += more.len() as f64;
     assert_eq!(end.reason(), pb::LeaseLostReason::NotHeld);
 
     // ... and one whose client leaves is released.
     let mut closing = a
         .hold(pb::LockServiceHoldRequest {
             name: "closing".into(),
-            ttl: Some(ms(10_000)),
+            // No renewal before the client leaves: the first would come after 15 s.
+            ttl: Some(ms(60_000)),
             ..Default::default()
         })
         .await
@@ -366,16 +377,18 @@ async fn lock_traffic_moves_the_lease_metrics() {
     );
     drop(closing);
 
+    // The release is counted, then the stream's task ends and the lease stops counting as held.
     let after = wait_until(PATIENCE, "the release on close counted", || {
         let served = &served;
         async move {
             let s = Scrape::of(served).await;
             let released =
                 s.value(r#"baton_lease_releases_on_close_total{kind="lock",result="released"}"#);
-            if released >= 1.0 {
+            let held = s.value(r#"baton_leases_held{kind="lock"}"#);
+            if released >= 1.0 && held == 0.0 {
                 Ok(s)
             } else {
-                Err(released)
+                Err((released, held))
             }
         }
     })
@@ -408,12 +421,14 @@ async fn lock_traffic_moves_the_lease_metrics() {
     ] {
         assert_eq!(moved(&before, &after, &series), expected, "{series}");
     }
-    assert!(
+    assert_eq!(
         moved(
             &before,
             &after,
             &format!("baton_lease_renewals_total{}", lock(r#"result="renewed""#))
-        ) >= 0.0
+        ),
+        renewed,
+        "one renewal counted for each renewal the client read"
     );
     assert_eq!(
         moved(
@@ -890,12 +905,14 @@ fn documented_alert_rules_pass_promtool() {
 
 /// In JSON logs, a call that fails for a server-side cause is logged once with its service,
 /// method, code and duration, and with the trace id of its `traceparent`; Redis refusing
-/// Baton's credentials is logged as such; a startup line sums up the configuration.
+/// Baton's credentials is logged as such and counted as an `auth` error; a startup line sums up
+/// the configuration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failures_are_logged_with_their_trace() {
     let redis = RedisServer::start_standalone().await;
     let served = spawn(&redis, &["--log-format", "json"]).await;
     let mut client = lock_client(&served).await;
+    let before = Scrape::of(&served).await;
     assert!(
         client
             .acquire(acquire("before", 1_000, None))
@@ -973,6 +990,26 @@ async fn failures_are_logged_with_their_trace() {
         },
     )
     .await;
+    // Logged once readiness met the refusal: counted by then.
+    let refused = Scrape::of(&served).await;
+    assert!(
+        moved(
+            &before,
+            &refused,
+            r#"baton_redis_errors_total{kind="auth"}"#
+        ) >= 1.0,
+        "Redis refusing Baton's credentials counts as an auth error"
+    );
+    assert_eq!(
+        moved(
+            &before,
+            &refused,
+            r#"baton_redis_errors_total{kind="timeout"}"#
+        ),
+        0.0,
+        "a refusal is not a timeout"
+    );
+
     let calls: Vec<&serde_json::Value> = lines
         .iter()
         .filter(|l| l["message"] == "call failed")
@@ -1004,4 +1041,430 @@ async fn failures_are_logged_with_their_trace() {
             .is_some_and(|c| c.contains("redis_url=redis://127.0.0.1:")),
         "{start}"
     );
+}
+
+/// Waits (bounded) for a scrape in which `check` holds, returning it.
+async fn scrape_until(served: &Served, what: &str, check: impl Fn(&Scrape) -> bool) -> Scrape {
+    let check = &check;
+    wait_until(PATIENCE, what, || async move {
+        let s = Scrape::of(served).await;
+        if check(&s) { Ok(s) } else { Err(s.0) }
+    })
+    .await
+}
+
+/// Semaphores and elections record under their own `kind`, each by exactly what happened: a
+/// contended permit (a waiter, its wait, its grant), a Hold stream's renewals and its release when
+/// the client leaves; an election's two leaders (both candidacies timed, the second waiting while
+/// the first led), a candidate that left the queue (`failed`), and each resignation by closing the
+/// stream. Locks do not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphores_and_elections_count_under_their_own_kind() {
+    let redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &[]).await;
+    let channel = channel(served.baton.addr()).await;
+    let mut sems = SemaphoreServiceClient::new(channel.clone());
+    let mut elections = ElectionServiceClient::new(channel.clone());
+    let before = Scrape::of(&served).await;
+    let (sem, election) = (r#"kind="semaphore""#, r#"kind="election""#);
+    let series = |name: &str, kind: &str, labels: &str| {
+        if labels.is_empty() {
+            format!("{name}{{{kind}}}")
+        } else {
+            format!("{name}{{{kind},{labels}}}")
+        }
+    };
+
+    // A permit of one, a second caller waiting for it, its release.
+    let permit = |wait_ms: Option<u64>| pb::SemaphoreServiceAcquireRequest {
+        name: "pool".into(),
+        limit: 1,
+        permits: 1,
+        ttl: Some(ms(10_000)),
+        wait_timeout: wait_ms.map(ms),
+        ..Default::default()
+    };
+    let first = sems
+        .acquire(permit(None))
+        .await
+        .expect("acquire")
+        .into_inner()
+        .permit
+        .expect("granted");
+    let mut waiter = sems.clone();
+    let waiting = tokio::spawn(async move { waiter.acquire(permit(Some(15_000))).await });
+    scrape_until(&served, "a semaphore waiter", |s| {
+        s.value(&series("baton_lease_waiters", sem, "")) == 1.0
+            && s.value("baton_redis_subscriptions") >= 1.0
+    })
+    .await;
+    sems.release(pb::SemaphoreServiceReleaseRequest {
+        name: "pool".into(),
+        token: first.token,
+    })
+    .await
+    .expect("release");
+    let second = within(PATIENCE, waiting, "the waiter's grant")
+        .await
+        .expect("the waiter's task")
+        .expect("the waiter's acquire")
+        .into_inner()
+        .permit
+        .expect("granted");
+    sems.release(pb::SemaphoreServiceReleaseRequest {
+        name: "pool".into(),
+        token: second.token,
+    })
+    .await
+    .expect("release");
+
+    // A Hold stream: two renewals read as they come, then the client leaves.
+    let mut hold = sems
+        .hold(pb::SemaphoreServiceHoldRequest {
+            name: "pool".into(),
+            limit: 1,
+            permits: 1,
+            ttl: Some(ms(400)),
+            ..Default::default()
+        })
+        .await
+        .expect("hold")
+        .into_inner();
+    assert!(matches!(
+        next_event(&mut hold, PATIENCE, "acquired").await,
+        SemHoldEvent::Acquired(_)
+    ));
+    for _ in 0..2 {
+        assert!(matches!(
+            next_event(&mut hold, PATIENCE, "a renewal").await,
+            SemHoldEvent::Renewed(_)
+        ));
+    }
+    let holding = Scrape::of(&served).await;
+    assert_eq!(holding.value(&series("baton_leases_held", sem, "")), 1.0);
+    drop(hold);
+
+    // Elections: a leads, b waits, c joins and leaves, a resigns, b leads and resigns.
+    let campaign = |value: &str| pb::ElectionServiceCampaignRequest {
+        name: "primary".into(),
+        value: value.as_bytes().to_vec(),
+        ttl: Some(ms(60_000)),
+    };
+    let mut a = elections
+        .campaign(campaign("a"))
+        .await
+        .expect("campaign")
+        .into_inner();
+    assert!(matches!(
+        next_event(&mut a, PATIENCE, "a elected").await,
+        CampaignEvent::Elected(_)
+    ));
+    let mut b = elections
+        .campaign(campaign("b"))
+        .await
+        .expect("campaign")
+        .into_inner();
+    let c = elections
+        .campaign(campaign("c"))
+        .await
+        .expect("campaign")
+        .into_inner();
+    let during = scrape_until(&served, "two candidates waiting", |s| {
+        s.value(&series("baton_lease_waiters", election, "")) == 2.0
+    })
+    .await;
+    assert_eq!(
+        during.value(&series("baton_leases_held", election, "")),
+        1.0
+    );
+    drop(c);
+    scrape_until(&served, "the candidate that left counted", |s| {
+        s.value(&series("baton_lease_waiters", election, "")) == 1.0
+            && moved(
+                &before,
+                s,
+                &series(
+                    "baton_lease_acquisitions_total",
+                    election,
+                    r#"result="failed""#,
+                ),
+            ) == 1.0
+    })
+    .await;
+    drop(a);
+    assert!(matches!(
+        next_event(&mut b, PATIENCE, "b elected").await,
+        CampaignEvent::Elected(_)
+    ));
+    drop(b);
+
+    let after = scrape_until(&served, "every release on close counted", |s| {
+        moved(
+            &before,
+            s,
+            &series(
+                "baton_lease_releases_on_close_total",
+                sem,
+                r#"result="released""#,
+            ),
+        ) == 1.0
+            && moved(
+                &before,
+                s,
+                &series(
+                    "baton_lease_releases_on_close_total",
+                    election,
+                    r#"result="released""#,
+                ),
+            ) == 2.0
+    })
+    .await;
+    for (series, expected) in [
+        (series("baton_lease_acquisitions_total", sem, r#"result="acquired""#), 3.0),
+        (series("baton_lease_wait_seconds_count", sem, r#"result="acquired""#), 1.0),
+        (series("baton_lease_renewals_total", sem, r#"result="renewed""#), 2.0),
+        (series("baton_leases_held", sem, ""), 0.0),
+        (series("baton_lease_waiters", sem, ""), 0.0),
+        (series("baton_lease_acquisitions_total", election, r#"result="acquired""#), 2.0),
+        (series("baton_lease_acquisitions_total", election, r#"result="failed""#), 1.0),
+        (series("baton_lease_wait_seconds_count", election, r#"result="acquired""#), 2.0),
+        (series("baton_lease_wait_seconds_count", election, r#"result="failed""#), 1.0),
+        (series("baton_leases_held", election, ""), 0.0),
+        (series("baton_lease_waiters", election, ""), 0.0),
+        (series("baton_lease_acquisitions_total", r#"kind="lock""#, r#"result="acquired""#), 0.0),
+        (
+            r#"baton_rpc_calls_total{service="baton.v1.ElectionService",method="Campaign",code="CANCELLED"}"#.to_owned(),
+            3.0,
+        ),
+    ] {
+        assert_eq!(moved(&before, &after, &series), expected, "{series}");
+    }
+    // b waited about as long as a led: more than nothing, far less than the test's patience.
+    let waited = moved(
+        &before,
+        &after,
+        &series(
+            "baton_lease_wait_seconds_sum",
+            election,
+            r#"result="acquired""#,
+        ),
+    );
+    assert!(waited > 0.0 && waited < PATIENCE.as_secs_f64(), "{waited}");
+}
+
+/// A frozen Redis, then a dead one, against a Baton with JSON logs: the lease of a Hold stream is
+/// lost (`unconfirmed`) and counted once, its renewals counted as failed; its `lease lost` line
+/// names the lock and the owner and carries the trace id of the call's `traceparent`; a call
+/// waiting on the frozen Redis holds no pool slot (`in_use` stays 0, the connection idle); calls
+/// to the dead Redis count connection errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_then_dead_redis_counts_the_loss_and_the_errors() {
+    let mut redis = RedisServer::start_standalone().await;
+    let served = spawn(&redis, &["--log-format", "json"]).await;
+    let mut client = lock_client(&served).await;
+    let before = Scrape::of(&served).await;
+
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let mut request = tonic::Request::new(pb::LockServiceHoldRequest {
+        name: "frozen".into(),
+        ttl: Some(ms(1_000)),
+        owner: "worker-7".into(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-b7ad6b7169203331-01")
+            .parse()
+            .expect("metadata"),
+    );
+    let mut hold = client.hold(request).await.expect("hold").into_inner();
+    assert!(matches!(
+        next_event(&mut hold, PATIENCE, "acquired").await,
+        HoldEvent::Acquired(_)
+    ));
+
+    redis.signal(nix::sys::signal::Signal::SIGSTOP);
+    let mut waiting = client.clone();
+    let stuck = tokio::spawn(async move { waiting.acquire(acquire("stuck", 10_000, None)).await });
+    let in_flight = wait_until(PATIENCE, "a call waiting on the frozen Redis", || {
+        let served = &served;
+        async move {
+            let s = Scrape::of(served).await;
+            let calls =
+                s.value(r#"baton_rpc_in_flight{service="baton.v1.LockService",method="Acquire"}"#);
+            let in_use = s.value(r#"baton_redis_pool_connections{pool="commands",state="in_use"}"#);
+            if calls == 1.0 && in_use == 0.0 {
+                Ok(s)
+            } else {
+                Err((calls, in_use))
+            }
+        }
+    })
+    .await;
+    assert!(
+        in_flight.value(r#"baton_redis_pool_connections{pool="commands",state="idle"}"#) >= 1.0
+    );
+    let (lost, _) = read_until_lost(&mut hold, PATIENCE, "lost").await;
+    redis.signal(nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(lost.reason(), pb::LeaseLostReason::Unconfirmed, "{lost:?}");
+    let _ = within(PATIENCE, stuck, "the call that waited on the frozen Redis").await;
+
+    let thawed = Scrape::of(&served).await;
+    let lock = |labels: &str| format!("{{kind=\"lock\",{labels}}}");
+    assert_eq!(
+        moved(
+            &before,
+            &thawed,
+            &format!("baton_leases_lost_total{}", lock(r#"reason="unconfirmed""#))
+        ),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            &before,
+            &thawed,
+            &format!("baton_leases_lost_total{}", lock(r#"reason="not_held""#))
+        ),
+        0.0
+    );
+    assert!(
+        moved(
+            &before,
+            &thawed,
+            &format!("baton_lease_renewals_total{}", lock(r#"result="failed""#))
+        ) >= 1.0,
+        "the renewal that Redis never answered"
+    );
+
+    let line = wait_until(PATIENCE, "the lease lost line", || {
+        let log = served.baton.stderr();
+        async move {
+            log.lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))
+                })
+                .find(|l| l["message"] == "lease lost")
+                .ok_or(log)
+        }
+    })
+    .await;
+    assert_eq!(line["kind"], "lock", "{line}");
+    assert_eq!(line["name"], "frozen", "{line}");
+    assert_eq!(line["owner"], "worker-7", "{line}");
+    assert_eq!(line["reason"], "Unconfirmed", "{line}");
+    assert_eq!(line["span"]["trace_id"], trace, "{line}");
+    assert_eq!(line["level"], "WARN", "{line}");
+
+    // A dead Redis: calls fail on a broken or refused connection.
+    redis.kill();
+    let failed = client
+        .acquire(acquire("dead", 10_000, None))
+        .await
+        .expect_err("Redis is dead");
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+    let dead = Scrape::of(&served).await;
+    assert!(
+        moved(
+            &thawed,
+            &dead,
+            r#"baton_redis_errors_total{kind="connection"}"#
+        ) >= 1.0,
+        "a connection error counted"
+    );
+    assert_eq!(
+        moved(&thawed, &dead, r#"baton_redis_errors_total{kind="auth"}"#),
+        0.0
+    );
+}
+
+/// On shutdown a Hold stream's lease is lost (`shutdown`) and counted once, like every other
+/// loss (an in-process Baton: the drain stops the metrics endpoint, so this test reads the
+/// process's own registry, which only its Baton records into).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_lost_at_shutdown_is_counted() {
+    let redis = RedisServer::start_standalone().await;
+    let mut baton = support::Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let series = r#"baton_leases_lost_total{kind="lock",reason="shutdown"}"#;
+    let registry =
+        || Scrape(baton::metrics::encode(baton::metrics::Format::Prometheus).expect("encodes"));
+    let before = registry();
+    let mut hold = client
+        .hold(pb::LockServiceHoldRequest {
+            name: "draining".into(),
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("hold")
+        .into_inner();
+    assert!(matches!(
+        next_event(&mut hold, PATIENCE, "acquired").await,
+        HoldEvent::Acquired(_)
+    ));
+    baton.begin_shutdown();
+    let (lost, _) = read_until_lost(&mut hold, PATIENCE, "lost at shutdown").await;
+    assert_eq!(lost.reason(), pb::LeaseLostReason::Shutdown, "{lost:?}");
+    baton.shutdown().await.expect("a clean shutdown");
+    assert_eq!(moved(&before, &registry(), series), 1.0);
+}
+
+/// A Redis Cluster whose slot moves to another master: Baton follows the new slot map and counts
+/// it as a topology change of the cluster, not as a failover (no master left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_slot_counts_a_topology_change() {
+    let cluster = support::topology::RedisCluster::start(3, 0).await;
+    let seeds = cluster.seed_urls().join(",");
+    let served = spawn_with(&[
+        "--redis-mode",
+        "cluster",
+        "--redis-url",
+        &seeds,
+        "--key-prefix",
+        "t:",
+    ])
+    .await;
+    let mut client = lock_client(&served).await;
+    let held = client
+        .acquire(acquire("moving", 10_000, None))
+        .await
+        .expect("acquire")
+        .into_inner();
+    let before = Scrape::of(&served).await;
+    let slot = support::topology::key_slot("t:{lock:moving}");
+    let owner = cluster.node_for_slot(slot).await;
+    let to = cluster
+        .masters()
+        .await
+        .into_iter()
+        .find(|m| m.port != owner.port)
+        .expect("another master");
+    cluster.migrate_slot(slot, to.port).await;
+    // The next call meets MOVED, and Baton reloads the slot map.
+    client
+        .release(pb::LockServiceReleaseRequest {
+            name: "moving".into(),
+            token: token(&held),
+        })
+        .await
+        .expect("release after the move");
+    let after = scrape_until(&served, "the topology change counted", |s| {
+        s.value(r#"baton_redis_topology_changes_total{topology="cluster"}"#) >= 1.0
+    })
+    .await;
+    assert!(
+        moved(
+            &before,
+            &after,
+            r#"baton_redis_topology_changes_total{topology="cluster"}"#
+        ) >= 1.0
+    );
+    assert_eq!(
+        after.value(r#"baton_redis_failovers_total{topology="cluster"}"#),
+        0.0,
+        "a moved slot is not a failover"
+    );
+    let log = served.baton.stderr();
+    assert!(log.contains("the cluster's slot map changed"), "{log}");
 }

@@ -427,6 +427,100 @@ async fn a_closed_stderr_stops_neither_readiness_nor_the_drain() {
     assert_lost_for_shutdown("piped", &events, &end);
 }
 
+/// A standard error that nobody reads (a pipe whose reader stopped, so it fills up) never stalls
+/// Baton: with every call logged at length, hundreds of calls are still answered, readiness
+/// stays SERVING, and SIGTERM drains and exits within the drain deadline. Log lines that do not
+/// fit are dropped instead of blocking the tasks that write them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_nobody_reads_never_stalls_baton() {
+    use std::io::BufRead;
+
+    let redis = RedisServer::start().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn_piped(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--drain-timeout",
+        "5s",
+        // Several kilobytes of log lines per call: the pipe (64 KiB) fills within a few calls.
+        "--log",
+        "trace",
+    ])
+    .await;
+    drop(baton.take_stdout());
+    // Read up to the line saying Baton is ready, then keep the pipe open and never read again.
+    let mut stderr = std::io::BufReader::new(baton.take_stderr());
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if line.contains("readiness is SERVING") {
+                return Some(stderr);
+            }
+            line.clear();
+        }
+        None
+    });
+    let _unread = within(Duration::from_secs(10), ready, "the ready log line")
+        .await
+        .expect("the reading task")
+        .expect("the log said Baton is ready");
+
+    let mut client = baton.client().await;
+    within(
+        Duration::from_secs(60),
+        async {
+            for i in 0..300 {
+                let name = format!("unread-{}", i % 7);
+                let granted = client
+                    .acquire(pb::LockServiceAcquireRequest {
+                        name: name.clone(),
+                        ttl: Some(ms(10_000)),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("Acquire {i}: {s:?}"))
+                    .into_inner();
+                let lease = granted
+                    .lease
+                    .unwrap_or_else(|| panic!("Acquire {i}: not granted"));
+                client
+                    .release(pb::LockServiceReleaseRequest {
+                        name,
+                        token: lease.token,
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("Release {i}: {s:?}"));
+            }
+        },
+        "300 acquire/release pairs with a full stderr pipe",
+    )
+    .await;
+    let mut health = HealthClient::new(support::channel(baton.addr()).await);
+    wait_for_health(
+        &mut health,
+        "readiness",
+        ServingStatus::Serving,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    let signalled = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 20 s after SIGTERM"));
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < Duration::from_secs(8),
+        "exited {took:?} after SIGTERM, past the 5 s drain deadline"
+    );
+}
+
 /// The next event of a Hold stream, or how the stream ended, within `limit`.
 async fn next_hold_event(
     stream: &mut Streaming<pb::LockServiceHoldResponse>,

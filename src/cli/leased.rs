@@ -1,37 +1,40 @@
-//! `baton lock` and `baton semaphore`: run a command while a `Hold` stream keeps the lease.
+//! `baton lock`, `baton semaphore` and `baton campaign`: run a command while a stream keeps the
+//! lease (a lock's or semaphore's `Hold`, an election's `Campaign`).
 //!
-//! The command starts once the lease is acquired, with its fencing token in
-//! `BATON_FENCING_TOKEN`. The lease counts as lost when Baton says so, when the stream breaks,
+//! The command starts once the lease is acquired (the candidate elected), with its fencing token
+//! in `BATON_FENCING_TOKEN` (and an election's term in `BATON_ELECTION_TERM` as well), as a job of
+//! its own ([`super::job`]). The lease counts as lost when Baton says so, when the stream breaks,
 //! or when the newest `expires_at` passes on the local clock with no newer renewal (a frozen or
-//! partitioned Baton sends nothing); the command then gets SIGTERM, SIGKILL after the grace
-//! period, and `baton` exits [`EXIT_LEASE_LOST`]. When the command exits by itself the lease is
-//! released at once and its exit code is passed through. SIGINT, SIGTERM and SIGHUP sent to
-//! `baton` are forwarded to the command, which is then waited for (SIGKILL after the grace
-//! period) before the lease is released.
+//! partitioned Baton sends nothing); the command's whole process group then gets SIGTERM, SIGKILL
+//! after the grace period, and `baton` exits [`EXIT_LEASE_LOST`]. When the command exits by
+//! itself the lease is released at once and its exit code is passed through. SIGINT, SIGTERM and
+//! SIGHUP sent to `baton` are passed on to the command's group, which is then waited for (SIGKILL
+//! after the grace period, or at once on a second signal) before the lease is released.
 
 use std::{
     pin::Pin,
-    process::ExitStatus,
     time::{Duration, SystemTime},
 };
 
 use futures::{Stream, StreamExt};
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::sys::signal::Signal;
 use tokio::{
-    process::Child,
     signal::unix::{SignalKind, signal},
-    time::{Instant, sleep_until},
+    time::{Instant, sleep_until, timeout_at},
 };
 use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt;
 
 use super::{
-    EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Failure, LockArgs,
-    SemaphoreArgs, connect, proto_duration, std_duration,
+    CampaignArgs, EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Failure,
+    LockArgs, SemaphoreArgs, connect,
+    job::{Job, signal_code},
+    proto_duration, std_duration,
 };
 use crate::proto::v1::{
-    LeaseLostReason, LockMode, LockServiceHoldRequest, LockServiceReleaseRequest,
-    SemaphoreServiceHoldRequest, SemaphoreServiceReleaseRequest,
+    ElectionServiceCampaignRequest, LeaseLostReason, LockMode, LockServiceHoldRequest,
+    LockServiceReleaseRequest, SemaphoreServiceHoldRequest, SemaphoreServiceReleaseRequest,
+    election_service_campaign_response, election_service_client::ElectionServiceClient,
     lock_service_client::LockServiceClient, lock_service_hold_response,
     semaphore_service_client::SemaphoreServiceClient, semaphore_service_hold_response,
 };
@@ -100,6 +103,30 @@ pub async fn semaphore(args: SemaphoreArgs) -> Result<u8, Failure> {
     .await
 }
 
+/// Runs `baton campaign`.
+pub async fn campaign(args: CampaignArgs) -> Result<u8, Failure> {
+    let channel = connect(&args.client).await?;
+    let request = ElectionServiceCampaignRequest {
+        name: args.name.clone(),
+        value: args.value.into_bytes(),
+        ttl: Some(proto_duration(args.ttl)),
+    };
+    let spec = Spec {
+        kind: "election",
+        name: args.name,
+        addr: args.client.addr,
+        timeout: args.client.timeout,
+        wait: args.wait,
+        grace: args.grace,
+        command: args.command,
+    };
+    run(
+        Target::Election(ElectionServiceClient::new(channel), request),
+        spec,
+    )
+    .await
+}
+
 /// What to hold and what to run.
 struct Spec {
     kind: &'static str,
@@ -128,14 +155,37 @@ struct Grant {
 
 type Events = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
 
-/// The service a lease is held from, with its `Hold` request.
+/// The service a lease is held from, with its `Hold` (or `Campaign`) request.
 enum Target {
     Lock(LockServiceClient<Channel>, LockServiceHoldRequest),
     Semaphore(SemaphoreServiceClient<Channel>, SemaphoreServiceHoldRequest),
+    Election(
+        ElectionServiceClient<Channel>,
+        ElectionServiceCampaignRequest,
+    ),
 }
 
 impl Target {
-    /// Opens a `Hold` stream that waits up to `wait`.
+    /// Whether Baton bounds the wait (`Hold`'s `wait_timeout`); a campaign waits for as long as
+    /// its stream is open, so `baton` bounds it by closing the stream.
+    fn waits_on_baton(&self) -> bool {
+        !matches!(self, Target::Election(..))
+    }
+
+    /// The variables giving the command its fencing token.
+    fn env(&self, fencing_token: u64) -> Vec<(&'static str, String)> {
+        let token = fencing_token.to_string();
+        match self {
+            Target::Election(..) => vec![
+                ("BATON_ELECTION_TERM", token.clone()),
+                ("BATON_FENCING_TOKEN", token),
+            ],
+            _ => vec![("BATON_FENCING_TOKEN", token)],
+        }
+    }
+
+    /// Opens a `Hold` stream that waits up to `wait` (a `Campaign`, which waits until it is
+    /// closed).
     async fn hold(&mut self, wait: Duration) -> Result<Events, Status> {
         let wait = Some(proto_duration(wait));
         match self {
@@ -155,10 +205,15 @@ impl Target {
                 let stream = client.hold(request).await?.into_inner();
                 Ok(Box::pin(stream.map(|r| r.map(semaphore_event))))
             }
+            Target::Election(client, request) => {
+                let stream = client.campaign(request.clone()).await?.into_inner();
+                Ok(Box::pin(stream.map(|r| r.map(election_event))))
+            }
         }
     }
 
-    /// Releases the hold whose token is given, within `timeout`.
+    /// Releases the hold whose token is given, within `timeout`. A leadership has no release
+    /// call: closing its stream (dropping the events) resigns.
     async fn release(&mut self, token: &str, timeout: Duration) -> Result<(), Status> {
         let call = async {
             match self {
@@ -176,6 +231,7 @@ impl Target {
                     })
                     .await
                     .map(drop),
+                Target::Election(..) => Ok(()),
             }
         };
         tokio::time::timeout(timeout, call)
@@ -228,6 +284,20 @@ fn semaphore_event(response: crate::proto::v1::SemaphoreServiceHoldResponse) -> 
     }
 }
 
+fn election_event(response: crate::proto::v1::ElectionServiceCampaignResponse) -> Event {
+    use election_service_campaign_response::Event as E;
+    match response.event {
+        Some(E::Elected(elected)) => Event::Acquired(Grant {
+            token: elected.token,
+            fencing_token: elected.term,
+            expires_at: elected.expires_at,
+        }),
+        Some(E::Renewed(renewed)) => Event::Renewed(renewed.expires_at),
+        Some(E::Lost(lost)) => lost_event(lost),
+        None => Event::Lost("UNKNOWN".to_owned(), "an empty event".to_owned()),
+    }
+}
+
 /// The moment, on this process's monotonic clock, at which the wall-clock `expires_at` passes.
 fn local_deadline(expires_at: Option<&prost_types::Timestamp>) -> Instant {
     let now = Instant::now();
@@ -269,11 +339,11 @@ impl Signals {
             _ = self.hangup.recv() => Signal::SIGHUP,
         }
     }
-}
 
-/// Exit code 128 + N for signal N, as shells report a process killed by a signal.
-fn signal_code(signal: Signal) -> u8 {
-    128 + u8::try_from(signal as i32).unwrap_or(0)
+    /// Resolves at the next signal: a second interrupt ends a stop's grace period.
+    async fn again(&mut self) {
+        self.recv().await;
+    }
 }
 
 async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
@@ -284,14 +354,10 @@ async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
         sig = signals.recv() => return Ok(signal_code(sig)),
     };
 
-    let mut child = match tokio::process::Command::new(&spec.command[0])
-        .args(&spec.command[1..])
-        .env("BATON_FENCING_TOKEN", grant.fencing_token.to_string())
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(child) => child,
+    let mut job = match Job::spawn(&spec.command, &target.env(grant.fencing_token)) {
+        Ok(job) => job,
         Err(e) => {
+            drop(events);
             let _ = target.release(&grant.token, spec.timeout).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -308,11 +374,12 @@ async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
     let mut deadline = local_deadline(grant.expires_at.as_ref());
     let (reason, message) = loop {
         tokio::select! {
-            status = child.wait() => {
+            code = job.wait() => {
                 // Released before baton exits, so the next holder can go ahead at once; the
-                // stream's closing would release it too.
+                // stream's closing would release it too (and is what resigns a leadership).
                 let _ = target.release(&grant.token, spec.timeout).await;
-                return Ok(exit_code(status));
+                drop(events);
+                return Ok(code);
             }
             event = events.next() => match event {
                 Some(Ok(Event::Renewed(expires_at))) => deadline = local_deadline(expires_at.as_ref()),
@@ -329,18 +396,21 @@ async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
                 "no renewal arrived before the lease's expires_at".to_owned(),
             ),
             sig = signals.recv() => {
-                let status = stop(&mut child, sig, spec.grace).await;
+                let code = job.stop(sig, spec.grace, signals.again()).await;
                 let _ = target.release(&grant.token, spec.timeout).await;
-                return Ok(exit_code(status));
+                drop(events);
+                return Ok(code);
             }
         }
     };
     drop(events);
-    eprintln!(
-        "baton: the lease on {} {:?} was lost ({reason}): {message}; stopping the command",
-        spec.kind, spec.name
-    );
-    let _ = stop(&mut child, Signal::SIGTERM, spec.grace).await;
+    let what = if spec.kind == "election" {
+        format!("the leadership of election {:?}", spec.name)
+    } else {
+        format!("the lease on {} {:?}", spec.kind, spec.name)
+    };
+    eprintln!("baton: {what} was lost ({reason}): {message}; stopping the command");
+    job.stop(Signal::SIGTERM, spec.grace, signals.again()).await;
     Ok(EXIT_LEASE_LOST)
 }
 
@@ -353,32 +423,43 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
     loop {
         let left = deadline.map_or(MAX_WAIT, |d| d.saturating_duration_since(Instant::now()));
         let status = match target.hold(left.min(MAX_WAIT)).await {
-            Ok(mut events) => match events.next().await {
-                Some(Ok(Event::Acquired(grant))) => return Ok((events, grant)),
-                Some(Ok(Event::NotAcquired(why))) => {
-                    if deadline.is_none() || left > MAX_WAIT {
-                        continue;
+            Ok(mut events) => {
+                match first_event(&mut events, deadline, target.waits_on_baton()).await {
+                    Err(()) => {
+                        return Err(not_acquired(
+                            spec,
+                            "other candidates led, or were ahead of it, all along",
+                        ));
                     }
-                    let waited = spec.wait.unwrap_or_default();
-                    return Err(Failure::new(
-                        EXIT_NOT_ACQUIRED,
-                        format!(
-                            "{} {:?} not acquired within {}: {why}",
-                            spec.kind,
-                            spec.name,
-                            humantime::format_duration(waited)
-                        ),
-                    ));
+                    Ok(Some(Ok(Event::Acquired(grant)))) => return Ok((events, grant)),
+                    Ok(Some(Ok(Event::NotAcquired(why)))) => {
+                        if deadline.is_none() || left > MAX_WAIT {
+                            continue;
+                        }
+                        return Err(not_acquired(spec, &why));
+                    }
+                    Ok(Some(Ok(_))) => Status::internal("the stream did not start with a grant"),
+                    Ok(Some(Err(status))) => status,
+                    Ok(None) => Status::unavailable("the stream ended before its first event"),
                 }
-                Some(Ok(_)) => Status::internal("the stream did not start with a grant"),
-                Some(Err(status)) => status,
-                None => Status::unavailable("the stream ended before its first event"),
-            },
+            }
             Err(status) => status,
         };
         failures += 1;
-        let over = deadline.is_none_or(|d| Instant::now() >= d);
-        if status.code() != Code::Unavailable || (failures >= RETRIES && over) {
+        let delay = status
+            .get_details_retry_info()
+            .and_then(|info| info.retry_delay)
+            .unwrap_or(DEFAULT_RETRY_DELAY)
+            .min(MAX_RETRY_DELAY);
+        let retry_at = Instant::now() + delay;
+        let give_up = match deadline {
+            // A campaign retried after its wait would give up at once: UNAVAILABLE is its
+            // outcome then.
+            Some(d) if !target.waits_on_baton() => retry_at >= d,
+            Some(d) => failures >= RETRIES && Instant::now() >= d,
+            None => failures >= RETRIES,
+        };
+        if status.code() != Code::Unavailable || give_up {
             let mut failure = Failure::from_status(&status, &spec.addr);
             if failure.code == EXIT_UNAVAILABLE {
                 failure.message = format!(
@@ -389,43 +470,35 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
             }
             return Err(failure);
         }
-        let delay = status
-            .get_details_retry_info()
-            .and_then(|info| info.retry_delay)
-            .unwrap_or(DEFAULT_RETRY_DELAY)
-            .min(MAX_RETRY_DELAY);
-        sleep_until(Instant::now() + delay).await;
+        sleep_until(retry_at).await;
     }
 }
 
-/// Sends `sig` to the command, waits up to `grace` for it to exit, then kills it.
-async fn stop(child: &mut Child, sig: Signal, grace: Duration) -> std::io::Result<ExitStatus> {
-    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-        // It may have exited already; waiting below tells.
-        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
-    }
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            let _ = child.start_kill();
-            child.wait().await
+/// The stream's first event; `Err` when `deadline` passes first and the wait is `baton`'s to
+/// bound (a campaign's).
+async fn first_event(
+    events: &mut Events,
+    deadline: Option<Instant>,
+    waits_on_baton: bool,
+) -> Result<Option<Result<Event, Status>>, ()> {
+    match deadline {
+        Some(deadline) if !waits_on_baton => {
+            timeout_at(deadline, events.next()).await.map_err(drop)
         }
+        _ => Ok(events.next().await),
     }
 }
 
-/// The code `baton` exits with for the command's status: its own code, or 128 + the signal
-/// that killed it.
-fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => u8::try_from(code).unwrap_or(EXIT_SOFTWARE),
-            (None, Some(sig)) => 128u8.saturating_add(u8::try_from(sig).unwrap_or(0)),
-            (None, None) => EXIT_SOFTWARE,
-        },
-        Err(e) => {
-            eprintln!("baton: waiting for the command failed: {e}");
-            EXIT_SOFTWARE
-        }
-    }
+/// The failure of a wait that ended first.
+fn not_acquired(spec: &Spec, why: &str) -> Failure {
+    let waited = humantime::format_duration(spec.wait.unwrap_or_default());
+    let message = if spec.kind == "election" {
+        format!("not elected in {:?} within {waited}: {why}", spec.name)
+    } else {
+        format!(
+            "{} {:?} not acquired within {waited}: {why}",
+            spec.kind, spec.name
+        )
+    };
+    Failure::new(EXIT_NOT_ACQUIRED, message)
 }

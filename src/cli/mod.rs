@@ -1,22 +1,25 @@
-//! The command-line client: `baton lock`, `baton semaphore`, and one-shot calls (`describe`,
-//! `ratelimit check`, `complete`, `health`), all through the generated gRPC clients.
+//! The command-line client: `baton lock`, `baton semaphore` and `baton campaign` (run a command
+//! while holding a lease), one-shot calls (`describe`, `leader`, `ratelimit check`, `complete`,
+//! `health`) and `observe`, all through the generated gRPC clients.
 //!
 //! Exit codes, so that scripts can tell the outcomes apart (Baton's own codes are in the
 //! sysexits range that programs rarely use):
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | the call succeeded (`lock`/`semaphore`: the command exited 0) |
-//! | 1 | a check said no: `ratelimit check` denied, `health` not SERVING |
+//! | 0 | the call succeeded (`lock`/`semaphore`/`campaign`: the command exited 0) |
+//! | 1 | a check said no: `ratelimit check` denied, `health` not SERVING, `leader`: nobody leads |
 //! | 2 | bad usage: an invalid flag or a request Baton refused (`INVALID_ARGUMENT`) |
 //! | 69 | Baton is not reachable, or answered `UNAVAILABLE` after the retries |
 //! | 70 | any other error from Baton |
-//! | 75 | not acquired: the lock or permits stayed taken for the whole `--wait` |
-//! | 76 | the lease was lost while the command ran; the command was stopped |
-//! | N | `lock`/`semaphore`: the command's own exit code |
-//! | 128+N | `lock`/`semaphore`: the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
+//! | 75 | not acquired: the lock or permits stayed taken (not elected) for the whole `--wait` |
+//! | 76 | the lease (leadership) was lost while the command ran; the command was stopped |
+//! | N | `lock`/`semaphore`/`campaign`: the command's own exit code |
+//! | 128+N | the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
 mod demo;
+mod election;
+mod job;
 mod leased;
 mod oneshot;
 
@@ -80,8 +83,8 @@ pub struct LockArgs {
     /// The owner shown by `describe` (unique per holder: it re-enters the lease).
     #[arg(long, default_value = "")]
     pub owner: String,
-    /// Time the command gets to exit after SIGTERM (lease lost, or baton interrupted) before
-    /// it is killed with SIGKILL.
+    /// Time the command and the processes it started (its process group) get to exit after
+    /// SIGTERM (lease lost) or a signal passed on to them, before SIGKILL to the group.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
@@ -115,12 +118,71 @@ pub struct SemaphoreArgs {
     /// A label shown by `describe`.
     #[arg(long, default_value = "")]
     pub owner: String,
-    /// Time the command gets to exit after SIGTERM before SIGKILL.
+    /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
+    /// `baton lock`.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+/// `baton campaign`: run a command while leading an election.
+#[derive(Debug, Args)]
+pub struct CampaignArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The election's name.
+    pub name: String,
+    /// What `baton leader` and observers show of this candidate once it leads (an address, a
+    /// pod's name; up to 4096 bytes).
+    #[arg(long, default_value = "")]
+    pub value: String,
+    /// The leadership's ttl, renewed every third of it while the command runs: how soon another
+    /// candidate takes over should this `baton` and its Baton both die (100ms to 1h).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait to be elected; without it, as long as it takes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
+    /// `baton lock`.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, last = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// `baton leader`: who leads an election; exits 0 when someone does, 1 when nobody does.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The election's name.
+    pub name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton observe`: print an election's state, then every change, one line each.
+#[derive(Debug, Args)]
+pub struct ObserveArgs {
+    /// How to reach Baton.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The election's name.
+    pub name: String,
+    /// Exit 0 after printing this many states (the first is the current one); without it, runs
+    /// until interrupted or the stream fails.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Print one JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// What `baton describe` describes.
@@ -295,6 +357,21 @@ pub fn lock(args: LockArgs) -> ExitCode {
 /// Runs `baton semaphore`.
 pub fn semaphore(args: SemaphoreArgs) -> ExitCode {
     block_on(leased::semaphore(args))
+}
+
+/// Runs `baton campaign`.
+pub fn campaign(args: CampaignArgs) -> ExitCode {
+    block_on(leased::campaign(args))
+}
+
+/// Runs `baton leader`.
+pub fn leader(args: LeaderArgs) -> ExitCode {
+    block_on(election::leader(args))
+}
+
+/// Runs `baton observe`.
+pub fn observe(args: ObserveArgs) -> ExitCode {
+    block_on(election::observe(args))
 }
 
 /// Runs `baton describe`.

@@ -21,26 +21,26 @@ use crate::proto::v1::{
 };
 
 /// A request with the command's deadline.
-fn request<T>(message: T, client: &ClientArgs) -> Request<T> {
+pub(super) fn request<T>(message: T, client: &ClientArgs) -> Request<T> {
     let mut request = Request::new(message);
     request.set_timeout(client.timeout);
     request
 }
 
 /// Seconds with millisecond precision, for JSON.
-fn secs(d: Option<Duration>) -> Value {
+pub(super) fn secs(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_millis() as f64 / 1000.0))
 }
 
 /// A duration for people, e.g. `9.87s`.
-fn human(d: Option<Duration>) -> String {
+pub(super) fn human(d: Option<Duration>) -> String {
     d.map_or_else(
         || "-".to_owned(),
         |d| format!("{:.3}s", d.as_millis() as f64 / 1000.0),
     )
 }
 
-fn print(json_output: bool, value: &Value, text: &str) {
+pub(super) fn print(json_output: bool, value: &Value, text: &str) {
     if json_output {
         println!("{value}");
     } else {

@@ -2,7 +2,7 @@
 -- queue, or nobody is queued), writing a new term and its value with the grant; or else register
 -- it in the queue, in the order candidates joined, and say what keeps it out.
 --
--- KEYS: the prelude's six.
+-- KEYS: the prelude's seven.
 -- ARGV[1] token of the leadership to grant   ARGV[2] ttl ms
 -- ARGV[3] candidate id ('' when it does not wait)   ARGV[4] wait left ms
 -- ARGV[5] registration lease ms   ARGV[6] term retention ms   ARGV[7] value
@@ -13,6 +13,10 @@ local token, ttl, id, wait_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(AR
 local lease_ms, retention, value = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 
 local now, now_us = clock()
+-- A late call whose clean-up already ran (void.lua) changes nothing.
+if voided(K.void, token, id, now) then
+  return {0, -2, -1}
+end
 local moved = purge(now)
 local leader = current(now)
 

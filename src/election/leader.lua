@@ -1,6 +1,6 @@
 -- Leader: read an election's state without changing anything (flags=no-writes).
 --
--- KEYS: the prelude's six.
+-- KEYS: the prelude's seven.
 --
 -- Returns {1, term, value, revision, remaining ms, last term issued, candidates} while someone
 -- leads, {0, '0', '', 0, -2, last term issued ('0': none kept), candidates} otherwise.

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive, Refusal,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -139,29 +139,6 @@ impl lease::Grant for Leadership {
 
     fn valid_until(&self) -> Instant {
         self.sent_at + self.remaining
-    }
-}
-
-/// What kept a candidate from being elected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The remaining ttl of the leader, when someone leads.
-    pub remaining: Option<Duration>,
-    /// When the state may change without a message (the leader's lease or the head candidate's
-    /// registration ends), if ever.
-    pub change_in: Option<Duration>,
-}
-
-impl lease::Busy for Refusal {
-    fn change_in(&self) -> Option<Duration> {
-        self.change_in
-    }
-
-    fn unacknowledged(ack_timeout: Duration) -> Self {
-        Self {
-            remaining: None,
-            change_in: Some(ack_timeout),
-        }
     }
 }
 
@@ -349,13 +326,23 @@ impl Primitive for Election {
         Ok((outcome, ack))
     }
 
-    async fn release(&self, name: &str, token: &str, _unclaimed_only: bool) -> Result<bool, Error> {
-        // No retry of a campaign claims a leadership (streams have no idempotency key), so every
-        // release is the same.
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        clean_up: Option<CleanUp>,
+    ) -> Result<bool, Error> {
+        // No retry of a campaign claims a leadership (streams have no idempotency key): a clean-up
+        // at most voids the token.
         let keys = self.keys(name);
         let led: i64 = self
             .redis
-            .eval(&scripts::resign(&self.resign, &keys, token))
+            .eval(&scripts::resign(
+                &self.resign,
+                &keys,
+                token,
+                clean_up.and_then(|c| c.void),
+            ))
             .await?;
         Ok(led == 1)
     }
@@ -364,9 +351,14 @@ impl Primitive for Election {
         *released
     }
 
-    async fn abandon(&self, name: &str, candidate: &str) -> Result<(), Error> {
+    async fn abandon(
+        &self,
+        name: &str,
+        candidate: &str,
+        void: Option<Duration>,
+    ) -> Result<(), Error> {
         let keys = self.keys(name);
-        let invocation = scripts::abandon(&self.abandon, &keys, candidate);
+        let invocation = scripts::abandon(&self.abandon, &keys, candidate, void);
         self.redis.eval::<i64>(&invocation).await.map(drop)
     }
 

@@ -1,4 +1,5 @@
--- Shared by every election script (concatenated in front of each one; see scripts.rs).
+-- Shared by every election script (concatenated in front of each one, after void.lua but in
+-- leader.lua; see scripts.rs).
 --
 -- The keys of the election NAME all carry the hash tag {election:NAME}. Every script but the
 -- batched renewal takes them all, in this order:
@@ -9,6 +10,7 @@
 --   KEYS[4] queue       sorted set: candidate id -> arrival number
 --   KEYS[5] turn        pub/sub channel: '@ID' wakes the candidate whose turn it is
 --   KEYS[6] changed     pub/sub channel: the term, after every change observers must see
+--   KEYS[7] void        sorted set: void tokens and candidate ids -> until when (ms; void.lua)
 --                       (channels are declared as keys: they share the hash tag)
 --
 -- The leader hash holds 'token', 'term', 'value', 'revision' (how many times the value changed
@@ -16,7 +18,7 @@
 -- while its expiry is ahead of Redis's clock; the key itself expires at that moment.
 local K = {
   leader = KEYS[1], term = KEYS[2], candidates = KEYS[3], queue = KEYS[4], turn = KEYS[5],
-  changed = KEYS[6],
+  changed = KEYS[6], void = KEYS[7],
 }
 
 -- Redis time: milliseconds, and microseconds.

@@ -1,7 +1,7 @@
 -- Proclaim: the leader whose token is given changes its value, in its term; observers are told
 -- when the value changed.
 --
--- KEYS: the prelude's six.
+-- KEYS: the prelude's seven.
 -- ARGV[1] token   ARGV[2] value
 --
 -- Returns {1, term, revision} when the token leads (the revision is one more when the value

@@ -1,8 +1,9 @@
 //! The election scripts and their arguments: each `.lua` file beside a builder that writes its
 //! KEYS and ARGV in the script's order, once.
 //!
-//! Every script is the shared prelude (`prelude.lua`: the key layout, the leader, the queue of
-//! candidates, wake-ups) followed by the script itself, and takes [`ElectionKeys::all`] as KEYS
+//! Every script is the void marks every leased primitive shares (`lease/void.lua`), the shared
+//! prelude (`prelude.lua`: the key layout, the leader, the queue of candidates, wake-ups) and the
+//! script itself, and takes [`ElectionKeys::all`] as KEYS
 //! but `renew.lua`, which takes [`ElectionKeys::for_renewal`] per leadership. Wrap each source
 //! with [`Redis::script`](crate::redis::Redis::script), which defines `PUBLISH` for the topology,
 //! except [`LEADER`], a read-only script that publishes nothing (wrap it with
@@ -12,11 +13,18 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use crate::{lease::FENCE_RETENTION, lease::QUEUE_LEASE, redis::reply::millis};
+use crate::{
+    lease::{FENCE_RETENTION, QUEUE_LEASE, void_millis},
+    redis::reply::millis,
+};
 
 macro_rules! with_prelude {
     ($file:literal) => {
-        concat!(include_str!("prelude.lua"), include_str!($file))
+        concat!(
+            include_str!("../lease/void.lua"),
+            include_str!("prelude.lua"),
+            include_str!($file)
+        )
     };
 }
 
@@ -53,6 +61,8 @@ pub struct ElectionKeys {
     pub turn: String,
     /// Channel on which observers are told of every change.
     pub changed: String,
+    /// Sorted set of void tokens and candidate ids (`lease/void.lua`).
+    pub void: String,
 }
 
 impl ElectionKeys {
@@ -66,12 +76,13 @@ impl ElectionKeys {
             queue: [leader.as_str(), ":queue"].concat(),
             turn: [leader.as_str(), ":turn"].concat(),
             changed: [leader.as_str(), ":changed"].concat(),
+            void: [leader.as_str(), ":void"].concat(),
             leader,
         }
     }
 
     /// Every key and channel, in the order the scripts take them.
-    pub fn all(&self) -> [&str; 6] {
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.leader,
             &self.term,
@@ -79,6 +90,7 @@ impl ElectionKeys {
             &self.queue,
             &self.turn,
             &self.changed,
+            &self.void,
         ]
     }
 
@@ -127,21 +139,29 @@ impl Campaign<'_> {
     }
 }
 
-/// `resign.lua`'s call for the leadership `token` on `keys`.
-pub fn resign<'s>(script: &'s Script, keys: &ElectionKeys, token: &str) -> ScriptInvocation<'s> {
+/// `resign.lua`'s call for the leadership `token` on `keys`; with `void` (after a call whose reply
+/// never came), the token stays void that long.
+pub fn resign<'s>(
+    script: &'s Script,
+    keys: &ElectionKeys,
+    token: &str,
+    void: Option<Duration>,
+) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(token);
+    invocation.arg(token).arg(void.map_or(0, void_millis));
     invocation
 }
 
-/// `abandon.lua`'s call for the candidate `candidate` on `keys`.
+/// `abandon.lua`'s call for the candidate `candidate` on `keys`; with `void`, the candidate id
+/// stays void that long (after a call whose reply never came).
 pub fn abandon<'s>(
     script: &'s Script,
     keys: &ElectionKeys,
     candidate: &str,
+    void: Option<Duration>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(candidate);
+    invocation.arg(candidate).arg(void.map_or(0, void_millis));
     invocation
 }
 
@@ -215,7 +235,15 @@ mod tests {
     #[test]
     fn prelude_takes_the_keys_in_order() {
         let prelude = include_str!("prelude.lua");
-        let names = ["leader", "term", "candidates", "queue", "turn", "changed"];
+        let names = [
+            "leader",
+            "term",
+            "candidates",
+            "queue",
+            "turn",
+            "changed",
+            "void",
+        ];
         let keys = ElectionKeys::new("baton:", "e");
         for (i, (name, key)) in names.iter().zip(keys.all()).enumerate() {
             assert!(

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     error::Error,
     grpc::{
-        leases::{self, EventStream, LeaseMessage, Leases},
+        leases::{self, EventStream, Leases},
         wire,
     },
     lease::{MAX_TTL, MIN_KEEPALIVE_TTL},
@@ -88,20 +88,6 @@ fn not_elected(_: Refusal) -> Result<pb::ElectionServiceCampaignResponse, Status
         Error::Unavailable("the campaign's wait ended without an election; campaign again".into())
             .into(),
     )
-}
-
-impl LeaseMessage for pb::ElectionServiceCampaignResponse {
-    fn renewed(renewed: pb::LeaseRenewed) -> Self {
-        Self {
-            event: Some(CampaignEvent::Renewed(renewed)),
-        }
-    }
-
-    fn lost(lost: pb::LeaseLost) -> Self {
-        Self {
-            event: Some(CampaignEvent::Lost(lost)),
-        }
-    }
 }
 
 #[tonic::async_trait]

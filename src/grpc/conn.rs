@@ -1,10 +1,12 @@
 //! The client connections Baton serves: each records when it last received anything
 //! ([`Watched`]), so that keepalive streams can tell a client that stopped answering from one that
-//! is merely quiet; handlers read it from the request ([`liveness`]).
+//! is merely quiet; handlers read it from the request ([`liveness`]). A connection whose client
+//! certificate was refused (mutual TLS) carries why, for [`crate::security::guard`].
 
 use std::{
     io,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -18,6 +20,9 @@ use crate::lease::Liveness;
 pub struct ClientConn {
     /// When the connection last received anything from the client.
     pub liveness: Liveness,
+    /// Why the client's TLS certificate was refused (mutual TLS), if it was: every call on the
+    /// connection fails `UNAUTHENTICATED` with it.
+    pub refused: Option<Arc<str>>,
 }
 
 /// The liveness of the connection `request` came on (absent for requests that did not come
@@ -34,6 +39,7 @@ pub fn liveness<T>(request: &tonic::Request<T>) -> Option<Liveness> {
 pub struct Watched<IO> {
     io: IO,
     liveness: Liveness,
+    refused: Option<Arc<str>>,
 }
 
 impl<IO> Watched<IO> {
@@ -42,6 +48,15 @@ impl<IO> Watched<IO> {
         Self {
             io,
             liveness: Liveness::new(),
+            refused: None,
+        }
+    }
+
+    /// Watches `io`, whose client certificate was refused for `refused` if given.
+    pub fn refusing(io: IO, refused: Option<Arc<str>>) -> Self {
+        Self {
+            refused,
+            ..Self::new(io)
         }
     }
 }
@@ -52,6 +67,7 @@ impl<IO> Connected for Watched<IO> {
     fn connect_info(&self) -> ClientConn {
         ClientConn {
             liveness: self.liveness.clone(),
+            refused: self.refused.clone(),
         }
     }
 }

@@ -34,6 +34,34 @@ pub trait LeaseMessage: Send + 'static {
     fn lost(lost: pb::LeaseLost) -> Self;
 }
 
+/// Implements [`LeaseMessage`] for stream responses whose `event` oneof (in the generated module
+/// named after the message) has `Renewed` and `Lost` variants.
+macro_rules! lease_messages {
+    ($($message:ident in $module:ident),* $(,)?) => {$(
+        impl LeaseMessage for pb::$message {
+            fn renewed(renewed: pb::LeaseRenewed) -> Self {
+                Self {
+                    event: Some(pb::$module::Event::Renewed(renewed)),
+                }
+            }
+
+            fn lost(lost: pb::LeaseLost) -> Self {
+                Self {
+                    event: Some(pb::$module::Event::Lost(lost)),
+                }
+            }
+        }
+    )*};
+}
+
+lease_messages! {
+    LockServiceHoldResponse in lock_service_hold_response,
+    LockServiceKeepAliveResponse in lock_service_keep_alive_response,
+    SemaphoreServiceHoldResponse in semaphore_service_hold_response,
+    SemaphoreServiceKeepAliveResponse in semaphore_service_keep_alive_response,
+    ElectionServiceCampaignResponse in election_service_campaign_response,
+}
+
 /// The message of `event`.
 fn message<T: LeaseMessage>(event: Event) -> Result<T, Status> {
     Ok(match event {
@@ -152,7 +180,7 @@ impl<P: Primitive> Leases<P> {
             move |outcome| {
                 if let Acquired::Granted(grant) = outcome {
                     tracing::debug!(kind = P::KIND, name = %grant.name(), "caller left before the grant arrived; releasing");
-                    orphans.release_in_background(grant.name(), grant.token(), ttl);
+                    orphans.release_in_background(grant.name(), grant.token(), ttl, false);
                 }
             },
         )
@@ -162,7 +190,7 @@ impl<P: Primitive> Leases<P> {
                 // The answer would reach the caller after it gave up: it would hold what it does
                 // not know of until the ttl ends.
                 self.engine
-                    .release_in_background(grant.name(), grant.token(), ttl);
+                    .release_in_background(grant.name(), grant.token(), ttl, false);
                 Err(Error::DeadlineExceeded(format!(
                     "the {} was granted too close to the caller's deadline to answer in time; \
                      the grant was released",
@@ -188,6 +216,7 @@ impl<P: Primitive> Leases<P> {
         let engine = self.engine.clone();
         let events = keepalive::hold(
             &self.shutdown,
+            self.engine.tasks(),
             client,
             message::<T>,
             status,
@@ -229,9 +258,16 @@ impl<P: Primitive> Leases<P> {
         let lease = self
             .engine
             .lease(name.clone(), token.clone(), String::new(), ttl);
-        let events =
-            keepalive::open_keep_alive(&self.shutdown, client, message::<T>, lease, ttl, first)
-                .await?;
+        let events = keepalive::open_keep_alive(
+            &self.shutdown,
+            self.engine.tasks(),
+            client,
+            message::<T>,
+            lease,
+            ttl,
+            first,
+        )
+        .await?;
         Ok(Box::pin(events))
     }
 }

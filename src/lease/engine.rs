@@ -24,10 +24,11 @@ use std::{
 };
 
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::{
-    QUEUE_LEASE, Renewable,
+    QUEUE_LEASE, Renewable, VOID_RETENTION,
     batch::{Batcher, Renewal},
     clean_up,
     keepalive::Described,
@@ -81,6 +82,30 @@ pub trait Busy: Send + 'static {
     fn unacknowledged(ack_timeout: Duration) -> Self;
 }
 
+/// What kept a request out of a resource that one holder (or a set of holders) has: how long
+/// what kept it out has left, and when the state may change without a message. Locks and
+/// elections report it; a primitive with more to say (a semaphore's free permits) has its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The remaining ttl of what kept the caller out (a holder's lease), when known.
+    pub remaining: Option<Duration>,
+    /// When the state may change without a message (a lease or a registration ends), if ever.
+    pub change_in: Option<Duration>,
+}
+
+impl Busy for Refusal {
+    fn change_in(&self) -> Option<Duration> {
+        self.change_in
+    }
+
+    fn unacknowledged(ack_timeout: Duration) -> Self {
+        Self {
+            remaining: None,
+            change_in: Some(ack_timeout),
+        }
+    }
+}
+
 /// The outcome of an acquisition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired<G, B> {
@@ -88,6 +113,14 @@ pub enum Acquired<G, B> {
     Granted(G),
     /// It stayed out of reach for the whole wait.
     Refused(B),
+}
+
+/// How a release cleans up after a grant whose caller never saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CleanUp {
+    /// How long the token stays void afterwards, so that the call that granted it, should Redis
+    /// run it later, grants nothing (after a call whose reply never came); `None` for no mark.
+    pub void: Option<Duration>,
 }
 
 /// One lease in a batched renewal: the resource's name, the token, the ttl (`None`: the ttl it
@@ -129,18 +162,25 @@ pub trait Primitive: Send + Sync + Sized + 'static {
         token: &str,
         waiting: Option<(&str, Duration)>,
     ) -> impl Future<Output = Result<Tried<Self>, Error>> + Send;
-    /// Releases `token` of `name`; with `unclaimed_only`, keeps (and reports not held) a grant a
-    /// retry with its idempotency key has handed to its caller.
+    /// Releases `token` of `name`. With `clean_up` (the clean-up of a grant whose caller never saw
+    /// it), a grant a retry with its idempotency key has handed to its caller is kept (and
+    /// reported not held), and the token may be made void.
     fn release(
         &self,
         name: &str,
         token: &str,
-        unclaimed_only: bool,
+        clean_up: Option<CleanUp>,
     ) -> impl Future<Output = Result<Self::Released, Error>> + Send;
     /// Whether the token released held something.
     fn was_held(released: &Self::Released) -> bool;
-    /// Removes the waiter `waiter` of `name`, waking those it held back.
-    fn abandon(&self, name: &str, waiter: &str) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Removes the waiter `waiter` of `name`, waking those it held back; with `void`, the waiter
+    /// id stays void that long (no late call can register it again).
+    fn abandon(
+        &self,
+        name: &str,
+        waiter: &str,
+        void: Option<Duration>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
     /// Sets the remaining ttl of `token` to `ttl` (or its acquisition ttl); `None` when it holds
     /// nothing; `InvalidArgument` on `ttl` (changing nothing) when the result is below `min`.
     fn refresh(
@@ -166,6 +206,8 @@ pub struct Engine<P: Primitive> {
 struct Inner<P: Primitive> {
     primitive: P,
     notifier: Notifier,
+    /// Clean-ups and keepalive streams, which a draining server waits for.
+    tasks: TaskTracker,
     /// Batches the renewals of keepalive streams.
     renewals: Batcher<Renewing>,
 }
@@ -179,8 +221,9 @@ impl<P: Primitive> Clone for Engine<P> {
 }
 
 impl<P: Primitive> Engine<P> {
-    /// The engine of `primitive`, its waiters woken through `notifier`.
-    pub fn new(primitive: P, notifier: Notifier) -> Self {
+    /// The engine of `primitive`, its waiters woken through `notifier`; its clean-ups and
+    /// keepalive streams run on `tasks`, which a draining server waits for.
+    pub fn new(primitive: P, notifier: Notifier, tasks: TaskTracker) -> Self {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner<P>>| {
             let renewals = Batcher::for_owner(weak, |inner, leases: Vec<Renewing>| async move {
                 inner.primitive.refresh_many(&leases).await
@@ -188,6 +231,7 @@ impl<P: Primitive> Engine<P> {
             Inner {
                 primitive,
                 notifier,
+                tasks,
                 renewals,
             }
         });
@@ -197,6 +241,11 @@ impl<P: Primitive> Engine<P> {
     /// The primitive, for the calls only it knows (`Describe`).
     pub fn primitive(&self) -> &P {
         &self.inner.primitive
+    }
+
+    /// Where its clean-ups and keepalive streams run.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.inner.tasks
     }
 
     /// Acquires, waiting up to the request's wait without polling.
@@ -246,7 +295,7 @@ impl<P: Primitive> Engine<P> {
                 // The script may have run and registered the waiter (a fair one holds a place in
                 // the queue): take it out rather than hold the queue up until it expires.
                 if first.is_some() {
-                    self.abandon_in_background(name, &waiter);
+                    self.abandon_in_background(name, &waiter, unknown_outcome(&e));
                 }
                 return Err(e);
             }
@@ -289,8 +338,10 @@ impl<P: Primitive> Engine<P> {
             },
         )
         .await;
-        if !matches!(waited, Ok(Acquired::Granted(_))) {
-            self.abandon_in_background(name, &waiter);
+        match &waited {
+            Ok(Acquired::Granted(_)) => {}
+            Ok(Acquired::Refused(_)) => self.abandon_in_background(name, &waiter, false),
+            Err(e) => self.abandon_in_background(name, &waiter, unknown_outcome(e)),
         }
         waited
     }
@@ -313,14 +364,15 @@ impl<P: Primitive> Engine<P> {
                     replicas,
                     "grant not acknowledged by enough replicas; rolled back"
                 );
-                self.release_in_background(request.name(), grant.token(), request.ttl());
+                self.release_in_background(request.name(), grant.token(), request.ttl(), false);
                 let wait = primitive.redis().replica_ack_timeout();
                 Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
             }
             Ok((outcome, _)) => Ok(outcome),
             Err(e @ Error::Unavailable(_)) => {
-                // Redis may have run the script and only the reply missed the timeout.
-                self.release_in_background(request.name(), token, request.ttl());
+                // Redis may have run the script and only the reply missed the timeout, or may
+                // still run it: release what it granted, and void its token.
+                self.release_in_background(request.name(), token, request.ttl(), true);
                 Err(e)
             }
             Err(e) => Err(e),
@@ -329,18 +381,28 @@ impl<P: Primitive> Engine<P> {
 
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
     /// anyway (`ttl` from now): for grants whose caller will never see them (a reply that came
-    /// too late, a caller that left, a grant replicas did not acknowledge). Harmless when the
-    /// token holds nothing; a grant that its caller's retry with the same idempotency key has
-    /// claimed meanwhile is left alone.
-    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration) {
+    /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
+    /// never came). Harmless when the token holds nothing; a grant that its caller's retry with
+    /// the same idempotency key has claimed meanwhile is left alone. With `void` (after a call
+    /// whose reply never came, which Redis may still run), the token is void for
+    /// [`VOID_RETENTION`]: that call cannot grant with it.
+    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration, void: bool) {
+        let how = CleanUp {
+            void: void.then_some(VOID_RETENTION),
+        };
         let (engine, name, token) = (self.clone(), name.to_owned(), token.to_owned());
         clean_up(
+            &self.inner.tasks,
             format!("releasing an unused grant of {} {name:?}", P::KIND),
             Instant::now() + ttl,
             move || {
                 let (engine, name, token) = (engine.clone(), name.clone(), token.clone());
                 async move {
-                    let released = engine.inner.primitive.release(&name, &token, true).await?;
+                    let released = engine
+                        .inner
+                        .primitive
+                        .release(&name, &token, Some(how))
+                        .await?;
                     if P::was_held(&released) {
                         tracing::info!(kind = P::KIND, %name, "released a grant whose caller never saw it");
                     }
@@ -351,22 +413,26 @@ impl<P: Primitive> Engine<P> {
     }
 
     /// Removes a waiter that stopped waiting, waking those it held back; retried in the
-    /// background for as long as its registration could last ([`QUEUE_LEASE`]).
-    fn abandon_in_background(&self, name: &str, waiter: &str) {
+    /// background for as long as its registration could last ([`QUEUE_LEASE`]). After a call
+    /// whose reply never came (`void`), the waiter id is void, so that call, should Redis run it
+    /// later, cannot register the waiter again.
+    fn abandon_in_background(&self, name: &str, waiter: &str, void: bool) {
+        let void = void.then_some(VOID_RETENTION);
         let (engine, name, waiter) = (self.clone(), name.to_owned(), waiter.to_owned());
         clean_up(
+            &self.inner.tasks,
             format!("removing a waiter of {} {name:?}", P::KIND),
             Instant::now() + QUEUE_LEASE,
             move || {
                 let (engine, name, waiter) = (engine.clone(), name.clone(), waiter.clone());
-                async move { engine.inner.primitive.abandon(&name, &waiter).await }
+                async move { engine.inner.primitive.abandon(&name, &waiter, void).await }
             },
         );
     }
 
     /// Releases `token` of `name`.
     pub async fn release(&self, name: &str, token: &str) -> Result<P::Released, Error> {
-        self.inner.primitive.release(name, token, false).await
+        self.inner.primitive.release(name, token, None).await
     }
 
     /// Sets the remaining ttl of `token` of `name` (see [`Primitive::refresh`]).
@@ -429,4 +495,13 @@ impl<P: Primitive> Renewable for Handle<P> {
             owner: &self.owner,
         }
     }
+
+    fn call_timeout(&self) -> Duration {
+        self.engine.inner.primitive.redis().command_timeout()
+    }
+}
+
+/// Whether a call that failed with `e` may still have run in Redis (no reply came).
+fn unknown_outcome(e: &Error) -> bool {
+    matches!(e, Error::Unavailable(_))
 }

@@ -5,9 +5,11 @@
 //! expire in Redis: a renewal confirmed by a reply to a call sent at `t` keeps the lease until at
 //! least `t + remaining`. When no renewal has been confirmed by that moment minus a safety margin,
 //! it reports the lease lost *before* it can have expired. When the client goes away it releases
-//! at once; when the client stops answering (or reading) for longer than the lease's ttl it stops
-//! renewing and releases once the expiry it last reported has passed; on shutdown it says so and
-//! releases. Releases are retried until the lease would have expired anyway.
+//! at once; when the client stops answering its connection's pings (or its connection stops
+//! taking what Baton sends) for longer than the lease's ttl it stops renewing and releases once
+//! the expiry it last reported has passed; on shutdown it says so and releases. Releases are
+//! retried until the lease would have expired anyway, counting renewals whose reply never came
+//! as if Redis had run them (a draining server waits for them until its deadline).
 
 use std::{
     future::Future,
@@ -15,7 +17,7 @@ use std::{
 };
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument;
 
 use super::{
@@ -27,10 +29,6 @@ use crate::{
     metrics::{self, Release, Renewal},
 };
 
-/// How long a stream ended by shutdown keeps trying to release its lease (the drain must not wait
-/// for a Redis that is down).
-const SHUTDOWN_RELEASE_WINDOW: Duration = Duration::from_secs(2);
-
 /// A lease that a keepalive stream can renew and release.
 pub trait Renewable: Send + Sync + 'static {
     /// Renews the lease, sending the renewal no later than `by` (it may wait until then to share
@@ -41,6 +39,9 @@ pub trait Renewable: Send + Sync + 'static {
     fn release(&self) -> impl Future<Output = Result<bool, Error>> + Send;
     /// The resource and owner the lease is of, for log lines and metrics.
     fn describe(&self) -> Described<'_>;
+    /// How long a call to Redis may take before it is given up: a renewal whose reply never came
+    /// may have run up to that long after it was sent.
+    fn call_timeout(&self) -> Duration;
 }
 
 /// What a lease is of, as log lines name it (fields `kind`, `name`, `owner`).
@@ -101,12 +102,13 @@ pub enum Opening<I, L> {
     Refused(I),
 }
 
-/// Opens a `Hold` stream: runs `acquire` in its own task, sends its first item, then keeps the
-/// lease alive until the client leaves, the lease is lost, or shutdown. Items are made by `wrap`
-/// from events, and by `fail` from an error that ends the stream before a grant. A grant that
-/// finds the client gone is released at once.
+/// Opens a `Hold` stream: runs `acquire` in its own task on `tasks`, sends its first item, then
+/// keeps the lease alive until the client leaves, the lease is lost, or shutdown. Items are made
+/// by `wrap` from events, and by `fail` from an error that ends the stream before a grant. A
+/// grant that finds the client gone is released at once.
 pub fn hold<I, L, A, AF>(
     shutdown: &CancellationToken,
+    tasks: &TaskTracker,
     client: ClientWatch,
     wrap: fn(Event) -> I,
     fail: fn(Error) -> I,
@@ -122,6 +124,11 @@ where
     let shutdown = shutdown.clone();
     // In the call's span (a traced call's trace id), like every log line of the stream.
     let task = async move {
+        // Should this task end early (a panic), the client is told instead of seeing the stream
+        // end OK.
+        tx.on_drop(fail(Error::Internal(
+            "the acquisition ended unexpectedly; whether it was granted is unknown".into(),
+        )));
         let stop = super::stop(tx.gone().cancelled_owned(), shutdown.clone());
         // Boxed so that the acquisition's state (its wait, its subscription) is freed once it
         // ends instead of staying part of this task for the life of the lease.
@@ -151,12 +158,12 @@ where
                 .run()
                 .await;
             }
-            Ok(Opening::Refused(item)) => tx.first(item),
+            Ok(Opening::Refused(item)) => tx.finish(item),
             Err(Error::Cancelled) => {}
-            Err(e) => tx.first(fail(e)),
+            Err(e) => tx.finish(fail(e)),
         }
     };
-    tokio::spawn(task.in_current_span());
+    tasks.spawn(task.in_current_span());
     rx
 }
 
@@ -166,6 +173,7 @@ where
 /// with the ttl the first renewal set: the lease's own).
 pub async fn open_keep_alive<I, L>(
     shutdown: &CancellationToken,
+    tasks: &TaskTracker,
     client: ClientWatch,
     wrap: fn(Event) -> I,
     lease: L,
@@ -190,7 +198,7 @@ where
         remaining,
         expires_at: expires_at(valid_until, ttl),
     }));
-    tokio::spawn(
+    tasks.spawn(
         Kept {
             lease,
             ttl,
@@ -224,7 +232,8 @@ pub struct Kept<L, I> {
     ttl: Duration,
     /// The earliest moment the lease can expire, as of its acquisition or last renewal.
     valid_until: Instant,
-    /// The latest moment it can expire by itself (how long a release is worth trying).
+    /// The latest moment it can expire by itself (how long a release is worth trying): renewals
+    /// whose reply never came count as if Redis had run them as late as it could.
     latest: Instant,
     tx: Sender<I>,
     wrap: fn(Event) -> I,
@@ -237,6 +246,12 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     /// shutdown. A renewal is requested a quarter of the remaining ttl after the last one and must
     /// be sent by a third of it, so renewals of many leases can share a call.
     async fn run(mut self) {
+        // A stream must never end OK for a lease that may be lost: should this task end early (a
+        // panic), its end says the lease can no longer be confirmed.
+        self.tx.on_drop((self.wrap)(Event::Lost(
+            LostReason::Unconfirmed,
+            "the lease's keepalive ended unexpectedly; it is no longer renewed".into(),
+        )));
         let counted = metrics::lease(self.lease.describe().kind);
         let _held = counted.kept();
         let margin = loss_margin(self.ttl);
@@ -261,6 +276,9 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
             }
 
             let sent = Instant::now();
+            // Should its reply never come, this renewal may still run in Redis, as late as a call
+            // sent by `by` can, and keep the lease a full ttl from then.
+            let unconfirmed = by.max(sent) + self.lease.call_timeout() + self.ttl;
             let outcome = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return self.release_for_shutdown().await,
@@ -298,12 +316,16 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
                     return;
                 }
                 Ok(Err(e)) => {
+                    self.latest = self.latest.max(unconfirmed);
                     let lease = self.lease.describe();
                     tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + retry_delay(self.ttl);
                     by = next;
                 }
-                Err(_) => return self.lost_unconfirmed().await,
+                Err(_) => {
+                    self.latest = self.latest.max(unconfirmed);
+                    return self.lost_unconfirmed().await;
+                }
             }
         }
     }
@@ -311,17 +333,21 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     /// Ends the stream with `lost`, counted and logged once with what the client is told.
     fn finish(&self, reason: LostReason, message: impl Into<String>) {
         let message = message.into();
+        self.note_lost(reason, &message);
+        self.tx.finish((self.wrap)(Event::Lost(reason, message)));
+    }
+
+    /// Counts and logs the loss the client is told of with `why`.
+    fn note_lost(&self, reason: LostReason, why: &str) {
         let lease = self.lease.describe();
         metrics::lease(lease.kind).lost(reason);
         let (kind, name, owner) = (lease.kind, lease.name, lease.owner);
-        let why = message.as_str();
         match reason {
             LostReason::Shutdown => {
                 tracing::info!(kind, name, owner, reason = ?reason, why, "lease lost")
             }
             _ => tracing::warn!(kind, name, owner, reason = ?reason, why, "lease lost"),
         }
-        self.tx.finish((self.wrap)(Event::Lost(reason, message)));
     }
 
     async fn lost_unconfirmed(self) {
@@ -359,13 +385,13 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
     async fn release_for_shutdown(self) {
         // Told first, so the client stops acting as the holder before anyone else can get in;
         // the stream stays open until the release is done (`self` dropped), so the server's
-        // drain waits for it instead of the process exiting in the middle of it.
-        self.tx.finish_later((self.wrap)(Event::Lost(
-            LostReason::Shutdown,
-            "baton is shutting down; the lease is being released".into(),
-        )));
-        let window = self.latest.min(Instant::now() + SHUTDOWN_RELEASE_WINDOW);
-        if let Err(e) = release_until(&self.lease, window).await {
+        // drain waits for it instead of the process exiting in the middle of it. While Redis does
+        // not answer, the release is retried until the drain's deadline ends the process.
+        let why = "baton is shutting down; the lease is being released";
+        self.note_lost(LostReason::Shutdown, why);
+        self.tx
+            .finish_later((self.wrap)(Event::Lost(LostReason::Shutdown, why.into())));
+        if let Err(e) = release_until(&self.lease, self.latest).await {
             let lease = self.lease.describe();
             tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release at shutdown failed; the lease expires at its ttl");
         }

@@ -24,11 +24,11 @@ use std::{
 };
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::error::Error;
 
-pub use engine::{Acquired, Busy, Engine, Grant, Primitive, Request};
+pub use engine::{Acquired, Busy, CleanUp, Engine, Grant, Primitive, Refusal, Request};
 pub use keepalive::{Described, Event, Kept, LostReason, Renewable};
 
 /// Longest name of a leased resource (a lock, a semaphore), in bytes.
@@ -54,6 +54,18 @@ pub const FENCE_RETENTION: Duration = Duration::from_secs(3600);
 /// and a non-fair exclusive lock waiter's registration as a writer. Waiters renew it about every
 /// third of this, so the registration of a waiter whose Baton died ends within this time.
 pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
+
+/// How long the token and waiter id of a script call whose reply never came stay void once its
+/// clean-up has run: should Redis run that call later (it sat in a paused server's input buffer),
+/// it changes nothing. A call delayed longer than this could still grant a lease nobody knows of,
+/// which then ends at its ttl.
+pub const VOID_RETENTION: Duration = Duration::from_secs(300);
+
+/// A void mark's lifetime as a clean-up script's argument (`lease/void.lua`): whole
+/// milliseconds, at least 1, since 0 means no mark.
+pub fn void_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
 
 /// Largest safety margin kept between the loss report and the earliest possible expiry.
 pub const MAX_LOSS_MARGIN: Duration = Duration::from_secs(2);
@@ -131,9 +143,10 @@ where
     }
 }
 
-/// Runs a clean-up call (a release, a waiter's removal) in a task of its own, retried as
-/// [`retry_until`] does until `deadline`; logs a failure with `what`.
-pub fn clean_up<T, F, Fut>(what: String, deadline: Instant, attempt: F)
+/// Runs a clean-up call (a release, a waiter's removal) in a task of its own on `tasks` (which a
+/// draining server waits for), retried as [`retry_until`] does until `deadline`; logs a failure
+/// with `what`.
+pub fn clean_up<T, F, Fut>(tasks: &TaskTracker, what: String, deadline: Instant, attempt: F)
 where
     T: Send + 'static,
     F: FnMut() -> Fut + Send + 'static,
@@ -145,7 +158,7 @@ where
         }
     };
     // In the span of the call it cleans up after (a traced call's trace id), if any.
-    tokio::spawn(tracing::Instrument::in_current_span(task));
+    tasks.spawn(tracing::Instrument::in_current_span(task));
 }
 
 /// What a keepalive stream knows of its client's liveness.

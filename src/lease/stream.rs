@@ -5,7 +5,9 @@
 //! the latest renewal (a newer one replaces an older one nobody has read: a renewal says how long
 //! the lease lasts, and only the latest is true), and its final item (`lost`, or an error). The
 //! final item replaces any unread renewal and always has room, so a stream never ends without
-//! it, however slowly its reader reads. Items are whatever the transport sends (for gRPC, a
+//! it, however slowly its reader reads; a sender dropped without a final item (its task ended
+//! early: a panic) ends the stream with the item it set aside for that ([`Sender::on_drop`]),
+//! never silently. Items are whatever the transport sends (for gRPC, a
 //! response message or a status). An election's observers ([`crate::election::observe`]) send
 //! their states through the same slots: a newer state replaces one nobody has read.
 
@@ -24,6 +26,8 @@ struct State<T> {
     /// When the unread renewal was put in.
     renewal_since: Option<Instant>,
     last: Option<T>,
+    /// The final item should the sender be dropped before it sends one.
+    on_drop: Option<T>,
     /// No more items will come (the sender finished or was dropped).
     done: bool,
     waker: Option<Waker>,
@@ -73,6 +77,7 @@ pub fn channel<T>() -> (Sender<T>, Events<T>) {
             renewal: None,
             renewal_since: None,
             last: None,
+            on_drop: None,
             done: false,
             waker: None,
         }),
@@ -110,6 +115,12 @@ impl<T> Sender<T> {
         waiting
     }
 
+    /// Sets aside the final item the stream ends with should this sender be dropped before it
+    /// sends one (a task that ended early), replacing any set aside before.
+    pub fn on_drop(&self, item: T) {
+        self.shared.update(|s| s.on_drop = Some(item));
+    }
+
     /// Sends the final item: it replaces an unread renewal (no longer true) and the stream ends
     /// once the client has read it.
     pub fn finish(&self, item: T) {
@@ -117,6 +128,7 @@ impl<T> Sender<T> {
             s.renewal = None;
             s.renewal_since = None;
             s.last = Some(item);
+            s.on_drop = None;
             s.done = true;
         });
     }
@@ -129,6 +141,7 @@ impl<T> Sender<T> {
             s.renewal = None;
             s.renewal_since = None;
             s.last = Some(item);
+            s.on_drop = None;
         });
     }
 
@@ -150,7 +163,14 @@ impl<T> Sender<T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        self.shared.update(|s| s.done = true);
+        self.shared.update(|s| {
+            if let Some(item) = s.on_drop.take() {
+                s.renewal = None;
+                s.renewal_since = None;
+                s.last = Some(item);
+            }
+            s.done = true;
+        });
     }
 }
 
@@ -220,6 +240,31 @@ mod tests {
         let pending = futures::poll!(rx.next());
         assert!(pending.is_pending(), "still open: {pending:?}");
         drop(tx);
+        assert!(rx.next().await.is_none());
+    }
+
+    /// A sender dropped before its final item (a task that ended early) ends the stream with the
+    /// item set aside for that, after what it sent; one that finished ends with its own.
+    #[tokio::test]
+    async fn a_sender_dropped_early_ends_with_its_set_aside_item() {
+        let (tx, mut rx) = channel::<u32>();
+        tx.on_drop(99);
+        tx.first(1);
+        tx.renewal(2);
+        drop(tx);
+        assert_eq!(rx.next().await, Some(1));
+        assert_eq!(
+            rx.next().await,
+            Some(99),
+            "the set-aside item, not a stale renewal"
+        );
+        assert!(rx.next().await.is_none());
+
+        let (tx, mut rx) = channel::<u32>();
+        tx.on_drop(99);
+        tx.finish(0);
+        drop(tx);
+        assert_eq!(rx.next().await, Some(0));
         assert!(rx.next().await.is_none());
     }
 

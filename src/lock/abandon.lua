@@ -4,12 +4,16 @@
 -- without a place when the queue is now empty; the shared waiters a waiting writer kept out when
 -- it was the last one.
 --
--- KEYS: the prelude's seven.
--- ARGV[1] waiter id
+-- KEYS: the prelude's eight.
+-- ARGV[1] waiter id   ARGV[2] how long (ms) the waiter id stays void (void.lua), after a call
+--                     whose reply never came; '0' for none
 --
 -- Returns 1 when the waiter was registered, 0 when it was not.
-local id = ARGV[1]
+local id, void_ms = ARGV[1], tonumber(ARGV[2])
 local now = clock()
+if void_ms > 0 then
+  void(K.void, id, now, void_ms)
+end
 
 local head = redis.call('ZRANGE', K.queue, 0, 0)
 local was_head = head[1] == 'x' .. id or head[1] == 's' .. id

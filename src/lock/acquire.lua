@@ -2,7 +2,7 @@
 -- leases and it is the caller's turn; add a hold to the caller's own lease when its owner already
 -- holds the lock; or else register the caller as a waiter and say what keeps it out.
 --
--- KEYS: the prelude's seven.
+-- KEYS: the prelude's eight.
 -- ARGV[1] owner ('' for an anonymous caller, who never re-enters)   ARGV[2] token of the new hold
 -- ARGV[3] ttl ms   ARGV[4] waiter id ('' when the caller does not wait)   ARGV[5] wait left ms
 -- ARGV[6] fence retention ms   ARGV[7] '1' to wait in the fair queue   ARGV[8] mode 'x' or 's'
@@ -27,6 +27,10 @@ local fair, mode, lease_ms = ARGV[7] == '1', ARGV[8], tonumber(ARGV[9])
 local key, max_holds = ARGV[10], tonumber(ARGV[11])
 
 local now, now_us = clock()
+-- A late call whose clean-up already ran (void.lua) changes nothing.
+if voided(K.void, token, waiter, now) then
+  return {0, -2, -1}
+end
 reclaim(now)
 local moved = purge_waiters(now)
 

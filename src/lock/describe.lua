@@ -1,6 +1,6 @@
 -- Describe: read a lock's state without changing anything.
 --
--- KEYS: the prelude's seven.
+-- KEYS: the prelude's eight.
 --
 -- Returns {mode ('x', 's' or ''), exclusive owner, live holds of the exclusive lease, fencing
 -- token, remaining ms (the exclusive lease's; shared: the longest; -2 when free), waiters, shared

@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive, Refusal,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -191,29 +191,6 @@ impl lease::Grant for Lease {
 
     fn valid_until(&self) -> Instant {
         self.sent_at + self.remaining
-    }
-}
-
-/// What kept a lock request out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The remaining ttl of what kept the caller out (the exclusive holder, or the longest
-    /// shared lease for an exclusive request), when known.
-    pub remaining: Option<Duration>,
-    /// When the state may change without a message (a lease or a registration ends), if ever.
-    pub change_in: Option<Duration>,
-}
-
-impl lease::Busy for Refusal {
-    fn change_in(&self) -> Option<Duration> {
-        self.change_in
-    }
-
-    fn unacknowledged(ack_timeout: Duration) -> Self {
-        Self {
-            remaining: None,
-            change_in: Some(ack_timeout),
-        }
     }
 }
 
@@ -460,14 +437,10 @@ impl Primitive for Lock {
         &self,
         name: &str,
         token: &str,
-        unclaimed_only: bool,
+        clean_up: Option<CleanUp>,
     ) -> Result<Released, Error> {
         let keys = self.keys(name);
-        let invocation = scripts::Release {
-            token,
-            unclaimed_only,
-        }
-        .invocation(&self.release, &keys);
+        let invocation = scripts::Release { token, clean_up }.invocation(&self.release, &keys);
         let reply: Vec<i64> = self.redis.eval(&invocation).await?;
         match reply.as_slice() {
             [held, left] => Ok(Released {
@@ -482,9 +455,9 @@ impl Primitive for Lock {
         released.was_held
     }
 
-    async fn abandon(&self, name: &str, waiter: &str) -> Result<(), Error> {
+    async fn abandon(&self, name: &str, waiter: &str, void: Option<Duration>) -> Result<(), Error> {
         let keys = self.keys(name);
-        let invocation = scripts::abandon(&self.abandon, &keys, waiter);
+        let invocation = scripts::abandon(&self.abandon, &keys, waiter, void);
         self.redis.eval::<i64>(&invocation).await.map(drop)
     }
 

@@ -1,4 +1,4 @@
--- Shared by every lock script (concatenated in front of each one; see `source` in mod.rs).
+-- Shared by every lock script (concatenated in front of each one, after void.lua; see scripts.rs).
 --
 -- The keys of the lock NAME all carry the hash tag {lock:NAME}. Every script but the batched
 -- refresh takes them all, in this order:
@@ -10,6 +10,7 @@
 --   KEYS[5] queue    sorted set: '<mode><waiter id>' -> arrival number; mode 'x' or 's'
 --   KEYS[6] writers  sorted set: non-fair exclusive waiter id -> registration expiry (ms)
 --   KEYS[7] channel  pub/sub channel (declared as a key: it shares the hash tag)
+--   KEYS[8] void     sorted set: void tokens and waiter ids -> until when (ms; see void.lua)
 --
 -- A lease is one owner's tenure of the lock in one mode; its id is the fencing token it was
 -- granted with. Each acquisition is a hold of a lease with a token, a ttl and an expiry of its
@@ -29,7 +30,7 @@
 -- changes the lock; reads ignore them.
 local K = {
   state = KEYS[1], leases = KEYS[2], fence = KEYS[3], waiters = KEYS[4], queue = KEYS[5],
-  writers = KEYS[6], channel = KEYS[7],
+  writers = KEYS[6], channel = KEYS[7], void = KEYS[8],
 }
 
 -- Most shared waiters at the head of the queue woken (and granted) together; longer runs follow

@@ -2,14 +2,19 @@
 -- lease, the lease ends; when that frees the lock for those waiting, wake them: the fair queue's
 -- head (by a message addressed to it), or with nobody queued every waiter on every Baton at once.
 --
--- KEYS: the prelude's seven.
--- ARGV[1] token   ARGV[2] '1' to keep a hold that a retry with its idempotency key has claimed
---                 (the clean-up of a grant whose caller never saw it), '0' otherwise
+-- KEYS: the prelude's eight.
+-- ARGV[1] token   ARGV[2] '1' for the clean-up of a grant whose caller never saw it, which keeps a
+--                 hold that a retry with its idempotency key has claimed; '0' otherwise
+-- ARGV[3] how long (ms) the token stays void (void.lua), after a call whose reply never came;
+--         '0' for none
 --
 -- Returns {1, live holds left in the lease} when the token held the lock, {0, 0} when it did not
 -- (already released, expired, or unknown), {-1, live holds} when it was kept as claimed.
-local token, unclaimed_only = ARGV[1], ARGV[2] == '1'
+local token, unclaimed_only, void_ms = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
 local now = clock()
+if void_ms > 0 then
+  void(K.void, token, now, void_ms)
+end
 local id = redis.call('HGET', K.state, 't:' .. token)
 if not id then
   return {0, 0}

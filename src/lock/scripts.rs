@@ -2,8 +2,9 @@
 //! and ARGV in the script's order, once, for Baton and for tools that call the scripts directly
 //! (the load generator).
 //!
-//! Every script is the shared prelude (`prelude.lua`: the key layout, leases and holds, the fair
-//! queue, wake-ups) followed by the script itself, and takes [`LockKeys::all`] as KEYS but
+//! Every script is the void marks every leased primitive shares (`lease/void.lua`), the shared
+//! prelude (`prelude.lua`: the key layout, leases and holds, the fair queue, wake-ups) and the
+//! script itself, and takes [`LockKeys::all`] as KEYS but
 //! `refresh_batch.lua`, which takes [`LockKeys::for_refresh`] per hold. Wrap each source with
 //! [`Redis::script`](crate::redis::Redis::script), which defines `PUBLISH` for the topology.
 
@@ -12,11 +13,18 @@ use std::time::Duration;
 use redis::{Script, ScriptInvocation};
 
 use super::Mode;
-use crate::{lease::FENCE_RETENTION, lease::QUEUE_LEASE, redis::reply::millis};
+use crate::{
+    lease::{CleanUp, FENCE_RETENTION, QUEUE_LEASE, void_millis},
+    redis::reply::millis,
+};
 
 macro_rules! with_prelude {
     ($file:literal) => {
-        concat!(include_str!("prelude.lua"), include_str!($file))
+        concat!(
+            include_str!("../lease/void.lua"),
+            include_str!("prelude.lua"),
+            include_str!($file)
+        )
     };
 }
 
@@ -54,6 +62,8 @@ pub struct LockKeys {
     pub writers: String,
     /// Channel published when a release lets waiters in.
     pub channel: String,
+    /// Sorted set of void tokens and waiter ids (`lease/void.lua`).
+    pub void: String,
 }
 
 impl LockKeys {
@@ -68,12 +78,13 @@ impl LockKeys {
             queue: [state.as_str(), ":queue"].concat(),
             writers: [state.as_str(), ":writers"].concat(),
             channel: [state.as_str(), ":released"].concat(),
+            void: [state.as_str(), ":void"].concat(),
             state,
         }
     }
 
     /// Every key and the channel, in the order the scripts take them.
-    pub fn all(&self) -> [&str; 7] {
+    pub fn all(&self) -> [&str; 8] {
         [
             &self.state,
             &self.leases,
@@ -82,6 +93,7 @@ impl LockKeys {
             &self.queue,
             &self.writers,
             &self.channel,
+            &self.void,
         ]
     }
 
@@ -145,8 +157,10 @@ impl Acquire<'_> {
 pub struct Release<'a> {
     /// The hold's token.
     pub token: &'a str,
-    /// Keep a hold that a retry with its idempotency key has claimed.
-    pub unclaimed_only: bool,
+    /// For the clean-up of a grant whose caller never saw it: such a clean-up keeps a hold that
+    /// a retry with its idempotency key has claimed, and may make the token void. `None` for a
+    /// plain release.
+    pub clean_up: Option<CleanUp>,
 }
 
 impl Release<'_> {
@@ -155,7 +169,8 @@ impl Release<'_> {
         let mut invocation = keys.invocation(script);
         invocation
             .arg(self.token)
-            .arg(if self.unclaimed_only { "1" } else { "0" });
+            .arg(if self.clean_up.is_some() { "1" } else { "0" })
+            .arg(self.clean_up.and_then(|c| c.void).map_or(0, void_millis));
         invocation
     }
 }
@@ -197,10 +212,16 @@ pub fn add_to_batch(
     invocation.arg(token).arg(ttl.map_or(0, millis));
 }
 
-/// `abandon.lua`'s call for the waiter `waiter` on `keys`.
-pub fn abandon<'s>(script: &'s Script, keys: &LockKeys, waiter: &str) -> ScriptInvocation<'s> {
+/// `abandon.lua`'s call for the waiter `waiter` on `keys`; with `void`, the waiter id stays void
+/// that long (after a call whose reply never came).
+pub fn abandon<'s>(
+    script: &'s Script,
+    keys: &LockKeys,
+    waiter: &str,
+    void: Option<Duration>,
+) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(waiter);
+    invocation.arg(waiter).arg(void.map_or(0, void_millis));
     invocation
 }
 
@@ -236,7 +257,7 @@ mod tests {
     fn prelude_takes_the_keys_in_order() {
         let prelude = include_str!("prelude.lua");
         let names = [
-            "state", "leases", "fence", "waiters", "queue", "writers", "channel",
+            "state", "leases", "fence", "waiters", "queue", "writers", "channel", "void",
         ];
         let keys = LockKeys::new("baton:", "orders");
         for (i, (name, key)) in names.iter().zip(keys.all()).enumerate() {

@@ -11,13 +11,12 @@ use super::{AcquireRequest, Lease, Lock, Locks, Mode, Refusal};
 use crate::{
     error::Error,
     grpc::{
-        leases::{self, EventStream, LeaseMessage, Leases},
+        leases::{self, EventStream, Leases},
         wire,
     },
     lease::{MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, engine::Acquired},
     proto::v1::{
         self as pb, lock_service_hold_response::Event as HoldEvent,
-        lock_service_keep_alive_response::Event as KeepAliveEvent,
         lock_service_server::LockService,
     },
 };
@@ -70,34 +69,6 @@ fn lease_message(lease: &Lease, ttl: Duration) -> pb::LockLease {
         owner: lease.owner.clone(),
         mode: mode_message(lease.mode).into(),
         expires_at: Some(leases::expires_at(lease, ttl)),
-    }
-}
-
-impl LeaseMessage for pb::LockServiceHoldResponse {
-    fn renewed(renewed: pb::LeaseRenewed) -> Self {
-        Self {
-            event: Some(HoldEvent::Renewed(renewed)),
-        }
-    }
-
-    fn lost(lost: pb::LeaseLost) -> Self {
-        Self {
-            event: Some(HoldEvent::Lost(lost)),
-        }
-    }
-}
-
-impl LeaseMessage for pb::LockServiceKeepAliveResponse {
-    fn renewed(renewed: pb::LeaseRenewed) -> Self {
-        Self {
-            event: Some(KeepAliveEvent::Renewed(renewed)),
-        }
-    }
-
-    fn lost(lost: pb::LeaseLost) -> Self {
-        Self {
-            event: Some(KeepAliveEvent::Lost(lost)),
-        }
     }
 }
 

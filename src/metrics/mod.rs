@@ -53,8 +53,9 @@ pub const REDIS_BUCKETS: [f64; 16] = [
     10.0,
 ];
 
-/// The leased primitives whose metrics are kept apart, by [`crate::lease::Primitive::KIND`].
-const LEASE_KINDS: [&str; 2] = ["lock", "semaphore"];
+/// The leased primitives whose metrics are kept apart, by [`crate::lease::Primitive::KIND`]:
+/// their series exist (at zero) from the start.
+const LEASE_KINDS: [&str; 3] = ["lock", "semaphore", "election"];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, LabelSet)]
 struct BuildLabels {
@@ -223,7 +224,7 @@ fn lost_label(reason: LostReason) -> &'static str {
     }
 }
 
-/// The metrics of one leased primitive (locks or semaphores), resolved once.
+/// The metrics of one leased primitive (locks, semaphores or elections), resolved once.
 pub struct LeaseMetrics {
     acquisitions: [Counter; 4],
     /// By result; none for `NotAcquired`, which never waits.
@@ -984,6 +985,15 @@ mod tests {
                 text.contains(&format!("# TYPE {name} ")),
                 "{name} missing in:\n{text}"
             );
+        }
+        for kind in LEASE_KINDS {
+            for series in [
+                format!("baton_leases_held{{kind=\"{kind}\"}} "),
+                format!("baton_lease_acquisitions_total{{kind=\"{kind}\",result=\"acquired\"}} "),
+                format!("baton_leases_lost_total{{kind=\"{kind}\",reason=\"unconfirmed\"}} "),
+            ] {
+                assert!(text.contains(&series), "{series} missing in:\n{text}");
+            }
         }
         let open = encode(Format::OpenMetrics).expect("encodes");
         assert!(open.ends_with("# EOF\n"), "{open}");

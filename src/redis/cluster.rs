@@ -35,8 +35,8 @@ use std::{
 };
 
 use bb8_redis::redis::{
-    self, Arg, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
-    RedisError, RedisFuture, RedisResult, ServerErrorKind, Value, aio::ConnectionLike,
+    self, Arg, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
+    RedisFuture, RedisResult, ServerErrorKind, Value, aio::ConnectionLike,
 };
 use futures::FutureExt;
 use tokio::{
@@ -45,7 +45,10 @@ use tokio::{
 };
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{Conn, Health, NodePool, PoolSettings, breaks_connection, slot_of, topology::Endpoint};
+use super::{
+    Conn, Health, NodePool, PoolSettings, access::Access, breaks_connection, slot_of,
+    topology::Endpoint,
+};
 use crate::error::{Error, describe};
 
 /// Hash slots in a Redis Cluster.
@@ -74,6 +77,7 @@ const RETRY_FACTOR: Duration = Duration::from_millis(5);
 pub struct Node {
     addr: Arc<str>,
     info: ConnectionInfo,
+    access: Arc<Access>,
     pool: NodePool,
 }
 
@@ -83,9 +87,10 @@ impl Node {
         &self.addr
     }
 
-    /// How to connect to it (credentials and database of the first seed URL).
-    pub fn connection_info(&self) -> &ConnectionInfo {
-        &self.info
+    /// How to connect to it now: the database of the first seed URL, with the user, password
+    /// and TLS settings of the moment.
+    pub fn connection_info(&self) -> ConnectionInfo {
+        self.access.snapshot().apply(self.info.clone())
     }
 }
 
@@ -134,8 +139,11 @@ pub struct Cluster {
 struct Inner {
     /// `host:port` of each seed node.
     seeds: Vec<Arc<str>>,
-    /// The first seed's connection settings (credentials, database), for every node.
+    /// The first seed's connection settings (credentials, database, TLS or not), for every
+    /// node.
     template: ConnectionInfo,
+    /// The user, password and TLS settings of the moment, for every connection.
+    access: Arc<Access>,
     settings: PoolSettings,
     /// Every node Baton has a pool for, by `host:port`.
     nodes: Mutex<HashMap<Arc<str>, Arc<Node>>>,
@@ -150,7 +158,11 @@ struct Inner {
 
 impl Cluster {
     /// Sets up the cluster from its seed URLs without connecting yet.
-    pub(super) fn new(seeds: &[String], settings: PoolSettings) -> Result<Self, Error> {
+    pub(super) fn new(
+        seeds: &[String],
+        settings: PoolSettings,
+        access: Arc<Access>,
+    ) -> Result<Self, Error> {
         let mut template = None;
         let mut addrs = Vec::new();
         for seed in seeds {
@@ -158,9 +170,12 @@ impl Cluster {
                 .as_str()
                 .into_connection_info()
                 .map_err(|e| Error::Internal(format!("redis url {seed:?}: {e}")))?;
-            let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            let (ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) =
+                info.addr()
+            else {
                 return Err(Error::Internal(format!(
-                    "redis url {seed:?}: a Cluster seed must be redis://host:port"
+                    "redis url {seed:?}: a Cluster seed must be redis://host:port or \
+                     rediss://host:port"
                 )));
             };
             addrs.push(Arc::from(format!("{host}:{port}")));
@@ -179,6 +194,7 @@ impl Cluster {
             inner: Arc::new(Inner {
                 seeds: addrs,
                 template,
+                access,
                 settings,
                 nodes: Mutex::new(HashMap::new()),
                 state: watch::Sender::new(MapState::default()),
@@ -218,21 +234,31 @@ impl Cluster {
             .ok_or_else(|| {
                 Error::Unavailable(format!("the cluster named a bad address {addr:?}"))
             })?;
-        let info = self
-            .inner
-            .template
-            .clone()
-            .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
-        let client = Client::open(info.clone())
-            .map_err(|e| Error::Internal(format!("cluster node {addr}: {e}")))?;
+        // Every node is reached as the seeds are: over TLS when they are `rediss://` (the
+        // settings of the moment are put on when a connection opens).
+        let node_addr = match self.inner.template.addr() {
+            ConnectionAddr::TcpTls { .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let info = self.inner.template.clone().set_addr(node_addr);
         let mut nodes = self.nodes();
         let node = nodes
             .entry(Arc::from(addr))
             .or_insert_with(|| {
+                let endpoint = Endpoint::Fixed {
+                    info: Arc::new(info.clone()),
+                    access: self.inner.access.clone(),
+                };
                 Arc::new(Node {
                     addr: Arc::from(addr),
                     info,
-                    pool: NodePool::new(Endpoint::Fixed(client), self.inner.settings),
+                    access: self.inner.access.clone(),
+                    pool: NodePool::new(endpoint, self.inner.settings),
                 })
             })
             .clone();

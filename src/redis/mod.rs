@@ -12,6 +12,7 @@
 //! a Redis older than 7.0 is refused with [`Error::FailedPrecondition`] naming it (see
 //! [`version`]).
 
+mod access;
 mod cluster;
 mod notifier;
 pub mod reply;
@@ -37,6 +38,7 @@ use tokio::time::{Instant, timeout_at};
 
 pub use crate::config::Topology;
 pub use ::redis::Script;
+pub use access::{Access, Snapshot, tls_failure};
 pub use notifier::{ADDRESSED, Notifier, Source, Subscription, Wake};
 pub use topology::Endpoint;
 
@@ -90,10 +92,15 @@ impl bb8::ManageConnection for Manager {
     async fn connect(&self) -> Result<Conn, Error> {
         // With Sentinel this asks for the current master, so a failover is followed by the next
         // connection opened after the old one broke.
-        let client = self.endpoint.client(self.connect_timeout).await?;
+        let client = self
+            .endpoint
+            .client(self.connect_timeout)
+            .await
+            .map_err(connect_error)?;
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+            .await
+            .map_err(connect_error)?;
         let addr = client.get_connection_info().addr().to_string();
         if matches!(self.endpoint, Endpoint::Sentinel(_)) {
             self.note_master(&addr);
@@ -260,6 +267,44 @@ impl NodePool {
     }
 }
 
+/// A failed connection attempt as Baton reports it: a failed TLS handshake says so (with what
+/// rustls found wrong), anything else as [`Error::from`] has it.
+fn connect_error(e: RedisError) -> Error {
+    match tls_failure(&e) {
+        Some(why) => Error::Unavailable(format!("{TLS_FAILED}: {why}")),
+        None => e.into(),
+    }
+}
+
+/// How the cause of a failed TLS handshake with Redis starts.
+const TLS_FAILED: &str = "TLS handshake with Redis failed";
+
+/// What makes Baton exit at start (code 2) rather than serve unready: Redis answered but refused
+/// Baton's credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`), or the TLS handshake failed (a
+/// certificate not trusted or not for this host, a client certificate refused, a server not
+/// speaking TLS). Either is a setting to fix, not an outage to wait out.
+fn refused_at_start(e: &Error) -> Option<String> {
+    let (Error::Unavailable(cause) | Error::Internal(cause)) = e else {
+        return None;
+    };
+    if ["WRONGPASS", "NOAUTH", "NOPERM"]
+        .iter()
+        .any(|code| cause.contains(code))
+    {
+        Some(format!(
+            "Redis refused Baton's credentials (check --redis-username and \
+             --redis-password-file, and the user's ACL rules): {cause}"
+        ))
+    } else if cause.contains(TLS_FAILED) {
+        Some(format!(
+            "{cause} (check the rediss:// URLs, --redis-tls-ca, --redis-tls-cert and \
+             --redis-tls-key)"
+        ))
+    } else {
+        None
+    }
+}
+
 /// Whether a connection that returned `e` can no longer be trusted: an I/O error, a dropped
 /// connection, a node that is no longer the master (`READONLY`), or one that no longer accepts
 /// Baton's credentials (`NOAUTH`, `WRONGPASS`), which a fresh connection may.
@@ -282,7 +327,9 @@ pub fn error_kind(e: &Error) -> metrics::RedisError {
                 || cause.contains("timed out")
             {
                 metrics::RedisError::Timeout
-            } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM") {
+            } else if matches!(code, "NOAUTH" | "WRONGPASS" | "NOPERM")
+                || cause.contains(crate::error::SCRIPT_ACL_DENIAL)
+            {
                 metrics::RedisError::Auth
             } else if RETRYABLE_REDIS_CODES.contains(&code) {
                 metrics::RedisError::Server
@@ -308,8 +355,9 @@ fn observe<T>(kind: RedisCall, started: Instant, result: &Result<T, Error>) {
     }
 }
 
-/// A Redis that answers but cannot run Baton (older than 7.0), found at start: `baton serve` exits
-/// with code 2 and this message.
+/// A Redis Baton cannot use as configured, found at start: one older than 7.0, one that refuses
+/// Baton's credentials, or a failed TLS handshake. `baton serve` exits with code 2 and this
+/// message (which never holds a password).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct UnsupportedServer(pub String);
@@ -394,6 +442,13 @@ impl Redis {
     /// Sets up the connections without connecting yet, so Baton starts (and reports not ready)
     /// while Redis is down.
     pub fn new(config: &RedisConfig) -> Result<Self, Error> {
+        if config.access.tls.insecure {
+            tracing::warn!(
+                "--redis-tls-insecure: Redis servers' certificates are NOT verified; anyone on \
+                 the network path can read and change Baton's Redis traffic, its password \
+                 included"
+            );
+        }
         Self::with_role(config, PoolRole::Commands)
     }
 
@@ -405,9 +460,13 @@ impl Redis {
             command_timeout: config.command_timeout,
             role,
         };
+        let access = Arc::new(
+            Access::load(&config.access)
+                .map_err(|problems| Error::Internal(problems.join("; ")))?,
+        );
         let (backend, source) = match &config.topology {
             Topology::Cluster { seeds } => {
-                let cluster = cluster::Cluster::new(seeds, settings)?;
+                let cluster = cluster::Cluster::new(seeds, settings, access)?;
                 (
                     Backend::Cluster {
                         cluster: cluster.clone(),
@@ -416,7 +475,7 @@ impl Redis {
                 )
             }
             topology => {
-                let endpoint = Endpoint::new(topology)?
+                let endpoint = Endpoint::with_access(topology, access)?
                     .ok_or_else(|| Error::Internal("a node topology without an endpoint".into()))?;
                 (
                     Backend::Node {
@@ -660,10 +719,11 @@ impl Redis {
         }
     }
 
-    /// Checks at start that the server answers and is recent enough, within the connect and
-    /// command timeouts: `Err(UnsupportedServer)` for a Redis that cannot run Baton (older than
-    /// 7.0); `Ok(Err(why))` when it does not answer now (Baton starts anyway and reports not
-    /// ready; the check is made again on every connection).
+    /// Checks at start that the server answers, accepts Baton's credentials and TLS, and is
+    /// recent enough, within the connect and command timeouts: `Err(UnsupportedServer)` for a
+    /// Redis Baton cannot use as configured (older than 7.0, refusing the credentials, a failed
+    /// TLS handshake); `Ok(Err(why))` when it does not answer now (Baton starts anyway and
+    /// reports not ready; the check is made again on every connection).
     pub async fn check_server(&self) -> Result<Result<(), Error>, UnsupportedServer> {
         let deadline = Instant::now() + self.connect_timeout + self.command_timeout;
         let checked = match &self.backend {
@@ -672,7 +732,11 @@ impl Redis {
         };
         match checked {
             Err(Error::FailedPrecondition(refusal)) => Err(UnsupportedServer(refusal)),
-            other => Ok(other),
+            Err(e) => match refused_at_start(&e) {
+                Some(refusal) => Err(UnsupportedServer(refusal)),
+                None => Ok(Err(e)),
+            },
+            Ok(()) => Ok(Ok(())),
         }
     }
 

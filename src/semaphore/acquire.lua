@@ -16,6 +16,10 @@ local waiter, fair, wait_ms = ARGV[6], ARGV[7] == '1', tonumber(ARGV[8])
 local queue_lease, retention, key = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 
 local now, now_us = clock()
+-- A late call whose clean-up already ran (void.lua) changes nothing.
+if voided(V, token, waiter, now) then
+  return {0, 0, -1, -1}
+end
 reclaim(now)
 purge_waiters(now)
 

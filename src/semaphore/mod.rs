@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::{
     error::Error,
     lease::{
-        self, Engine, Primitive,
+        self, CleanUp, Engine, Primitive,
         batch::Renewal,
         engine::{Acquired, Renewing},
     },
@@ -363,9 +363,14 @@ impl Primitive for Semaphore {
         Ok((outcome, ack))
     }
 
-    async fn release(&self, name: &str, token: &str, unclaimed_only: bool) -> Result<bool, Error> {
+    async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        clean_up: Option<CleanUp>,
+    ) -> Result<bool, Error> {
         let keys = self.keys(name);
-        let invocation = scripts::release(&self.release, &keys, token, unclaimed_only);
+        let invocation = scripts::release(&self.release, &keys, token, clean_up);
         Ok(self.redis.eval::<i64>(&invocation).await? == 1)
     }
 
@@ -373,9 +378,9 @@ impl Primitive for Semaphore {
         *released
     }
 
-    async fn abandon(&self, name: &str, waiter: &str) -> Result<(), Error> {
+    async fn abandon(&self, name: &str, waiter: &str, void: Option<Duration>) -> Result<(), Error> {
         let keys = self.keys(name);
-        let invocation = scripts::abandon(&self.abandon, &keys, waiter);
+        let invocation = scripts::abandon(&self.abandon, &keys, waiter, void);
         self.redis.eval::<i64>(&invocation).await.map(drop)
     }
 

@@ -1,4 +1,5 @@
--- Shared by every semaphore script (concatenated in front of each one at build time).
+-- Shared by every semaphore script (concatenated in front of each one, after void.lua, at build
+-- time).
 --
 -- KEYS[1] holders   sorted set: lease token -> expiry (ms, Redis time)
 -- KEYS[2] data      hash: 'h:<token>' -> "permits|limit|ttl|fence|key|owner" (owner '' for an
@@ -12,7 +13,9 @@
 -- KEYS[5] waiters   sorted set: waiter id (fair or not) -> expiry of its registration (ms)
 -- KEYS[6] fence     string: last fencing token issued
 -- KEYS[7] channel   pub/sub channel woken on every release (declared: it shares the hash tag)
-local H, D, L, Q, W, F, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+-- KEYS[8] void      sorted set: void tokens and waiter ids -> until when (ms; see void.lua)
+local H, D, L, Q, W, F, C, V =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
 -- How long keys outlive the last lease or wait they record, so `Describe` can still report the
 -- semaphore's limit for a while; 60 s.

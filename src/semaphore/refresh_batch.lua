@@ -1,7 +1,7 @@
 -- Refresh many: renew the leases of several semaphores in one call (batched keepalive), each on
 -- its own: a lease whose keys make Redis raise an error (a key of the wrong type) fails alone.
 --
--- KEYS: the prelude's 7 keys of each lease's semaphore, lease after lease (all in one hash slot
+-- KEYS: the prelude's first 7 keys of each lease's semaphore (not the void marks), lease after lease (all in one hash slot
 -- on a Cluster; any keys on a single Redis).
 -- ARGV: per lease, its token and ttl ms (0 reuses the acquisition ttl).
 --

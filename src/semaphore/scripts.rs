@@ -2,8 +2,8 @@
 //! KEYS and ARGV in the script's order, once, for Baton and for tools that call the scripts
 //! directly (the load generator).
 //!
-//! Every script is the shared prelude (`prelude.lua`: the key layout, holders, the fair queue)
-//! followed by the script itself, and takes [`SemaphoreKeys::all`] as KEYS but
+//! Every script is the void marks every leased primitive shares (`lease/void.lua`), the shared
+//! prelude (`prelude.lua`: the key layout, holders, the fair queue) and the script itself, and takes [`SemaphoreKeys::all`] as KEYS but
 //! `refresh_batch.lua`, which takes them once per lease. Wrap each source with
 //! [`Redis::script`](crate::redis::Redis::script), which defines `PUBLISH` for the topology.
 
@@ -11,11 +11,18 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use crate::{lease::FENCE_RETENTION, lease::QUEUE_LEASE, redis::reply::millis};
+use crate::{
+    lease::{CleanUp, FENCE_RETENTION, QUEUE_LEASE, void_millis},
+    redis::reply::millis,
+};
 
 macro_rules! with_prelude {
     ($file:literal) => {
-        concat!(include_str!("prelude.lua"), include_str!($file))
+        concat!(
+            include_str!("../lease/void.lua"),
+            include_str!("prelude.lua"),
+            include_str!($file)
+        )
     };
 }
 
@@ -52,6 +59,8 @@ pub struct SemaphoreKeys {
     pub fence: String,
     /// Channel published on every release and queue move.
     pub channel: String,
+    /// Sorted set of void tokens and waiter ids (`lease/void.lua`).
+    pub void: String,
 }
 
 impl SemaphoreKeys {
@@ -66,12 +75,13 @@ impl SemaphoreKeys {
             waiters: [data.as_str(), ":waiters"].concat(),
             fence: [data.as_str(), ":fence"].concat(),
             channel: [data.as_str(), ":released"].concat(),
+            void: [data.as_str(), ":void"].concat(),
             data,
         }
     }
 
     /// Every key and the channel, in the order the scripts take them.
-    pub fn all(&self) -> [&str; 7] {
+    pub fn all(&self) -> [&str; 8] {
         [
             &self.holders,
             &self.data,
@@ -80,7 +90,14 @@ impl SemaphoreKeys {
             &self.waiters,
             &self.fence,
             &self.channel,
+            &self.void,
         ]
+    }
+
+    /// One lease's KEYS in `refresh_batch.lua`: all but the void marks.
+    pub fn for_refresh(&self) -> [&str; 7] {
+        let [holders, data, limits, queue, waiters, fence, channel, _] = self.all();
+        [holders, data, limits, queue, waiters, fence, channel]
     }
 
     fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
@@ -135,18 +152,20 @@ impl Acquire<'_> {
     }
 }
 
-/// `release.lua`'s call for `token` on `keys`; with `unclaimed_only`, a lease that a retry with
-/// its idempotency key has claimed is kept.
+/// `release.lua`'s call for `token` on `keys`. With `clean_up` (the clean-up of a grant whose
+/// caller never saw it), a lease that a retry with its idempotency key has claimed is kept, and
+/// the token may be made void.
 pub fn release<'s>(
     script: &'s Script,
     keys: &SemaphoreKeys,
     token: &str,
-    unclaimed_only: bool,
+    clean_up: Option<CleanUp>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
     invocation
         .arg(token)
-        .arg(if unclaimed_only { "1" } else { "0" });
+        .arg(if clean_up.is_some() { "1" } else { "0" })
+        .arg(clean_up.and_then(|c| c.void).map_or(0, void_millis));
     invocation
 }
 
@@ -175,16 +194,22 @@ pub fn add_to_batch(
     token: &str,
     ttl: Option<Duration>,
 ) {
-    for key in keys.all() {
+    for key in keys.for_refresh() {
         invocation.key(key);
     }
     invocation.arg(token).arg(ttl.map_or(0, millis));
 }
 
-/// `abandon.lua`'s call for the waiter `waiter` on `keys`.
-pub fn abandon<'s>(script: &'s Script, keys: &SemaphoreKeys, waiter: &str) -> ScriptInvocation<'s> {
+/// `abandon.lua`'s call for the waiter `waiter` on `keys`; with `void`, the waiter id stays void
+/// that long (after a call whose reply never came).
+pub fn abandon<'s>(
+    script: &'s Script,
+    keys: &SemaphoreKeys,
+    waiter: &str,
+    void: Option<Duration>,
+) -> ScriptInvocation<'s> {
     let mut invocation = keys.invocation(script);
-    invocation.arg(waiter);
+    invocation.arg(waiter).arg(void.map_or(0, void_millis));
     invocation
 }
 
@@ -222,7 +247,9 @@ mod tests {
     fn prelude_takes_the_keys_in_order() {
         let prelude = include_str!("prelude.lua");
         assert!(
-            prelude.contains("local H, D, L, Q, W, F, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]"),
+            prelude.contains(
+                "local H, D, L, Q, W, F, C, V =\n  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]"
+            ),
             "the prelude's key order changed: update SemaphoreKeys::all"
         );
         let keys = SemaphoreKeys::new("baton:", "pool");
@@ -235,7 +262,8 @@ mod tests {
                 keys.queue.as_str(),
                 keys.waiters.as_str(),
                 keys.fence.as_str(),
-                keys.channel.as_str()
+                keys.channel.as_str(),
+                keys.void.as_str()
             ]
         );
     }

@@ -11,13 +11,12 @@ use super::{AcquireRequest, MAX_PERMITS, Permit, Refusal, Semaphore, Semaphores}
 use crate::{
     error::Error,
     grpc::{
-        leases::{self, EventStream, LeaseMessage, Leases},
+        leases::{self, EventStream, Leases},
         wire,
     },
     lease::{MAX_TTL, MAX_WAIT, MIN_KEEPALIVE_TTL, MIN_TTL, MIN_WAIT, engine::Acquired},
     proto::v1::{
         self as pb, semaphore_service_hold_response::Event as HoldEvent,
-        semaphore_service_keep_alive_response::Event as KeepAliveEvent,
         semaphore_service_server::SemaphoreService,
     },
 };
@@ -100,34 +99,6 @@ fn permit_message(permit: &Permit, ttl: Duration) -> pb::SemaphorePermit {
         limit: permit.limit,
         owner: permit.owner.clone(),
         expires_at: Some(leases::expires_at(permit, ttl)),
-    }
-}
-
-impl LeaseMessage for pb::SemaphoreServiceHoldResponse {
-    fn renewed(renewed: pb::LeaseRenewed) -> Self {
-        Self {
-            event: Some(HoldEvent::Renewed(renewed)),
-        }
-    }
-
-    fn lost(lost: pb::LeaseLost) -> Self {
-        Self {
-            event: Some(HoldEvent::Lost(lost)),
-        }
-    }
-}
-
-impl LeaseMessage for pb::SemaphoreServiceKeepAliveResponse {
-    fn renewed(renewed: pb::LeaseRenewed) -> Self {
-        Self {
-            event: Some(KeepAliveEvent::Renewed(renewed)),
-        }
-    }
-
-    fn lost(lost: pb::LeaseLost) -> Self {
-        Self {
-            event: Some(KeepAliveEvent::Lost(lost)),
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use baton::{
+    lease::CleanUp,
     lock::{
         Description, Lock, Mode,
         scripts::{self, Acquire, LockKeys, MAX_HOLDS, Refresh, Release},
@@ -41,6 +42,8 @@ struct Ask<'a> {
     ttl: Duration,
     waiter: &'a str,
     fair: bool,
+    /// The idempotency key, "" for none.
+    key: &'a str,
 }
 
 /// An exclusive request of `owner` ("" for an anonymous caller) that tries once.
@@ -51,6 +54,7 @@ fn exclusive(owner: &str) -> Ask<'_> {
         ttl: TTL,
         waiter: "",
         fair: false,
+        key: "",
     }
 }
 
@@ -80,6 +84,11 @@ impl<'a> Ask<'a> {
     /// The request with a hold ttl of `ttl`.
     fn ttl(self, ttl: Duration) -> Self {
         Self { ttl, ..self }
+    }
+
+    /// The request with the idempotency key `key`.
+    fn keyed(self, key: &'a str) -> Self {
+        Self { key, ..self }
     }
 }
 
@@ -140,10 +149,14 @@ impl Fixture {
 
     /// Runs `acquire.lua` for `ask` with a fresh token.
     async fn acquire(&self, ask: Ask<'_>) -> Outcome {
-        let token = random_token();
+        self.acquire_as(ask, &random_token()).await
+    }
+
+    /// Runs `acquire.lua` for `ask` with the token `token`.
+    async fn acquire_as(&self, ask: Ask<'_>, token: &str) -> Outcome {
         let invocation = Acquire {
             owner: ask.owner,
-            token: &token,
+            token,
             ttl: ask.ttl,
             waiter: ask.waiter,
             wait_left: if ask.waiter.is_empty() {
@@ -153,7 +166,7 @@ impl Fixture {
             },
             fair: ask.fair,
             mode: ask.mode,
-            idempotency_key: "",
+            idempotency_key: ask.key,
         }
         .invocation(&self.acquire, &self.keys);
         let reply: Vec<Value> = self.redis.eval(&invocation).await.expect("acquire.lua");
@@ -197,9 +210,17 @@ impl Fixture {
     async fn release(&self, token: &str) -> (i64, i64) {
         let invocation = Release {
             token,
-            unclaimed_only: false,
+            clean_up: None,
         }
         .invocation(&self.release, &self.keys);
+        self.redis.eval(&invocation).await.expect("release.lua")
+    }
+
+    /// Runs `release.lua` for `token` as the clean-up of a grant nobody saw, the token then void
+    /// for `void` if given.
+    async fn release_with(&self, token: &str, void: Option<Duration>) -> (i64, i64) {
+        let clean_up = Some(CleanUp { void });
+        let invocation = Release { token, clean_up }.invocation(&self.release, &self.keys);
         self.redis.eval(&invocation).await.expect("release.lua")
     }
 
@@ -211,7 +232,12 @@ impl Fixture {
 
     /// Runs `abandon.lua` for `waiter`: 1 when it was registered.
     async fn abandon(&self, waiter: &str) -> i64 {
-        let invocation = scripts::abandon(&self.abandon, &self.keys, waiter);
+        self.abandon_with(waiter, None).await
+    }
+
+    /// Runs `abandon.lua` for `waiter`, which then stays void for `void` if given.
+    async fn abandon_with(&self, waiter: &str, void: Option<Duration>) -> i64 {
+        let invocation = scripts::abandon(&self.abandon, &self.keys, waiter, void);
         self.redis.eval(&invocation).await.expect("abandon.lua")
     }
 
@@ -588,4 +614,77 @@ async fn abandon_gives_up_the_place() {
     f.release(&holder.token).await;
     f.granted(exclusive("").fair("w2")).await;
     assert_eq!(f.describe().await.waiters, 0);
+}
+
+/// A call whose reply never came may run after its clean-up (a paused Redis, another
+/// connection): once the clean-up has released its token or removed its waiter, that late call
+/// grants nothing and registers nobody, and the void marks expire.
+#[tokio::test]
+async fn a_late_call_after_its_clean_up_changes_nothing() {
+    let f = Fixture::start().await;
+    let void = Some(Duration::from_secs(60));
+
+    // The clean-up runs first: the token held nothing yet.
+    assert_eq!(f.release_with("late-token", void).await, (0, 0));
+    match f.acquire_as(exclusive("alice"), "late-token").await {
+        Outcome::Refused { .. } => {}
+        other => panic!("a void token was granted: {other:?}"),
+    }
+    assert!(f.describe().await.holder.is_none(), "nothing is held");
+
+    // The same for a waiter: its removal first, then the late call that would register it.
+    let held = f.granted(exclusive("bob")).await;
+    assert_eq!(f.abandon_with("late-waiter", void).await, 0);
+    f.refused(exclusive("carol").fair("late-waiter")).await;
+    assert!(f.queue().await.is_empty(), "no place for a void waiter");
+    assert!(
+        f.zrange(&f.keys.waiters).await.is_empty(),
+        "no registration for a void waiter"
+    );
+    f.refused(exclusive("dave").waiting("late-writer")).await;
+    assert_eq!(f.zrange(&f.keys.writers).await, ["late-writer"]);
+
+    // Other tokens and waiters are untouched, and the marks expire with the set.
+    f.release(&held.token).await;
+    f.granted(exclusive("erin")).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&f.keys.void)
+        .query_async(&mut f.conn.clone())
+        .await
+        .expect("PTTL");
+    assert!((1..=60_000).contains(&ttl), "void marks expire: {ttl}");
+}
+
+/// The clean-up of a grant whose caller never saw it releases that grant and voids its token,
+/// but keeps a grant that a retry with its idempotency key has claimed.
+#[tokio::test]
+async fn a_clean_up_releases_an_unclaimed_grant_and_keeps_a_claimed_one() {
+    let f = Fixture::start().await;
+    let void = Some(Duration::from_secs(60));
+    let unseen = f.granted(exclusive("alice")).await;
+    assert_eq!(f.release_with(&unseen.token, void).await, (1, 0));
+    assert!(f.describe().await.holder.is_none());
+    match f.acquire_as(exclusive("alice"), &unseen.token).await {
+        Outcome::Refused { .. } => {}
+        other => panic!("a released clean-up token granted again: {other:?}"),
+    }
+
+    let first = f.granted(exclusive("bob").keyed("k1")).await;
+    let retried = f.granted(exclusive("bob").keyed("k1")).await;
+    assert_eq!(
+        (retried.token.as_str(), retried.fence),
+        (first.token.as_str(), first.fence)
+    );
+    assert_eq!(
+        f.release_with(&first.token, None).await,
+        (-1, 1),
+        "a claimed grant is kept by a clean-up"
+    );
+    let holder = f.describe().await.holder.expect("still held");
+    assert_eq!(holder.owner, "bob");
+    assert_eq!(
+        f.release(&first.token).await,
+        (1, 0),
+        "its owner releases it"
+    );
 }

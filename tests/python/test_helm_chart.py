@@ -4,9 +4,10 @@ Rendered with Helm's own engine (helm-python-sdk, no helm binary) for every valu
 helm/baton/ci/ and through the example parent chart (helm/examples/myapp), linted strictly,
 validated strictly against the Kubernetes 1.29 and 1.33 schemas (kubernetes-validate), and
 then run: the Baton container of the rendered pod is started from its own command, args and
-environment (each volume mapped to a temporary folder), its startup, readiness and liveness
-probes are run as the kubelet runs them, and an app connects from the address in its own
-container's environment and takes a lock.
+environment (each volume laid out in a temporary folder as the kubelet lays it out), its
+startup, readiness and liveness probes are run as the kubelet runs them, its metrics port is
+scraped, an app connects from the address in its own container's environment and takes a lock,
+and the `helm test` hook's command is run against it.
 """
 
 import os
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 import uuid
 
 sys.path.insert(0, os.environ["BATON_PY_GEN"])
@@ -95,6 +97,101 @@ def documents(rendered):
     return objects
 
 
+def pod_templates(objects):
+    """(name, pod metadata, pod spec) of every Deployment."""
+    for o in objects:
+        if o["kind"] == "Deployment":
+            template = o["spec"]["template"]
+            yield o["metadata"]["name"], template["metadata"], template["spec"]
+
+
+def batons(spec):
+    """Baton's container in a pod spec and whether it is a native sidecar (an init container);
+    fails unless there is exactly one."""
+    native = [c for c in spec.get("initContainers", []) if c["name"] == "baton"]
+    ordinary = [c for c in spec["containers"] if c["name"] == "baton"]
+    assert len(native) + len(ordinary) == 1, spec
+    return (native or ordinary)[0], bool(native)
+
+
+def is_test_hook(obj):
+    return obj["kind"] == "Pod" and obj["metadata"].get("annotations", {}).get(
+        "helm.sh/hook") == "test"
+
+
+def kubelet_write(folder, files, stamp):
+    """Writes `files` (name -> text) into a Secret or ConfigMap volume `folder` the way the
+    kubelet does, first and on every update: a new timestamped folder with the files, the
+    `..data` symlink swapped to it atomically (a rename over the old one), one symlink per key
+    into `..data`, the old timestamped folder removed."""
+    old = os.path.join(folder, "..data")
+    old_target = os.readlink(old) if os.path.islink(old) else None
+    stamped = f"..2026_01_01_00_00_{stamp:02d}.{uuid.uuid4().int % 10**9:09d}"
+    os.makedirs(os.path.join(folder, stamped))
+    for name, text in files.items():
+        with open(os.path.join(folder, stamped, name), "w") as f:
+            f.write(text)
+    os.symlink(stamped, os.path.join(folder, "..data_tmp"))
+    os.replace(os.path.join(folder, "..data_tmp"), old)
+    for name in os.listdir(folder):
+        if not name.startswith("..") and name not in files:
+            os.remove(os.path.join(folder, name))
+    for name in files:
+        link = os.path.join(folder, name)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..data", name), link)
+    if old_target:
+        shutil.rmtree(os.path.join(folder, old_target))
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def should_rate_limit(channel, domain, key, value):
+    """Envoy's ShouldRateLimit for one descriptor of one entry, its messages written and read in
+    the protobuf wire format (envoy.service.ratelimit.v3): the response's overall code, 1 (OK)
+    or 2 (OVER_LIMIT)."""
+    entry = _field(1, key.encode()) + _field(2, value.encode())
+    request = _field(1, domain.encode()) + _field(2, _field(1, entry))
+    call = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+    response = call(request, timeout=10)
+    i = 0
+    while i < len(response):
+        tag, i = _read_varint(response, i)
+        if tag & 7 == 0:
+            value, i = _read_varint(response, i)
+            if tag >> 3 == 1:
+                return value
+        elif tag & 7 == 2:
+            size, i = _read_varint(response, i)
+            i += size
+        else:
+            raise AssertionError(f"unexpected wire type in {response!r}")
+    return 0
+
+
+def _read_varint(data, i):
+    shift = value = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
 def pod_specs(objects):
     """(name, pod spec) of every Deployment and Pod."""
     for o in objects:
@@ -132,17 +229,20 @@ class ChartRenders(unittest.TestCase):
         cls.cases = {f: values_file(f) for f in sorted(os.listdir(CI_VALUES))}
         cls.renders = {f: cls.charts.render(cls.charts.chart, v) for f, v in cls.cases.items()}
         cls.renders["examples/myapp"] = cls.charts.render(cls.charts.example, {})
+        cls.renders["examples/myapp, ordinary container"] = cls.charts.render(
+            cls.charts.example, {"baton": {"nativeSidecar": False, "shutdownDelay": "5s"}})
 
     @classmethod
     def tearDownClass(cls):
         cls.charts.close()
 
     def test_values_files_cover_every_case(self):
-        """The CI values files cover the demo, Cluster, Sentinel, TCP and metrics cases."""
+        """The CI values files cover the demo, Cluster, Sentinel, TCP, metrics and ordinary
+        container (no native sidecar) cases."""
         self.assertEqual(
             sorted(self.cases),
             ["cluster-values.yaml", "demo-values.yaml", "metrics-values.yaml",
-             "sentinel-values.yaml", "tcp-values.yaml"])
+             "ordinary-container-values.yaml", "sentinel-values.yaml", "tcp-values.yaml"])
 
     def test_lint_is_clean_in_strict_mode(self):
         """`helm lint --strict` finds nothing, for the defaults, every values file, the example."""
@@ -176,21 +276,31 @@ class ChartRenders(unittest.TestCase):
         self.assertEqual(kinds, {"ConfigMap", "Deployment", "Pod", "PodMonitor", "Service",
                                  "ServiceMonitor"})
 
-    def test_baton_runs_as_a_restricted_native_sidecar(self):
-        """In every render Baton is an init container with restartPolicy Always, gRPC startup,
-        readiness and liveness probes on its health port, and the restrictive security context;
-        every pod's grace period covers the shutdown delay and the drain."""
+    def test_baton_runs_as_a_restricted_sidecar(self):
+        """In every render Baton is a native sidecar (an init container with restartPolicy
+        Always), or with `nativeSidecar: false` the first of the pod's containers with a shutdown
+        delay; either way with gRPC startup, readiness and liveness probes on its health port and
+        the restrictive security context; every pod's grace period covers the shutdown delay and
+        the drain."""
+        ordinary_renders = {"ordinary-container-values.yaml", "examples/myapp, ordinary container"}
+        seen = set()
         for name, rendered in self.renders.items():
-            for pod, spec in pod_specs(documents(rendered)):
-                batons = [c for c in spec.get("initContainers", []) if c["name"] == "baton"]
-                if not batons:
+            for pod, _, spec in pod_templates(documents(rendered)):
+                if pod.endswith("-redis"):
                     continue
                 with self.subTest(values=name, pod=pod):
-                    self.assertEqual([c["name"] for c in spec["containers"]
-                                      if c["name"] == "baton"], [])
-                    (baton,) = batons
-                    self.assertEqual(baton["restartPolicy"], "Always")
+                    baton, native = batons(spec)
+                    seen.add(name)
                     flags = dict(a.split("=", 1) for a in baton["args"][1:] if "=" in a)
+                    if name in ordinary_renders:
+                        self.assertFalse(native)
+                        self.assertEqual(spec["containers"][0]["name"], "baton")
+                        self.assertNotIn("restartPolicy", baton)
+                        self.assertNotIn("initContainers", spec)
+                        self.assertNotEqual(flags["--shutdown-delay"], "0s")
+                    else:
+                        self.assertTrue(native)
+                        self.assertEqual(baton["restartPolicy"], "Always")
                     health_port = int(flags["--health-listen"].rsplit(":", 1)[1])
                     probes = {k: baton[f"{k}Probe"]["grpc"] for k in
                               ["startup", "readiness", "liveness"]}
@@ -213,6 +323,7 @@ class ChartRenders(unittest.TestCase):
                     self.assertNotRegex(" ".join(baton["args"]), r"redis://[^ ,]*:[^ ,]*@",
                                         "a password in the arguments")
                     self.assertNotIn("valueFrom", str(baton.get("env", [])))
+        self.assertEqual(seen, set(self.renders), "a render without Baton")
 
     def test_password_comes_from_the_secret_as_a_file(self):
         """With an existing Secret, the password reaches Baton as a mounted file named by
@@ -228,6 +339,29 @@ class ChartRenders(unittest.TestCase):
         self.assertEqual(mount, [{"name": volume["name"], "readOnly": True,
                                   "mountPath": "/var/run/secrets/baton/redis"}])
         self.assertEqual([o for o in objects if o["kind"] == "Secret"], [])
+
+    def test_metrics_are_on_by_default(self):
+        """Without a word about metrics (the demo values, the example chart), Baton serves them
+        on port 9090, named `metrics`, with the scrape annotations; no monitor is created."""
+        for name in ["demo-values.yaml", "examples/myapp"]:
+            with self.subTest(values=name):
+                objects = documents(self.renders[name])
+                (_, metadata, spec), = [p for p in pod_templates(objects)
+                                        if p[0].endswith(("-demo", "-myapp"))]
+                baton, _ = batons(spec)
+                self.assertIn("--metrics-listen=0.0.0.0:9090", baton["args"])
+                self.assertIn({"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                              baton["ports"])
+                self.assertEqual(metadata["annotations"], {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": "9090",
+                    "prometheus.io/path": "/metrics"})
+                self.assertEqual([o for o in objects if o["kind"].endswith("Monitor")], [])
+        objects = documents(self.charts.render(self.charts.chart, {
+            "demo": {"enabled": True}, "metrics": {"enabled": False}}))
+        (_, metadata, spec), = [p for p in pod_templates(objects) if p[0].endswith("-demo")]
+        baton, _ = batons(spec)
+        self.assertNotIn("metrics", str(baton["args"]) + str(baton["ports"]))
+        self.assertEqual(metadata["annotations"], {})
 
     def test_metrics_are_exposed_when_asked(self):
         """With metrics on: the flag, the port, the scrape annotations, a PodMonitor and a
@@ -254,6 +388,35 @@ class ChartRenders(unittest.TestCase):
         self.assertEqual(podmonitor["metadata"]["labels"]["release"], "prometheus")
         self.assertTrue(podmonitor["spec"]["selector"]["matchLabels"].items()
                         <= pod_labels.items())
+
+    def test_helm_test_hook_reaches_baton(self):
+        """The `helm test` hook asks for `readiness` through a Service that selects the pods
+        carrying Baton and targets its health port: the demo's Service, or with Baton embedded in
+        another chart the `RELEASE-baton-health` Service this chart renders for it."""
+        for name in ["demo-values.yaml", "examples/myapp", "examples/myapp, ordinary container"]:
+            with self.subTest(values=name):
+                objects = documents(self.renders[name])
+                (hook,) = [o for o in objects if is_test_hook(o)]
+                (container,) = hook["spec"]["containers"]
+                self.assertEqual(container["command"], ["/baton"])
+                self.assertIn("--service=readiness", container["args"])
+                (addr,) = [a.split("=", 1)[1] for a in container["args"]
+                           if a.startswith("--addr=")]
+                host, port = addr.rsplit(":", 1)
+                expected = "baton-demo" if name == "demo-values.yaml" else "baton-health"
+                self.assertEqual(host, expected)
+                (service,) = [o for o in objects if o["kind"] == "Service"
+                              and o["metadata"]["name"] == host]
+                (service_port,) = service["spec"]["ports"]
+                self.assertEqual(service_port["port"], int(port))
+                (_, metadata, spec), = [p for p in pod_templates(objects)
+                                        if p[0].endswith(("-demo", "-myapp"))]
+                self.assertTrue(service["spec"]["selector"].items() <= metadata["labels"].items(),
+                                (service["spec"]["selector"], metadata["labels"]))
+                baton, _ = batons(spec)
+                self.assertIn(service_port["targetPort"], [p["name"] for p in baton["ports"]])
+        disabled = documents(self.charts.render(self.charts.chart, {"tests": {"enabled": False}}))
+        self.assertEqual(disabled, [])
 
     def test_modes_reach_the_flags(self):
         """Cluster and Sentinel values become Baton's flags; the evaluation Redis is absent."""
@@ -289,14 +452,17 @@ class ChartRenders(unittest.TestCase):
         self.assertIn("BATON_ADDR=127.0.0.1:50051", notes)
 
     def test_bad_values_are_rejected(self):
-        """Typos, wrong types, a password in the URL, a Sentinel without its master, a key prefix
-        with braces and a grace period shorter than the drain are refused before anything is
-        rendered, each with the value's path in the message."""
+        """Typos, wrong types, a password in the URL, a TLS URL, a Sentinel without its master, a
+        key prefix with braces and a grace period shorter than the drain are refused before
+        anything is rendered, each with the value's path in the message."""
         bad = [
             ({"redis": {"urll": "redis://x:6379"}}, "urll"),
             ({"demo": {"enabled": "yes"}}, "/demo/enabled"),
             ({"transport": "udp"}, "/transport"),
             ({"redis": {"url": "redis://:secret@redis:6379"}}, "/redis/url"),
+            # TLS is not supported by Baton yet: refused rather than passed to a Baton that
+            # would not start.
+            ({"redis": {"url": "rediss://redis:6380"}}, "/redis/url"),
             ({"redis": {"mode": "sentinel"}}, "/redis/sentinelMaster"),
             ({"redis": {"url": "redis://a:1,redis://b:1"}}, "/redis/url"),
             ({"redis": {"keyPrefix": "a{b}"}}, "/redis/keyPrefix"),
@@ -365,21 +531,18 @@ class RunWhatTheChartRenders(unittest.TestCase):
 
     def volumes(self, spec, objects, password):
         """Each volume of the pod as a folder: emptyDirs empty, the Secret's items and the
-        ConfigMap's data written as the kubelet writes them."""
+        ConfigMap's data laid out as the kubelet lays them out (`kubelet_write`)."""
         folders = {}
         for v in spec["volumes"]:
             folder = os.path.join(self.dir, v["name"])
             os.makedirs(folder)
             if "secret" in v:
-                for item in v["secret"]["items"]:
-                    with open(os.path.join(folder, item["path"]), "w") as f:
-                        f.write(password + "\n")
+                kubelet_write(folder, {item["path"]: password + "\n"
+                                       for item in v["secret"]["items"]}, 0)
             if "configMap" in v:
                 (cm,) = [o for o in objects if o["kind"] == "ConfigMap"
                          and o["metadata"]["name"] == v["configMap"]["name"]]
-                for key, text in cm["data"].items():
-                    with open(os.path.join(folder, key), "w") as f:
-                        f.write(text)
+                kubelet_write(folder, cm["data"], 0)
             folders[v["name"]] = folder
         return folders
 
@@ -446,16 +609,50 @@ class RunWhatTheChartRenders(unittest.TestCase):
                     last = e.code()
         raise AssertionError(f"probe {service!r} on {target} failed {passes} times: {last}")
 
-    def run_pod(self, chart, values, password=None, demo_app=False):
+    def scrape(self, baton, metadata):
+        """Scrapes the metrics port as Prometheus would from the pod's annotations: the
+        container port named `metrics`, at the annotated path."""
+        (port,) = [p["containerPort"] for p in baton["ports"] if p["name"] == "metrics"]
+        annotations = metadata.get("annotations", {})
+        self.assertEqual(annotations.get("prometheus.io/port"), str(port))
+        path = annotations.get("prometheus.io/path")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            self.assertEqual(response.status, 200)
+            return response.read().decode()
+
+    def run_hook(self, objects, baton):
+        """Runs the `helm test` hook's command, its Service's name resolved as the cluster's DNS
+        would (to the pod, whose Baton serves the Service's target port)."""
+        (hook,) = [o for o in objects if is_test_hook(o)]
+        (container,) = hook["spec"]["containers"]
+        args = []
+        for a in container["args"]:
+            if a.startswith("--addr="):
+                host, port = a.split("=", 1)[1].rsplit(":", 1)
+                (service,) = [o for o in objects if o["kind"] == "Service"
+                              and o["metadata"]["name"] == host]
+                (target,) = [p["targetPort"] for p in service["spec"]["ports"]
+                             if p["port"] == int(port)]
+                (pod_port,) = [p["containerPort"] for p in baton["ports"] if p["name"] == target]
+                a = f"--addr=127.0.0.1:{pod_port}"
+            args.append(a)
+        self.assertEqual(container["command"], ["/baton"])
+        hook_run = subprocess.run([os.environ["BATON_BIN"], *args], capture_output=True,
+                                  text=True, timeout=30)
+        self.assertEqual(hook_run.returncode, 0, hook_run.stdout + hook_run.stderr)
+
+    def run_pod(self, chart, values, password=None, demo_app=False, while_running=None):
         """Renders `chart` with `values`, runs its Baton container against a private Redis and
-        proves it as described in the class; returns the rendered objects."""
+        proves it as described in the class, then calls `while_running(ctx)` (a dict of the
+        pod's pieces) before stopping it; returns the rendered objects."""
         redis = Redis(self.dir, password=password)
         self.addCleanup(redis.kill)
         prefix = f"chart-{uuid.uuid4().hex[:8]}:"
         objects = documents(self.charts.render(chart, values(redis.port, prefix)))
-        (pod_name, spec), = [p for p in pod_specs(objects) if p[0].endswith(("-demo", "-myapp"))]
-        (baton,) = [c for c in spec["initContainers"] if c["name"] == "baton"]
-        (app,) = spec["containers"]
+        (pod_name, metadata, spec), = [p for p in pod_templates(objects)
+                                       if p[0].endswith(("-demo", "-myapp"))]
+        baton, _ = batons(spec)
+        (app,) = [c for c in spec["containers"] if c["name"] != "baton"]
         folders = self.volumes(spec, objects, password)
 
         proc, log = self.start(baton, self.mapper(baton, folders), pod_name + "-0")
@@ -465,6 +662,9 @@ class RunWhatTheChartRenders(unittest.TestCase):
             # Readiness follows Redis (checked every second): allow a few probe periods.
             self.probe(baton["readinessProbe"], 10, proc)
             self.probe(baton["livenessProbe"], 1, proc)
+            if "--metrics-listen" in " ".join(baton["args"]):
+                self.assertIn("baton_build_info{", self.scrape(baton, metadata))
+            self.run_hook(objects, baton)
 
             # The app: its own environment names Baton; it sees the socket through its mounts.
             app_env = self.environment(app, self.mapper(app, folders), pod_name + "-0")
@@ -496,6 +696,10 @@ class RunWhatTheChartRenders(unittest.TestCase):
                 app_proc.send_signal(signal.SIGTERM)
                 self.assertEqual(app_proc.wait(timeout=10), 0)
 
+            if while_running:
+                while_running({"objects": objects, "spec": spec, "baton": baton, "app": app,
+                               "folders": folders, "log": log, "app_env": app_env})
+
             proc.send_signal(signal.SIGTERM)
             grace = spec["terminationGracePeriodSeconds"]
             self.assertEqual(proc.wait(timeout=grace), 0, "exit status after SIGTERM")
@@ -516,6 +720,7 @@ class RunWhatTheChartRenders(unittest.TestCase):
         def values(port, prefix):
             return merge(values_file("demo-values.yaml"), {
                 "health": {"port": free_port()},
+                "metrics": {"port": free_port()},
                 "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
                 "demo": {"redis": {"enabled": False}},
             })
@@ -532,6 +737,7 @@ class RunWhatTheChartRenders(unittest.TestCase):
             return merge(values_file("tcp-values.yaml"), {
                 "tcp": {"port": free_port()},
                 "health": {"port": free_port()},
+                "metrics": {"port": free_port()},
                 "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
             })
         self.run_pod(self.charts.chart, values, password=password)
@@ -543,9 +749,76 @@ class RunWhatTheChartRenders(unittest.TestCase):
         Baton; the password comes from its Secret; its app container finds Baton."""
         def values(port, prefix):
             return {"baton": {"health": {"port": free_port()},
+                              "metrics": {"port": free_port()},
                               "redis": {"url": f"redis://127.0.0.1:{port}",
                                         "keyPrefix": prefix}}}
         self.run_pod(self.charts.example, values, password=uuid.uuid4().hex)
+
+    def test_ordinary_container_without_native_sidecars(self):
+        """The ordinary-container values (`nativeSidecar: false`): Baton is the first of the
+        pod's containers; it serves, the demo app takes its lock, and after SIGTERM Baton keeps
+        serving for the shutdown delay, then drains and exits 0."""
+        def values(port, prefix):
+            return merge(values_file("ordinary-container-values.yaml"), {
+                "health": {"port": free_port()},
+                "metrics": {"port": free_port()},
+                "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
+                "demo": {"redis": {"enabled": False}},
+                # Short, so the test stays short; the values file's 5 s is rendered above.
+                "shutdownDelay": "1s",
+            })
+        objects = self.run_pod(self.charts.chart, values, demo_app=True)
+        (_, _, spec), = [p for p in pod_templates(objects) if p[0].endswith("-demo")]
+        self.assertEqual([c["name"] for c in spec["containers"]], ["baton", "app"])
+        self.assertNotIn("initContainers", spec)
+        self.assertIn("shutdown delay over; draining", self.log)
+
+    def test_rate_limit_rules_reload_when_the_kubelet_swaps_the_configmap(self):
+        """Envoy's rules in the ConfigMap, mounted as the kubelet mounts it (a timestamped
+        folder, the `..data` symlink, one symlink per key), reread every `reloadInterval`: when
+        the kubelet swaps `..data` to new rules, the new limits take effect; when it swaps in
+        rules that do not parse, Baton says so and keeps the ones in force."""
+        def values(port, prefix):
+            return merge(values_file("tcp-values.yaml"), {
+                "tcp": {"port": free_port()},
+                "health": {"port": free_port()},
+                "metrics": {"port": free_port()},
+                "redis": {"url": f"redis://127.0.0.1:{port}", "keyPrefix": prefix},
+                "rateLimit": {"reloadInterval": "1s"},
+            })
+
+        def reload(ctx):
+            (volume,) = [v for v in ctx["spec"]["volumes"] if "configMap" in v]
+            folder = ctx["folders"][volume["name"]]
+            (key,) = [k for k in os.listdir(folder) if not k.startswith("..")]
+            self.assertTrue(os.path.islink(os.path.join(folder, key)))
+            with open(os.path.join(folder, key)) as f:
+                rules = yaml.safe_load(f)
+
+            def log_count(line):
+                with open(ctx["log"]) as f:
+                    return f.read().count(line)
+
+            with grpc.insecure_channel(ctx["app_env"]["BATON_ADDR"]) as channel:
+                def codes(value):
+                    return [should_rate_limit(channel, "edge", "remote_address", value)
+                            for _ in range(2)]
+                # 10 a second: two in a row pass.
+                self.assertEqual(codes("before"), [1, 1])
+
+                rules["descriptors"][0]["rate_limit"] = {"unit": "hour", "requests_per_unit": 1}
+                kubelet_write(folder, {key: yaml.safe_dump(rules)}, 1)
+                wait_until("the new rules reloaded",
+                           lambda: log_count("rate limit rules reloaded") == 1, timeout=15)
+                self.assertEqual(codes("after"), [1, 2], "one an hour: the second is over")
+
+                kubelet_write(folder, {key: "domain: edge\ndescriptors: [\n"}, 2)
+                wait_until("the malformed rules refused",
+                           lambda: log_count("invalid rate limit rules") == 1, timeout=15)
+                self.assertEqual(codes("malformed"), [1, 2], "the rules in force are kept")
+                self.assertEqual(log_count("rate limit rules reloaded"), 1)
+
+        self.run_pod(self.charts.chart, values, password=uuid.uuid4().hex, while_running=reload)
 
 
 if __name__ == "__main__":

@@ -494,13 +494,14 @@ async fn fair_semaphore_waiters_are_served_in_redis_arrival_order() {
         fair: true,
         ..Default::default()
     };
-    // acquire.lua: "EVALSHA" sha "7" KEYS[7] (the holders key first) then ARGV token, owner,
+    // acquire.lua: "EVALSHA" sha numkeys KEYS (the holders key first) then ARGV token, owner,
     // permits, limit, ttl, waiter, ... (at least ten).
     let acquire_owner = |words: &[String]| {
-        (words.len() >= 3 + 7 + 10
+        let keys: usize = words.get(2)?.parse().ok()?;
+        (words.len() >= 3 + keys + 10
             && words[0].eq_ignore_ascii_case("evalsha")
             && words[3].ends_with("{sem:pool}:holders"))
-        .then(|| words[11].clone())
+        .then(|| words[3 + keys + 1].clone())
     };
 
     let mut mismatches = Vec::new();

@@ -117,7 +117,11 @@ impl Fixture {
 
     /// Runs `acquire.lua` for `ask` with a fresh token.
     async fn acquire(&self, ask: Ask<'_>) -> Outcome {
-        let token = random_token();
+        self.acquire_as(ask, random_token()).await
+    }
+
+    /// Runs `acquire.lua` for `ask` with the token `token`.
+    async fn acquire_as(&self, ask: Ask<'_>, token: String) -> Outcome {
         let invocation = Acquire {
             token: &token,
             owner: "",
@@ -176,7 +180,15 @@ impl Fixture {
 
     /// Runs `release.lua` for `token`: 1 when the lease was held, 0 when not.
     async fn release(&self, token: &str) -> i64 {
-        let invocation = scripts::release(&self.release, &self.keys, token, false);
+        let invocation = scripts::release(&self.release, &self.keys, token, None);
+        self.redis.eval(&invocation).await.expect("release.lua")
+    }
+
+    /// Runs `release.lua` for `token` as the clean-up of a grant nobody saw, the token then void
+    /// for `void` if given.
+    async fn release_with(&self, token: &str, void: Option<Duration>) -> i64 {
+        let clean_up = Some(baton::lease::CleanUp { void });
+        let invocation = scripts::release(&self.release, &self.keys, token, clean_up);
         self.redis.eval(&invocation).await.expect("release.lua")
     }
 
@@ -188,7 +200,12 @@ impl Fixture {
 
     /// Runs `abandon.lua` for `waiter`: 1 when it was registered.
     async fn abandon(&self, waiter: &str) -> i64 {
-        let invocation = scripts::abandon(&self.abandon, &self.keys, waiter);
+        self.abandon_with(waiter, None).await
+    }
+
+    /// Runs `abandon.lua` for `waiter`, which then stays void for `void` if given.
+    async fn abandon_with(&self, waiter: &str, void: Option<Duration>) -> i64 {
+        let invocation = scripts::abandon(&self.abandon, &self.keys, waiter, void);
         self.redis.eval(&invocation).await.expect("abandon.lua")
     }
 
@@ -446,4 +463,26 @@ async fn abandon_gives_up_the_place() {
     assert_eq!(f.describe().await.waiters, 1);
     f.release(&holder.token).await;
     f.granted(ask(1, 1).fair("b")).await;
+}
+
+/// A call whose reply never came may run after its clean-up: once the clean-up has released its
+/// token or removed its waiter, that late call takes no permit and registers nobody.
+#[tokio::test]
+async fn a_late_call_after_its_clean_up_changes_nothing() {
+    let f = Fixture::start().await;
+    let void = Some(Duration::from_secs(60));
+    assert_eq!(f.release_with("late-token", void).await, 0);
+    match f.acquire_as(ask(1, 3), "late-token".into()).await {
+        Outcome::Refused { .. } => {}
+        other => panic!("a void token was granted: {other:?}"),
+    }
+    assert_eq!(f.describe().await.permits_in_use, 0);
+
+    let held = f.granted(ask(3, 3)).await;
+    assert_eq!(f.abandon_with("late-waiter", void).await, 0);
+    f.refused(ask(1, 3).fair("late-waiter")).await;
+    assert!(f.queue().await.is_empty(), "no place for a void waiter");
+    assert_eq!(f.describe().await.waiters, 0, "no registration either");
+    f.release(&held.token).await;
+    f.granted(ask(3, 3)).await;
 }

@@ -13,6 +13,7 @@
 pub mod lease;
 pub mod lock;
 pub mod semaphore;
+pub mod tls;
 
 use std::{future::Future, net::SocketAddr, time::Duration};
 

@@ -1,4 +1,5 @@
-// The client: Baton.connect(), leases held through Hold streams, and plain calls.
+// The client: Baton.connect(), leases held through Hold streams, leaderships through Campaign
+// streams, and plain calls.
 
 import * as net from "node:net";
 import { randomUUID } from "node:crypto";
@@ -13,6 +14,12 @@ import {
   AutocompleteService,
   AutocompleteTermSchema,
 } from "./gen/baton/v1/autocomplete_pb.js";
+import {
+  ElectionService,
+  type ElectionServiceCampaignResponse,
+  type ElectionServiceLeaderResponse,
+  type ElectionServiceObserveResponse,
+} from "./gen/baton/v1/election_pb.js";
 import { LockMode, LockService, type LockLease } from "./gen/baton/v1/lock_pb.js";
 import { RateLimitAlgorithm, RateLimitDecidedBy, RateLimitService } from "./gen/baton/v1/ratelimit_pb.js";
 import { SemaphoreService, type SemaphorePermit } from "./gen/baton/v1/semaphore_pb.js";
@@ -23,7 +30,7 @@ import {
   NotAcquiredError,
   UnavailableError,
 } from "./errors.js";
-import { Lease, type Grant, type HoldEvent } from "./lease.js";
+import { Leadership, Lease, type Grant, type HoldEvent } from "./lease.js";
 
 /** The address used when neither the caller nor BATON_ADDR gives one (Baton's default). */
 export const DEFAULT_ADDR = "127.0.0.1:50051";
@@ -88,6 +95,67 @@ export interface SemaphoreOptions extends Omit<LockOptions, "shared"> {
   limit: number;
   /** Permits to take; default 1. */
   permits?: number;
+}
+
+/** Options of campaign() and withLeadership(). */
+export interface CampaignOptions {
+  /** What others see of this candidate once it leads (text is sent as UTF-8; up to 4096 bytes). */
+  value?: string | Uint8Array;
+  /** The leadership's ttl in ms, renewed every third of it (at least 100); default 10 s. */
+  ttlMs?: number;
+  /** How long to wait to be elected in ms; undefined waits as long as it takes. */
+  waitMs?: number;
+  /** Give up waiting when this aborts. */
+  signal?: AbortSignal;
+}
+
+/** An election's leader as others see it. */
+export interface Leader {
+  /** Strictly increases with every new leader of the election. */
+  term: bigint;
+  /** What it campaigned with, or proclaimed last. */
+  value: Uint8Array;
+  /** The value as text (invalid UTF-8 replaced). */
+  text: string;
+  /** Changes of the value in this term (0n right after the election). */
+  valueRevision: bigint;
+  /** Time left on its lease when Redis answered (it is renewed while it leads). */
+  remainingMs?: number;
+}
+
+/** Who leads an election (`leader` undefined when nobody does). */
+export interface ElectionState {
+  leader?: Leader;
+  /** The leader's term; when nobody leads, the last one issued (0n: none). */
+  lastTerm: bigint;
+  /** Candidates waiting (leader() only; undefined from observe()). */
+  candidates?: number;
+}
+
+function electionState(r: ElectionServiceLeaderResponse | ElectionServiceObserveResponse): ElectionState {
+  const l = r.leader;
+  return {
+    leader: l && {
+      term: l.term,
+      value: l.value,
+      text: new TextDecoder().decode(l.value),
+      valueRevision: l.valueRevision,
+      remainingMs: ms(l.remainingTtl),
+    },
+    lastTerm: r.lastTerm,
+    candidates: "candidates" in r ? r.candidates : undefined,
+  };
+}
+
+function electionEvent(event: ElectionServiceCampaignResponse): HoldEvent {
+  switch (event.event.case) {
+    case "elected": {
+      const e = event.event.value;
+      return { case: "acquired", value: { name: e.name, token: e.token, fencingToken: e.term, owner: "", expiresAt: e.expiresAt } };
+    }
+    default:
+      return event.event as HoldEvent;
+  }
 }
 
 /** A hold obtained with acquireLock (not kept alive): release or refresh it by its token. */
@@ -191,13 +259,19 @@ function matchKind(kind: AutocompleteMatchKind): string {
   return kind === AutocompleteMatchKind.UNSPECIFIED ? "" : AutocompleteMatchKind[kind].toLowerCase();
 }
 
+/** Waits `delayMs`, or rejects when `signal` aborts first; leaves no listener behind. */
 function sleep(delayMs: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(resolve, delayMs);
-    signal?.addEventListener("abort", () => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
       clearTimeout(timer);
-      reject(signal.reason);
-    }, { once: true });
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, delayMs);
+    signal?.addEventListener("abort", onAbort, { once: true });
   });
 }
 
@@ -250,6 +324,7 @@ export class Baton {
   readonly #sessions: Http2SessionManager;
   readonly #locks: Client<typeof LockService>;
   readonly #semaphores: Client<typeof SemaphoreService>;
+  readonly #elections: Client<typeof ElectionService>;
 
   /** A client for `addr` (see resolveAddress); connects lazily on the first call. */
   static connect(addr?: string, options: ConnectOptions = {}): Baton {
@@ -270,6 +345,7 @@ export class Baton {
     const transport = createGrpcTransport({ baseUrl: address.baseUrl, sessionManager: this.#sessions });
     this.#locks = createClient(LockService, transport);
     this.#semaphores = createClient(SemaphoreService, transport);
+    this.#elections = createClient(ElectionService, transport);
     this.rateLimit = new RateLimits(this, createClient(RateLimitService, transport));
     this.autocomplete = new Autocomplete(this, createClient(AutocompleteService, transport));
   }
@@ -328,6 +404,100 @@ export class Baton {
   /** Runs `work` while holding permits (see withLock). */
   async withSemaphore<T>(name: string, work: (lease: Lease) => Promise<T>, options: SemaphoreOptions): Promise<T> {
     return Baton.#run(await this.semaphore(name, options), work);
+  }
+
+  /**
+   * Joins the election `name` and resolves once elected, to the Leadership (kept alive by a
+   * Campaign stream until `release()` or `await using` ends it, which resigns at once; the next
+   * candidate is elected then). Candidates are elected one at a time, in the order they joined.
+   * Throws NotAcquiredError when `waitMs` passes first (the candidate leaves the queue; 0 gives
+   * up at once, as being elected takes a round trip), UnavailableError when Baton could not be
+   * reached within it.
+   */
+  async campaign(name: string, options: CampaignOptions = {}): Promise<Leadership> {
+    const deadline = options.waitMs === undefined ? undefined : Date.now() + options.waitMs;
+    const value = typeof options.value === "string" ? new TextEncoder().encode(options.value) : options.value ?? new Uint8Array();
+    const request = { name, value, ttl: durationFromMs(options.ttlMs ?? 10_000) };
+    const notElected = () => new NotAcquiredError(`not elected in "${name}" within ${options.waitMs} ms`);
+    let failures = 0;
+    for (;;) {
+      options.signal?.throwIfAborted();
+      const stream = new AbortController();
+      const stop = () => stream.abort(options.signal?.reason);
+      options.signal?.addEventListener("abort", stop, { once: true });
+      // Campaign has no wait timeout: the client bounds the wait by closing the stream.
+      let timedOut = false;
+      const timer = deadline === undefined ? undefined : setTimeout(() => {
+        timedOut = true;
+        stream.abort();
+      }, Math.max(0, deadline - Date.now()));
+      const events = mapEvents(this.#elections.campaign(request, { signal: stream.signal }), electionEvent);
+      let err: BatonError;
+      try {
+        const first = await events.next();
+        if (!timedOut && !first.done && first.value.case === "acquired") {
+          const grant = first.value.value;
+          return new Leadership(grant, value, events, stream, async (v) => {
+            const reply = await this.call((o) => this.#elections.proclaim({ name, token: grant.token, value: v }, o));
+            return reply.valueRevision;
+          });
+        }
+        err = new UnavailableError("the Campaign stream ended before its election");
+      } catch (e) {
+        if (options.signal?.aborted) throw options.signal.reason;
+        err = fromError(e);
+      } finally {
+        clearTimeout(timer);
+        options.signal?.removeEventListener("abort", stop);
+      }
+      stream.abort();
+      if (timedOut) throw notElected();
+      failures++;
+      // UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without one.
+      const over = deadline === undefined ? failures >= RETRIES : Date.now() >= deadline;
+      if (!(err instanceof UnavailableError) || over) throw err;
+      await sleep(retryDelay(err), options.signal);
+      if (deadline !== undefined && Date.now() >= deadline) throw err; // no time left to be elected in
+    }
+  }
+
+  /**
+   * Runs `work` once elected, as the leader; `leadership.signal` aborts when the leadership is
+   * lost. Resigns when `work` settles; a leadership lost meanwhile throws LeaseLostError.
+   */
+  async withLeadership<T>(name: string, work: (leadership: Leadership) => Promise<T>, options: CampaignOptions = {}): Promise<T> {
+    const leadership = await this.campaign(name, options);
+    return Baton.#run(leadership, work);
+  }
+
+  /** Who leads the election `name` now, and how many candidates wait (a snapshot). */
+  async leader(name: string): Promise<ElectionState> {
+    return electionState(await this.call((o) => this.#elections.leader({ name }, o)));
+  }
+
+  /**
+   * The election's state now, then every change (a new leader, a new value, no leader), as an
+   * async iterable; leave the `for await` loop or abort `signal` to stop. States come in order;
+   * a slow reader gets the newest. Throws UnavailableError when Baton can no longer follow the
+   * election (Redis unreachable, Baton shutting down): observe again.
+   */
+  async *observe(name: string, options: { signal?: AbortSignal } = {}): AsyncGenerator<ElectionState, void, undefined> {
+    const stream = new AbortController();
+    const stop = () => stream.abort(options.signal?.reason);
+    options.signal?.throwIfAborted();
+    options.signal?.addEventListener("abort", stop, { once: true });
+    try {
+      for await (const state of this.#elections.observe({ name }, { signal: stream.signal })) {
+        yield electionState(state);
+      }
+    } catch (e) {
+      if (options.signal?.aborted) return;
+      throw fromError(e);
+    } finally {
+      options.signal?.removeEventListener("abort", stop);
+      stream.abort();
+    }
+    throw new UnavailableError("the Observe stream ended");
   }
 
   /**
@@ -460,7 +630,7 @@ export class Baton {
     }
   }
 
-  static async #run<T>(lease: Lease, work: (lease: Lease) => Promise<T>): Promise<T> {
+  static async #run<T, L extends Lease>(lease: L, work: (lease: L) => Promise<T>): Promise<T> {
     let outcome: { value: T } | { error: unknown };
     try {
       outcome = { value: await work(lease) };
@@ -551,7 +721,6 @@ export class Baton {
         if (first.done) {
           err = new UnavailableError("the Hold stream ended before its first event");
         } else if (first.value.case === "acquired") {
-          options.signal?.removeEventListener("abort", stop);
           const grant = first.value.value;
           return new Lease(kind, grant, events, stream, (g: Grant) => this.#releaseGrant(kind, g));
         } else if (first.value.case === "notAcquired") {
@@ -566,10 +735,13 @@ export class Baton {
           err = new BatonError("the Hold stream did not start with a grant");
         }
       } catch (e) {
-        options.signal?.removeEventListener("abort", stop);
         if (e instanceof NotAcquiredError) throw e;
         if (options.signal?.aborted) throw options.signal.reason;
         err = fromError(e);
+      } finally {
+        // Every way out of this attempt (granted, retried, given up) drops the listener: the
+        // caller's signal only ever bounds the wait.
+        options.signal?.removeEventListener("abort", stop);
       }
       stream.abort();
       failures++;

@@ -1,4 +1,5 @@
-// Baton's Node client: distributed locks, semaphores, rate limits and autocomplete over gRPC.
+// Baton's Node client: distributed locks, semaphores, leader election, rate limits and
+// autocomplete over gRPC.
 //
 // Messages and services generated from proto/ by protoc-gen-es are re-exported under `pb`
 // (fencing tokens are bigints).
@@ -10,7 +11,10 @@ export {
   RateLimits,
   resolveAddress,
   type Address,
+  type CampaignOptions,
   type ConnectOptions,
+  type ElectionState,
+  type Leader,
   type LockGrant,
   type LockOptions,
   type LockState,
@@ -33,5 +37,5 @@ export {
   ResourceExhaustedError,
   UnavailableError,
 } from "./errors.js";
-export { Lease } from "./lease.js";
+export { Leadership, Lease } from "./lease.js";
 export * as pb from "./pb.js";

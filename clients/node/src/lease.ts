@@ -1,4 +1,5 @@
-// A lease held through a Hold stream, kept alive in the background.
+// A lease held through a Hold stream (a leadership through a Campaign stream), kept alive in the
+// background.
 
 import { timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { LeaseLostError } from "./errors.js";
@@ -63,7 +64,7 @@ export class Lease implements AsyncDisposable {
 
   /** @internal Built by the client once the stream's first event granted the lease. */
   constructor(
-    readonly kind: "lock" | "semaphore",
+    readonly kind: "lock" | "semaphore" | "election",
     grant: Grant,
     events: AsyncIterator<HoldEvent>,
     stream: AbortController,
@@ -103,7 +104,8 @@ export class Lease implements AsyncDisposable {
     return !this.lost && this.remainingMs > 0;
   }
 
-  /** Throws LeaseLostError unless the lease is still held: call it between steps of work. */
+  /** Throws LeaseLostError unless the lease is still held: call it between steps of work that
+   * cannot take the `signal`. */
   check(): void {
     if (!this.lost && this.remainingMs <= 0) {
       this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
@@ -114,10 +116,15 @@ export class Lease implements AsyncDisposable {
   /** The LeaseLostError describing the loss. */
   error(cause?: unknown): LeaseLostError {
     return new LeaseLostError(
-      `${this.kind} "${this.name}" lost (${this.lostReason}): ${this.lostMessage}`,
+      `${this.describe()} lost (${this.lostReason}): ${this.lostMessage}`,
       this.lostReason ?? "",
       cause === undefined ? undefined : { cause },
     );
+  }
+
+  /** @internal What the lease is, for messages. */
+  protected describe(): string {
+    return `${this.kind} "${this.name}"`;
   }
 
   /** Ends the lease at once; throws LeaseLostError if it had been lost. Safe to call twice. */
@@ -187,5 +194,53 @@ export class Lease implements AsyncDisposable {
     } catch (e) {
       this.#lose("DISCONNECTED", `the stream broke: ${e instanceof Error ? e.message : String(e)}`);
     }
+  }
+}
+
+/** Changes a leader's value: the proclaimed revision. */
+export type Proclaimer = (value: Uint8Array) => Promise<bigint>;
+
+/**
+ * The leadership of an election, kept alive by a Campaign stream: a Lease whose fencing token is
+ * the leader's `term`. `signal`, `lost`, `check()` and `release()` (which resigns at once) work
+ * as for locks.
+ */
+export class Leadership extends Lease {
+  /** The value others see as this leader's (the last one proclaimed). */
+  value: Uint8Array;
+  /** How many times the value changed in this term (0n right after the election). */
+  valueRevision = 0n;
+  #proclaim: Proclaimer;
+
+  /** @internal Built by the client once the candidate was elected. */
+  constructor(grant: Grant, value: Uint8Array, events: AsyncIterator<HoldEvent>, stream: AbortController, proclaim: Proclaimer) {
+    // A leadership has no release call: closing the stream resigns.
+    super("election", grant, events, stream, async () => undefined);
+    this.value = value;
+    this.#proclaim = proclaim;
+  }
+
+  /** The leader's term: strictly increases with every new leader. Pass it with every write. */
+  get term(): bigint {
+    return this.fencingToken;
+  }
+
+  /** The value as text (invalid UTF-8 replaced). */
+  get text(): string {
+    return new TextDecoder().decode(this.value);
+  }
+
+  /** Changes the value others see (same term): the value's revision. Throws
+   * FailedPreconditionError when the leadership has ended. */
+  async proclaim(value: string | Uint8Array): Promise<bigint> {
+    const bytes = typeof value === "string" ? new TextEncoder().encode(value) : value;
+    const revision = await this.#proclaim(bytes);
+    this.value = bytes;
+    this.valueRevision = revision;
+    return revision;
+  }
+
+  protected override describe(): string {
+    return `the leadership of election "${this.name}"`;
   }
 }

@@ -2,12 +2,15 @@
 
 import { after, before, describe, test } from "node:test";
 import * as assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { getEventListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
   Baton,
   InvalidArgumentError,
+  Leadership,
   LeaseLostError,
   NotAcquiredError,
   UnavailableError,
@@ -245,4 +248,155 @@ test("an unreachable Baton gives UnavailableError quickly", async () => {
 test("the lease type is exported for annotations", () => {
   const check = (lease: Lease | undefined) => lease?.fencingToken;
   assert.equal(check(undefined), undefined);
+});
+
+/** The next line `proc` prints, within `timeoutMs`. */
+function readLine(proc: ChildProcess, timeoutMs = 15_000): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let buffered = "";
+    const timer = setTimeout(() => reject(new Error(`no line from pid ${proc.pid} within ${timeoutMs} ms`)), timeoutMs);
+    const onData = (d: Buffer) => {
+      buffered += d.toString();
+      const end = buffered.indexOf("\n");
+      if (end >= 0) {
+        clearTimeout(timer);
+        proc.stdout?.off("data", onData);
+        resolve(buffered.slice(0, end));
+      }
+    };
+    proc.stdout?.on("data", onData);
+  });
+}
+
+describe("leader election", () => {
+  test("candidates in two processes take turns, the second with a higher term", async () => {
+    const name = uniqueName();
+    const first = spawnHolder(server.unix, "campaign", name, "pod-a");
+    let second: ChildProcess | undefined;
+    const client = Baton.connect(server.tcp);
+    try {
+      const line = await readLine(first);
+      assert.match(line, /^LEADER \d+$/);
+      const aTerm = BigInt(line.split(" ")[1]);
+      const state = await client.leader(name);
+      assert.equal(state.leader?.text, "pod-a");
+      assert.equal(state.leader?.term, aTerm);
+      second = spawnHolder(server.unix, "campaign", name, "pod-b");
+      await waitUntil("the second candidate to wait", async () => (await client.leader(name)).candidates === 1);
+      first.stdin?.write("resign\n");
+      const started = Date.now();
+      const next = await readLine(second);
+      assert.ok(Date.now() - started < 5000, `took ${Date.now() - started} ms after the resignation`);
+      assert.ok(BigInt(next.split(" ")[1]) > aTerm, next);
+      assert.equal((await client.leader(name)).leader?.text, "pod-b");
+    } finally {
+      first.kill("SIGKILL");
+      second?.kill("SIGKILL");
+      client.close();
+    }
+  });
+
+  test("withLeadership runs as leader; proclaim changes the value; the end resigns at once", async () => {
+    const client = Baton.connect(server.tcp);
+    const name = uniqueName();
+    assert.equal((await client.leader(name)).leader, undefined);
+    const term = await client.withLeadership(name, async (leadership) => {
+      assert.ok(leadership instanceof Leadership);
+      assert.equal(leadership.term, leadership.fencingToken);
+      assert.equal(leadership.text, "pod-a");
+      assert.equal(await leadership.proclaim("pod-a:8080"), 1n);
+      const state = await client.leader(name);
+      assert.equal(state.leader?.text, "pod-a:8080");
+      assert.equal(state.leader?.valueRevision, 1n);
+      return leadership.term;
+    }, { value: "pod-a", ttlMs: 2000 });
+    // Resigning is closing the stream: Baton sees it a moment later, long before the ttl.
+    await waitUntil("the resignation", async () => (await client.leader(name)).leader === undefined, 1500);
+    assert.equal((await client.leader(name)).lastTerm, term);
+    client.close();
+  });
+
+  test("waitMs bounds a campaign; the candidate leaves the queue", async () => {
+    const client = Baton.connect(server.tcp);
+    const name = uniqueName();
+    await client.withLeadership(name, async () => {
+      const started = Date.now();
+      await assert.rejects(client.campaign(name, { value: "b", waitMs: 300 }), NotAcquiredError);
+      assert.ok(Date.now() - started >= 300);
+      await waitUntil("the candidate to leave", async () => (await client.leader(name)).candidates === 0);
+    }, { value: "a" });
+    client.close();
+  });
+
+  test("a lost leadership aborts the signal and withLeadership throws LeaseLostError", async () => {
+    const client = Baton.connect(server.tcp);
+    const name = uniqueName();
+    const error = await client.withLeadership(name, async (leadership) => {
+      assert.ok(redis.deleteKeys(`${server.prefix}{election:${name}}`).length > 0);
+      const reason = await aborted(leadership.signal, 5000);
+      assert.ok(reason instanceof LeaseLostError);
+    }, { value: "a", ttlMs: 600 }).then(() => undefined, (e: unknown) => e);
+    assert.ok(error instanceof LeaseLostError, String(error));
+    assert.equal(error.reason, "NOT_HELD");
+    assert.match(error.message, /leadership/);
+    client.close();
+  });
+
+  test("observe yields nobody, each leader, nobody again; leaving the loop ends it", async () => {
+    const client = Baton.connect(server.unix);
+    const name = uniqueName();
+    const states = client.observe(name);
+    const next = async () => {
+      const r = await states.next();
+      assert.ok(!r.done);
+      return r.value;
+    };
+    assert.equal((await next()).leader, undefined);
+    const terms: bigint[] = [];
+    for (const value of ["pod-a", "pod-b"]) {
+      const leadership = await client.campaign(name, { value, ttlMs: 2000 });
+      terms.push(leadership.term);
+      const led = await next();
+      assert.equal(led.leader?.text, value);
+      assert.equal(led.leader?.term, leadership.term);
+      assert.equal(led.candidates, undefined);
+      await leadership.release();
+      const gone = await next();
+      assert.equal(gone.leader, undefined);
+      assert.equal(gone.lastTerm, leadership.term);
+    }
+    assert.ok(terms[1] > terms[0]);
+    assert.deepEqual(await states.return(undefined), { done: true, value: undefined });
+    const stop = new AbortController();
+    const seen: string[] = [];
+    for await (const state of client.observe(name, { signal: stop.signal })) {
+      seen.push(state.leader?.text ?? "nobody");
+      stop.abort();
+    }
+    assert.deepEqual(seen, ["nobody"]);
+    client.close();
+  });
+});
+
+test("a caller's signal keeps no listener once a lock, tryLock or campaign call settles", async () => {
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const stop = new AbortController();
+  const listeners = () => getEventListeners(stop.signal, "abort").length;
+  const held = await client.lock(name, { signal: stop.signal });
+  assert.equal(listeners(), 0, "after a grant");
+  assert.equal(await client.tryLock(name, { signal: stop.signal }), undefined);
+  await assert.rejects(client.lock(name, { waitMs: 50, signal: stop.signal }), NotAcquiredError);
+  assert.equal(listeners(), 0, "after not acquired");
+  await held.release();
+  const leadership = await client.campaign(name, { signal: stop.signal });
+  await assert.rejects(client.campaign(name, { waitMs: 50, signal: stop.signal }), NotAcquiredError);
+  await leadership.release();
+  assert.equal(listeners(), 0, "after campaigns");
+  const unreachable = Baton.connect("127.0.0.1:1");
+  await assert.rejects(unreachable.lock("x", { waitMs: 0, signal: stop.signal }), UnavailableError);
+  await assert.rejects(unreachable.campaign("x", { waitMs: 300, signal: stop.signal }), UnavailableError);
+  assert.equal(listeners(), 0, "after failures");
+  unreachable.close();
+  client.close();
 });

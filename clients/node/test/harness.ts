@@ -127,9 +127,10 @@ export class BatonServer {
   }
 }
 
-/** A second process using the package (test/holder.js), with `args`. */
+/** A second process using the package (test/holder.js), with `args`; its stdin is a pipe (a
+ * line there ends a campaign). */
 export function spawnHolder(...args: string[]): ChildProcess {
-  return spawn(process.execPath, [join(HERE, "holder.js"), ...args], { stdio: ["ignore", "pipe", "pipe"] });
+  return spawn(process.execPath, [join(HERE, "holder.js"), ...args], { stdio: ["pipe", "pipe", "pipe"] });
 }
 
 /** A lock or semaphore name no other test uses. */

@@ -162,6 +162,19 @@ def name():
 
 
 def spawn_holder(addr, *args):
-    """Runs tests/holder.py (a second process using the package) with `args`."""
+    """Runs tests/holder.py (a second process using the package) with `args`; its stdin is a
+    pipe (a line there ends a campaign)."""
     return subprocess.Popen([sys.executable, os.path.join(HERE, "holder.py"), addr, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def read_line(proc, timeout=15.0):
+    """The next line `proc` prints, waited for at most `timeout` seconds."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"no line from pid {proc.pid} within {timeout} s")
+    return proc.stdout.readline()

@@ -3,6 +3,9 @@
     holder.py ADDR append NAME FILE [aio]   takes the lock, appends "start PID", waits 0.3 s,
                                             appends "end PID", releases; 5 rounds
     holder.py ADDR hold NAME [aio]          takes the lock, prints HELD, and waits to be killed
+    holder.py ADDR campaign NAME VALUE [aio]
+                                            campaigns with VALUE, prints "LEADER TERM" once
+                                            elected, and resigns when a line comes on stdin
 """
 
 import asyncio
@@ -50,10 +53,30 @@ async def hold_aio(addr, name):
         await asyncio.sleep(600)
 
 
+def campaign(addr, name, value):
+    with baton.Baton.connect(addr) as client:
+        with client.campaign(name, value=value, ttl=5) as leadership:
+            print(f"LEADER {leadership.term}", flush=True)
+            sys.stdin.readline()
+
+
+async def campaign_aio(addr, name, value):
+    async with baton.aio.Baton.connect(addr) as client:
+        async with client.campaign(name, value=value, ttl=5) as leadership:
+            print(f"LEADER {leadership.term}", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
 def main():
     addr, what, name = sys.argv[1:4]
     aio = sys.argv[-1] == "aio"
-    if what == "append":
+    if what == "campaign":
+        value = sys.argv[4]
+        if aio:
+            asyncio.run(campaign_aio(addr, name, value))
+        else:
+            campaign(addr, name, value)
+    elif what == "append":
         path = sys.argv[4]
         if aio:
             asyncio.run(append_rounds_aio(addr, name, path))

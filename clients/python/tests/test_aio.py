@@ -104,3 +104,35 @@ async def test_semaphore_and_plain_calls(server, transport, name):
         with pytest.raises(baton.InvalidArgument) as raised:
             await client.acquire_permits(name, limit=0, ttl=1)
         assert raised.value.field == "limit"
+
+
+async def test_cancel_during_the_release_is_not_swallowed(own_server, name):
+    """A task cancelled from outside while its block releases the lock (Baton frozen, so the
+    Release hangs) ends cancelled at once instead of finishing as if nothing happened, and the
+    lock is freed by the closed stream once Baton runs again (ttl 30 s)."""
+    async with baton.aio.Baton.connect(own_server.tcp) as client:
+        frozen = asyncio.Event()
+        finished = []
+
+        async def work():
+            async with client.lock(name, ttl=30, cancel_on_lost=False):
+                own_server.freeze()
+                frozen.set()
+            # The block's exit is waiting on Release from here on; nothing below may run.
+            finished.append(True)
+
+        task = asyncio.create_task(work())
+        try:
+            # The task ran on from `frozen.set()` into the exit's Release before this resumed.
+            await asyncio.wait_for(frozen.wait(), 10)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=5)
+            assert done, "the cancelled task still waits for the Release"
+            assert task.cancelled(), f"the cancellation was swallowed: {task!r}"
+            assert not finished
+        finally:
+            own_server.thaw()
+        started = time.monotonic()
+        async with client.lock(name, ttl=5, wait=10):
+            waited = time.monotonic() - started
+        assert waited < 5, f"took {waited:.1f}s, the ttl is 30 s"

@@ -2,6 +2,9 @@
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import grpc
@@ -166,6 +169,9 @@ def test_unreachable_baton_raises_unavailable():
     with pytest.raises(baton.Unavailable):
         with client.lock("x", wait=0):
             pass
+    with pytest.raises(baton.Unavailable):
+        with client.campaign("x", wait=0.3):
+            pass
     assert time.monotonic() - started < 10
     client.close()
 
@@ -215,3 +221,56 @@ def test_stock_grpcio_reaches_the_unix_socket(server, name):
     with baton.Baton.connect(server.unix) as client:
         wait_until("the lock freed by the closed stream",
                    lambda: not client.describe_lock(name).held, timeout=10)
+
+
+def alive(pid):
+    """Whether process `pid` runs (a zombie whose parent has not reaped it yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return False
+    return state not in "ZX"
+
+
+def test_run_stops_the_command_when_the_lease_is_lost(server, redis, name, tmp_path):
+    """lease.run: the command gets the fencing token; a loss stops its whole process group (a
+    grandchild included) and raises LeaseLost, well within the grace period."""
+    with baton.Baton.connect(server.tcp) as client:
+        with client.lock(name, ttl=5) as lease:
+            done = lease.run([sys.executable, "-c", "import os; print(os.environ['BATON_FENCING_TOKEN'])"],
+                             stdout=subprocess.PIPE, text=True)
+            assert done.returncode == 0 and int(done.stdout) == lease.fencing_token
+        gc = tmp_path / "gc"
+        ready = tmp_path / "ready"
+        script = f"sleep 600 & echo $! > {gc}; touch {ready}; wait"
+        deleter = threading.Thread(target=lambda: (
+            wait_until("the command to start", ready.exists),
+            redis.delete_keys(server.prefix + "{lock:" + name + "}")), daemon=True)
+        with pytest.raises(baton.LeaseLost):
+            with client.lock(name, ttl=0.6) as lease:
+                deleter.start()
+                started = time.monotonic()
+                with pytest.raises(baton.LeaseLost) as raised:
+                    lease.run(["sh", "-c", script], grace=5)
+                took = time.monotonic() - started
+        assert raised.value.reason == "NOT_HELD"
+        assert took < 5, f"run() returned {took:.1f}s after it started; SIGTERM ends sh and sleep"
+        assert not alive(int(gc.read_text())), "the grandchild outlived the lease"
+
+
+def test_run_kills_a_command_ignoring_sigterm_after_the_grace(server, redis, name, tmp_path):
+    """lease.run: a command ignoring SIGTERM is killed once the grace period is over."""
+    ready = tmp_path / "ready"
+    with baton.Baton.connect(server.tcp) as client:
+        with pytest.raises(baton.LeaseLost):
+            with client.lock(name, ttl=0.6) as lease:
+                threading.Thread(target=lambda: (
+                    wait_until("the command to start", ready.exists),
+                    redis.delete_keys(server.prefix + "{lock:" + name + "}")),
+                    daemon=True).start()
+                started = time.monotonic()
+                with pytest.raises(baton.LeaseLost):
+                    lease.run(["sh", "-c", f"trap '' TERM; touch {ready}; sleep 600"], grace=1)
+                took = time.monotonic() - started
+        assert 1 <= took < 10, f"{took:.1f}s"

@@ -79,3 +79,13 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than shutdownDelay (%s) plus drainTimeout (%s), or the kubelet kills Baton before its drain ends" .baton.terminationGracePeriodSeconds .baton.shutdownDelay .baton.drainTimeout) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Service the `helm test` hook reaches Baton through: the demo's, or FULLNAME-health that
+selects every pod carrying this Baton. */}}
+{{- define "baton.testService" -}}
+{{- if .baton.demo.enabled -}}
+{{- printf "%s-demo" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-health" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}

@@ -9,17 +9,38 @@ this one (as `baton`) includes them in its pod template, each with
   spec:
     terminationGracePeriodSeconds: {{ include "baton.terminationGracePeriodSeconds" $b }}
     securityContext: {{- include "baton.podSecurityContext" $b | nindent 6 }}
-    initContainers: {{- include "baton.sidecar" $b | nindent 6 }}
+    {{- with include "baton.initContainers" $b }}
+    initContainers: {{- . | nindent 6 }}
+    {{- end }}
     containers:
+      {{- include "baton.containers" $b | nindent 6 }}
       - name: app
         env: {{- include "baton.appEnv" $b | nindent 10 }}
         volumeMounts: {{- include "baton.appVolumeMounts" $b | nindent 10 }}
     volumes: {{- include "baton.volumes" $b | nindent 6 }}
 
-With `nativeSidecar: false`, put "baton.sidecar" among `containers` instead.
+"baton.initContainers" is Baton as a native sidecar (`nativeSidecar: true`) and nothing otherwise;
+"baton.containers" is Baton as an ordinary container (`nativeSidecar: false`) and nothing
+otherwise. Your own init containers or containers go after them in the same lists.
 */}}
 
-{{/* Baton's container, as a list item. */}}
+{{/* The pod's `initContainers` items Baton adds: itself as a native sidecar, or nothing. */}}
+{{- define "baton.initContainers" -}}
+{{- if .baton.nativeSidecar -}}
+{{- include "baton.sidecar" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's `containers` items Baton adds: itself as an ordinary container (`nativeSidecar:
+false`), or nothing. */}}
+{{- define "baton.containers" -}}
+{{- if not .baton.nativeSidecar -}}
+{{- include "baton.sidecar" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Baton's container, as a list item: a native sidecar (`restartPolicy: Always`) when
+`nativeSidecar` is true. Pods include it through "baton.initContainers" and "baton.containers". */}}
 {{- define "baton.sidecar" -}}
 {{- $v := .baton -}}
 {{- include "baton.checkGracePeriod" . -}}
@@ -36,6 +57,8 @@ With `nativeSidecar: false`, put "baton.sidecar" among `containers` instead.
     {{- if eq $v.transport "socket" }}
     - "--listen="
     - {{ printf "--socket=%v" (include "baton.socketPath" .) | quote }}
+    - {{ printf "--socket-mode=%v" ($v.socket.mode) | quote }}
+    - {{ printf "--socket-group=%v" (int64 $v.socket.group) | quote }}
     {{- else }}
     - {{ printf "--listen=127.0.0.1:%v" ($v.tcp.port) | quote }}
     {{- end }}
@@ -60,6 +83,11 @@ With `nativeSidecar: false`, put "baton.sidecar" among `containers` instead.
     - {{ printf "--ratelimit-config=%v" (include "baton.rulesDir" .) | quote }}
     - {{ printf "--ratelimit-config-reload=%v" ($v.rateLimit.reloadInterval) | quote }}
     {{- end }}
+    - {{ printf "--max-connections=%v" (int64 $v.limits.maxConnections) | quote }}
+    - {{ printf "--max-concurrent-streams=%v" (int64 $v.limits.maxConcurrentStreams) | quote }}
+    - {{ printf "--max-lease-streams=%v" (int64 $v.limits.maxLeaseStreams) | quote }}
+    - {{ printf "--max-message-size=%v" (int64 $v.limits.maxMessageSize) | quote }}
+    - {{ printf "--handshake-timeout=%v" ($v.limits.handshakeTimeout) | quote }}
     - {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
     - {{ printf "--shutdown-delay=%v" ($v.shutdownDelay) | quote }}
     - {{ printf "--log-format=%v" ($v.log.format) | quote }}

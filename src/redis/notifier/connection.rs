@@ -475,7 +475,7 @@ impl Masters {
     /// Opens a RESP3 connection to `node` that sends its pushes to the subscriber.
     fn open(&self, node: &Node) -> impl Future<Output = Result<Opened, Error>> + Send + 'static {
         let addr = node.addr().to_owned();
-        let info = node.connection_info().clone();
+        let info = node.connection_info();
         let redis = info
             .redis_settings()
             .clone()

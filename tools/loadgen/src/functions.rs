@@ -249,7 +249,7 @@ async fn operation(
             }
             let release = lock::scripts::Release {
                 token: &token,
-                unclaimed_only: false,
+                clean_up: None,
             }
             .invocation(&scripts.release, &keys);
             let released = send(command(&release, via, "lock_release").await, conn.clone()).await?;

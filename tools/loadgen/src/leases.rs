@@ -293,7 +293,7 @@ async fn direct(
             }
             let invocation = lock::scripts::Release {
                 token: &token,
-                unclaimed_only: false,
+                clean_up: None,
             }
             .invocation(&scripts.lock_release, &keys);
             bounded(

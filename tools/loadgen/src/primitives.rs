@@ -649,7 +649,7 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let invocation = lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter);
+        let invocation = lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter, None);
         bounded("abandon.lua", invocation.invoke_async::<i64>(conn))
             .await
             .map(drop)
@@ -672,7 +672,7 @@ impl Worker {
             Target::Direct { conn, scripts, .. } => {
                 let invocation = lock::scripts::Release {
                     token,
-                    unclaimed_only: false,
+                    clean_up: None,
                 }
                 .invocation(&scripts.lock_release, &self.lock_keys);
                 let reply: Vec<i64> = bounded("release.lua", invocation.invoke_async(conn)).await?;
@@ -731,7 +731,7 @@ impl Worker {
                     unreachable!("direct only")
                 };
                 let invocation =
-                    semaphore::scripts::abandon(&scripts.sem_abandon, &self.sem_keys, &waiter);
+                    semaphore::scripts::abandon(&scripts.sem_abandon, &self.sem_keys, &waiter, None);
                 bounded("abandon.lua", invocation.invoke_async::<i64>(conn)).await?;
                 return Ok(None);
             }
@@ -793,7 +793,7 @@ impl Worker {
             }
             Target::Direct { conn, scripts, .. } => {
                 let invocation =
-                    semaphore::scripts::release(&scripts.sem_release, &self.sem_keys, token, false);
+                    semaphore::scripts::release(&scripts.sem_release, &self.sem_keys, token, None);
                 let held: i64 = bounded("release.lua", invocation.invoke_async(conn)).await?;
                 if held == 1 {
                     Ok(())

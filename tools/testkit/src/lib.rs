@@ -35,7 +35,7 @@ use std::{
 pub use baton::{
     BATON_BIN_VAR, Baton, BatonProcess, TEST_DRAIN_TIMEOUT, baton_bin, baton_command, run_baton,
 };
-pub use redis_server::{RedisConn, RedisServer, TOPOLOGY_VAR, TestTopology};
+pub use redis_server::{RedisConn, RedisServer, TOPOLOGY_VAR, TestTopology, read_log};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{

@@ -540,7 +540,8 @@ impl redis::aio::ConnectionLike for RedisConn {
     }
 }
 
-pub(crate) fn read_log(dir: &Path) -> String {
+/// The log of the `redis-server` that runs in `dir`, or why there is none.
+pub fn read_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("redis.log"))
         .unwrap_or_else(|e| format!("(no redis.log: {e})"))
 }

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence, Union
 
 from .errors import LeaseLost
 
@@ -24,9 +28,9 @@ class Lease:
         #: The lock's or semaphore's name.
         self.name: str = grant.name
         #: Strictly increases per name: pass it with every write the lease protects.
-        self.fencing_token: int = grant.fencing_token
+        self.fencing_token: int = grant.term if kind == "election" else grant.fencing_token
         #: The owner the lease belongs to ("" when anonymous).
-        self.owner: str = grant.owner
+        self.owner: str = getattr(grant, "owner", "")
         #: Permits held (semaphores; 0 for locks).
         self.permits: int = getattr(grant, "permits", 0)
         #: True for a shared lock lease.
@@ -57,11 +61,78 @@ class Lease:
         return not self.lost.is_set() and self.remaining > 0
 
     def check(self) -> None:
-        """Raises `LeaseLost` unless the lease is still held: call it between steps of work."""
+        """Raises `LeaseLost` unless the lease is still held.
+
+        Blocking code cannot be interrupted from outside: call it between steps of work (before
+        each write the lease protects), or run the work in a subprocess with
+        `baton.run_while_held`."""
         if not self.lost.is_set() and self.remaining <= 0:
             self._lose("EXPIRED", "the lease's expires_at passed with no newer renewal")
         if self.lost.is_set():
             raise self.error()
+
+    def run(self, args: Union[str, Sequence[str]], *, grace: float = 10.0,
+            env: Optional[dict] = None, **popen_kwargs) -> subprocess.CompletedProcess:
+        """Runs a command while the lease is held, and stops it when the lease is lost: the way
+        to bound blocking work that cannot call `check()` itself.
+
+        Like `subprocess.run(args, **popen_kwargs)` (`stdout=subprocess.PIPE`, `cwd=`, ... are
+        passed on), with the fencing token in `BATON_FENCING_TOKEN` (and an election's term in
+        `BATON_ELECTION_TERM`). The command runs in a process group of its own; when the lease
+        is lost, the whole group gets SIGTERM, then SIGKILL once `grace` seconds have passed
+        (if the command or anything it started is still running), and `LeaseLost` is raised.
+        Otherwise returns the `CompletedProcess`, whatever its return code. An exception in the
+        calling thread (KeyboardInterrupt) kills the group and is raised again. Blocking: from
+        asyncio, call it through `asyncio.to_thread`."""
+        self.check()
+        environ = dict(os.environ if env is None else env)
+        environ["BATON_FENCING_TOKEN"] = str(self.fencing_token)
+        if self.kind == "election":
+            environ["BATON_ELECTION_TERM"] = str(self.fencing_token)
+        # process_group needs Python 3.11; a new session (no controlling terminal) before.
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+        proc = subprocess.Popen(args, env=environ, **group, **popen_kwargs)
+        guard = threading.Lock()
+        state = {"done": False, "lost_at": None}
+
+        def kill_if_running():
+            with guard:
+                if not state["done"] and proc.poll() is None:
+                    _signal_group(proc.pid, signal.SIGKILL)
+
+        def stop(_lease):
+            with guard:
+                if state["done"]:
+                    return
+                state["lost_at"] = time.monotonic()
+                _signal_group(proc.pid, signal.SIGTERM)
+            timer = threading.Timer(grace, kill_if_running)
+            timer.daemon = True
+            timer.start()
+
+        self.on_lost(stop)
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:
+            with guard:
+                state["done"] = True
+                _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        with guard:
+            lost_at = state["lost_at"]
+            state["done"] = lost_at is None
+        if lost_at is not None:
+            # The command is gone; what else of its group is left gets the rest of the grace.
+            # Those processes are not this one's children: nothing tells when they end.
+            while _group_alive(proc.pid) and time.monotonic() < lost_at + grace:
+                time.sleep(0.01)
+            with guard:
+                state["done"] = True
+                if _group_alive(proc.pid):
+                    _signal_group(proc.pid, signal.SIGKILL)
+            raise self.error()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def on_lost(self, callback: Callable[["Lease"], None]) -> None:
         """Runs `callback(lease)` once when the lease is lost (at once if it already is)."""
@@ -73,8 +144,11 @@ class Lease:
 
     def error(self) -> LeaseLost:
         """The `LeaseLost` describing the loss."""
-        return LeaseLost(f"{self.kind} {self.name!r} lost ({self.lost_reason}): {self.lost_message}",
+        return LeaseLost(f"{self._what()} lost ({self.lost_reason}): {self.lost_message}",
                          self.lost_reason or "")
+
+    def _what(self) -> str:
+        return f"{self.kind} {self.name!r}"
 
     # -- for the stream readers --
 
@@ -99,3 +173,67 @@ class Lease:
     def __repr__(self) -> str:
         state = "held" if self.held else f"lost ({self.lost_reason})"
         return f"<Lease {self.kind} {self.name!r} fencing_token={self.fencing_token} {state}>"
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    """Sends `sig` to the process group `pgid` (and SIGCONT, so a stopped group acts on it)."""
+    for s in (sig, signal.SIGCONT) if sig != signal.SIGKILL else (sig,):
+        try:
+            os.killpg(pgid, s)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group `pgid` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Leadership(Lease):
+    """The leadership of an election, kept alive by a `Campaign` stream: a `Lease` whose fencing
+    token is the leader's `term`.
+
+    `lost`, `check()`, `on_lost()` and the exit raising `LeaseLost` work as for locks; `proclaim`
+    changes the value the others see (`baton.Baton.proclaim` through the client)."""
+
+    def __init__(self, elected, value: bytes, lost_event, proclaim):
+        super().__init__("election", elected, lost_event)
+        self._token = elected.token
+        self._proclaim = proclaim
+        #: The value others see as this leader's (the last one proclaimed).
+        self.value: bytes = value
+        #: How many times the value changed in this term (0 right after the election).
+        self.value_revision: int = 0
+
+    def proclaim(self, value: Union[str, bytes, None]) -> int:
+        """Changes the value the others see (same term); returns the value's revision. Raises
+        `FailedPrecondition` when the leadership has ended."""
+        reply = self._proclaim(value)
+        self._proclaimed(value, reply)
+        return reply.value_revision
+
+    def _proclaimed(self, value, reply) -> None:
+        self.value = value.encode("utf-8") if isinstance(value, str) else bytes(value or b"")
+        self.value_revision = reply.value_revision
+
+    @property
+    def term(self) -> int:
+        """The leader's term: strictly increases with every new leader of the election. Pass it
+        along with every write the leader makes (it is the `fencing_token`)."""
+        return self.fencing_token
+
+    def _what(self) -> str:
+        return f"the leadership of election {self.name!r}"
+
+    def __repr__(self) -> str:
+        state = "leading" if self.held else f"lost ({self.lost_reason})"
+        return f"<Leadership {self.name!r} term={self.term} value={self.value!r} {state}>"
+

@@ -1,4 +1,5 @@
-"""The blocking client: `Baton.connect()`, `with client.lock(...) as lease:` and plain calls."""
+"""The blocking client: `Baton.connect()`, `with client.lock(...) as lease:`,
+`with client.campaign(...) as leadership:` and plain calls."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import grpc
 
 from . import _types as t
 from ._address import resolve
-from ._lease import Lease
+from ._lease import Leadership, Lease
 from .errors import BatonError, DeadlineExceeded, NotAcquired, Unavailable, from_rpc_error
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
+from .v1 import election_pb2 as el_pb
+from .v1 import election_pb2_grpc as el_rpc
 from .v1 import lock_pb2 as lock_pb
 from .v1 import lock_pb2_grpc as lock_rpc
 from .v1 import ratelimit_pb2_grpc as rl_rpc
@@ -47,6 +50,7 @@ class Baton:
         self._channel = grpc.insecure_channel(target, options=options)
         self._locks = lock_rpc.LockServiceStub(self._channel)
         self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
+        self._elections = el_rpc.ElectionServiceStub(self._channel)
         #: Rate limit checks.
         self.rate_limit = RateLimits(self, rl_rpc.RateLimitServiceStub(self._channel))
         #: Dictionaries and recent lists.
@@ -98,6 +102,42 @@ class Baton:
         """Like `semaphore` without waiting: the block gets the lease, or None."""
         request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, False)
         return Held(self, "semaphore", request, 0.0, try_only=True)
+
+    # -- leader election --
+
+    def campaign(self, name: str, *, value: Union[str, bytes, None] = None, ttl: t.Seconds = 10,
+                 wait: Optional[t.Seconds] = None) -> "Held":
+        """A context manager that joins the election `name` and runs its block once elected,
+        as the leader, publishing `value` (text or bytes, up to 4096 bytes).
+
+        Candidates are elected one at a time, in the order they joined. Entering waits up to
+        `wait` seconds (None: as long as it takes) and raises `NotAcquired` if not elected by
+        then. The block gets a `Leadership`: its `term` (a fencing token), `lost`, `check()`,
+        `proclaim(value)`. The leadership (`ttl`, at least 0.1 s) is renewed in the background;
+        leaving the block resigns at once and the next candidate is elected; a leadership lost
+        meanwhile raises `LeaseLost` there."""
+        request = t.campaign_request(name, value, ttl)
+        return Held(self, "election", request, t.seconds(wait), try_only=False)
+
+    def leader(self, name: str) -> t.ElectionState:
+        """Who leads the election `name` now (`leader` is None when nobody does), and how many
+        candidates wait. A snapshot: it may be stale by the time it is read."""
+        reply = self._call(self._elections.Leader, el_pb.ElectionServiceLeaderRequest(name=name))
+        return t.election_state(reply, with_candidates=True)
+
+    def observe(self, name: str) -> "Observation":
+        """The election's state now, then every change (a new leader, a new value, no leader),
+        as an iterator of `ElectionState` that blocks for the next change. Close it (or use
+        `with`) when done. States come in order; a slow reader gets the newest one, never an
+        older one after it. Raises `Unavailable` when Baton cannot follow the election any
+        more (Redis unreachable, Baton shutting down): observe again."""
+        call = self._elections.Observe(el_pb.ElectionServiceObserveRequest(name=name))
+        return Observation(call)
+
+    def _proclaim(self, name: str, token: str, value: Union[str, bytes, None]):
+        request = el_pb.ElectionServiceProclaimRequest(name=name, token=token,
+                                                       value=t.value_bytes(value))
+        return self._call(self._elections.Proclaim, request)
 
     # -- leases without a stream (released or refreshed by token) --
 
@@ -187,6 +227,8 @@ class Baton:
         raise AssertionError("unreachable")
 
     def _release(self, kind: str, grant) -> None:
+        if kind == "election":
+            return  # closing the Campaign stream resigns
         if kind == "lock":
             request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
             self._locks.Release(request, timeout=self.timeout)
@@ -194,10 +236,64 @@ class Baton:
             request = sem_pb.SemaphoreServiceReleaseRequest(name=grant.name, token=grant.token)
             self._semaphores.Release(request, timeout=self.timeout)
 
+    def _open_campaign(self, request, wait: Optional[float]):
+        """Opens a Campaign stream and reads its first event: (call, elected), or raises
+        `NotAcquired` when `wait` passes first (the stream is then closed, which takes the
+        candidate out). `UNAVAILABLE` before the election is retried."""
+        deadline = None if wait is None else time.monotonic() + wait
+        failures = 0
+        while True:
+            call = self._elections.Campaign(request)
+            guard = threading.Lock()
+            state = {"elected": False, "gave_up": False}
+            timer = None
+            if deadline is not None:
+                def give_up(call=call, state=state, guard=guard):
+                    with guard:
+                        if not state["elected"]:
+                            state["gave_up"] = True
+                            call.cancel()
+                timer = threading.Timer(max(0.0, deadline - time.monotonic()), give_up)
+                timer.daemon = True
+                timer.start()
+            try:
+                first = next(call)
+            except StopIteration:
+                err: BatonError = Unavailable("the Campaign stream ended before its first event")
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+            except BaseException:
+                call.cancel()
+                raise
+            else:
+                with guard:
+                    elected = not state["gave_up"] and first.WhichOneof("event") == "elected"
+                    state["elected"] = elected
+                if elected:
+                    return call, first.elected
+                call.cancel()
+                err = BatonError("the Campaign stream did not start with an election")
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            call.cancel()
+            if state["gave_up"]:
+                raise NotAcquired(f"not elected in {request.name!r} within {wait:g}s")
+            failures += 1
+            # UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without.
+            over = failures >= RETRIES if deadline is None else time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or over:
+                raise err
+            time.sleep(retry_delay(err))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise err  # no time left to be elected in
+
     def _open(self, kind: str, request, wait: Optional[float]):
         """Opens a Hold stream and reads its first event: (call, grant) once acquired, or raises
         `NotAcquired`. A wait longer than Baton's longest is made of several; `UNAVAILABLE`
         before the grant (nothing is held then) is retried."""
+        if kind == "election":
+            return self._open_campaign(request, wait)
         method = self._locks.Hold if kind == "lock" else self._semaphores.Hold
         deadline = None if wait is None else time.monotonic() + wait
         failures = 0
@@ -234,8 +330,50 @@ class Baton:
             time.sleep(retry_delay(err))
 
 
+def new_lease(client, kind: str, grant, request, lost_event) -> Lease:
+    """The `Lease` (a `Leadership` for an election) of a grant."""
+    if kind != "election":
+        return Lease(kind, grant, lost_event)
+    return Leadership(grant, request.value, lost_event,
+                      lambda value: client._proclaim(grant.name, grant.token, value))
+
+
+class Observation:
+    """The iterator `Baton.observe` returns: `ElectionState`s until closed."""
+
+    def __init__(self, call):
+        self._call = call
+        self._closed = False
+
+    def __iter__(self) -> "Observation":
+        return self
+
+    def __next__(self) -> t.ElectionState:
+        try:
+            return t.election_state(next(self._call), with_candidates=False)
+        except StopIteration:
+            if self._closed:
+                raise
+            raise Unavailable("the Observe stream ended") from None
+        except grpc.RpcError as e:
+            if self._closed:
+                raise StopIteration from None
+            raise from_rpc_error(e) from None
+
+    def close(self) -> None:
+        """Ends the observation (from any thread); a blocked iteration stops."""
+        self._closed = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Observation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Held:
-    """The context manager of `Baton.lock` and `Baton.semaphore` (see there)."""
+    """The context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign` (see there)."""
 
     def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool):
         self._client, self._kind, self._request = client, kind, request
@@ -253,7 +391,7 @@ class Held:
                 return None
             raise
         self._grant = grant
-        self.lease = Lease(self._kind, grant, threading.Event())
+        self.lease = new_lease(self._client, self._kind, grant, self._request, threading.Event())
         self.lease.on_lost(lambda _: self._wake())
         threading.Thread(target=self._read, name=f"baton-{self._kind}-{grant.name}",
                          daemon=True).start()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Union
 
 from google.protobuf.duration_pb2 import Duration
 
 from .v1 import autocomplete_pb2 as ac_pb
+from .v1 import election_pb2 as el_pb
 from .v1 import lease_pb2
 from .v1 import lock_pb2 as lock_pb
 from .v1 import ratelimit_pb2 as rl_pb
@@ -147,6 +148,30 @@ class RateLimitDecision:
 
 
 @dataclass(frozen=True)
+class Leader:
+    """An election's leader as others see it."""
+
+    term: int  # strictly increases with every new leader of the election
+    value: bytes  # what it campaigned with, or proclaimed last
+    value_revision: int  # changes of the value in this term (0 right after the election)
+    remaining: Optional[float]  # seconds left on its lease when Redis answered (it is renewed)
+
+    @property
+    def text(self) -> str:
+        """The value as text (invalid UTF-8 replaced)."""
+        return self.value.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class ElectionState:
+    """Who leads an election (`leader`), or that nobody does (`leader` is None)."""
+
+    leader: Optional[Leader]
+    last_term: int  # the leader's term; when nobody leads, the last one issued (0: none)
+    candidates: Optional[int]  # candidates waiting (`leader()` only; None from `observe()`)
+
+
+@dataclass(frozen=True)
 class Term:
     """A dictionary term to add: display text, optional score (added when `increment`), payload."""
 
@@ -211,16 +236,6 @@ class RecordResult:
     recorded_at: datetime.datetime
 
 
-@dataclass
-class _HoldSpec:
-    """A Hold request and how long to keep trying it."""
-
-    service: str  # "lock" or "semaphore"
-    request: object
-    wait: Optional[float]  # None: forever
-    extra: dict = field(default_factory=dict)
-
-
 # --- requests -------------------------------------------------------------------------------
 
 _MODES = {"prefix": 1, "word_prefix": 2, "suffix": 3, "contains": 4, "automatic": 5}
@@ -245,6 +260,18 @@ def semaphore_hold_request(name, limit, permits, ttl, wait, owner, fair):
     return sem_pb.SemaphoreServiceHoldRequest(
         name=name, limit=limit, permits=permits, ttl=duration(ttl),
         wait_timeout=duration(wait or 0), owner=owner or "", fair=fair)
+
+
+def value_bytes(value: Union[str, bytes, None]) -> bytes:
+    """An election value as bytes (text as UTF-8)."""
+    if value is None:
+        return b""
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def campaign_request(name, value, ttl) -> el_pb.ElectionServiceCampaignRequest:
+    return el_pb.ElectionServiceCampaignRequest(name=name, value=value_bytes(value),
+                                                ttl=duration(ttl))
 
 
 def with_wait(request, wait: float):
@@ -339,6 +366,18 @@ def semaphore_state(r: sem_pb.SemaphoreServiceDescribeResponse) -> SemaphoreStat
                                h.fencing_token) for h in r.holders]
     return SemaphoreState(r.limit, r.permits_in_use, r.holder_count, holders, r.waiters,
                           r.fencing_token)
+
+
+def leader(msg) -> Optional[Leader]:
+    """The `leader` field of a Leader or Observe response, or None when unset."""
+    if not msg.HasField("leader"):
+        return None
+    l = msg.leader
+    return Leader(l.term, l.value, l.value_revision, optional_duration(l, "remaining_ttl"))
+
+
+def election_state(r, with_candidates: bool) -> ElectionState:
+    return ElectionState(leader(r), r.last_term, r.candidates if with_candidates else None)
 
 
 def decision(r: rl_pb.RateLimitServiceCheckResponse) -> RateLimitDecision:

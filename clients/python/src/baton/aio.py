@@ -5,6 +5,10 @@
     async with Baton.connect() as client:
         async with client.lock("orders", ttl=10) as lease:
             await process(lease.fencing_token)   # cancelled if the lease is lost
+        async with client.campaign("scheduler", value="pod-a") as leadership:
+            await schedule(leadership.term)      # once elected; cancelled if no longer leader
+        async for state in client.observe("scheduler"):
+            print(state.leader)
 
 The block runs in the task that entered it; when the lease is lost (Baton says so, the stream
 breaks, or `expires_at` passes on the local clock) that task is cancelled and the block exits
@@ -21,18 +25,20 @@ import grpc
 
 from . import _types as t
 from ._address import resolve
-from ._lease import Lease
+from ._lease import Leadership, Lease
 from ._sync import RETRIES, retry_delay
 from .errors import BatonError, DeadlineExceeded, LeaseLost, NotAcquired, Unavailable, from_rpc_error
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
+from .v1 import election_pb2 as el_pb
+from .v1 import election_pb2_grpc as el_rpc
 from .v1 import lock_pb2 as lock_pb
 from .v1 import lock_pb2_grpc as lock_rpc
 from .v1 import ratelimit_pb2_grpc as rl_rpc
 from .v1 import semaphore_pb2 as sem_pb
 from .v1 import semaphore_pb2_grpc as sem_rpc
 
-__all__ = ["Baton", "Held", "Lease", "LeaseLost"]
+__all__ = ["AsyncLeadership", "Baton", "Held", "Lease", "LeaseLost", "Observation"]
 
 
 class Baton:
@@ -44,6 +50,7 @@ class Baton:
         self._channel = grpc.aio.insecure_channel(target, options=options)
         self._locks = lock_rpc.LockServiceStub(self._channel)
         self._semaphores = sem_rpc.SemaphoreServiceStub(self._channel)
+        self._elections = el_rpc.ElectionServiceStub(self._channel)
         #: Rate limit checks.
         self.rate_limit = RateLimits(self, rl_rpc.RateLimitServiceStub(self._channel))
         #: Dictionaries and recent lists.
@@ -90,6 +97,32 @@ class Baton:
         """Like `semaphore` without waiting: the block gets the lease, or None."""
         request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, False)
         return Held(self, "semaphore", request, 0.0, True, cancel_on_lost)
+
+    def campaign(self, name: str, *, value: Union[str, bytes, None] = None, ttl: t.Seconds = 10,
+                 wait: Optional[t.Seconds] = None, cancel_on_lost: bool = True) -> "Held":
+        """An async context manager that joins the election `name` and runs its block once
+        elected (see `baton.Baton.campaign`). The block gets an `AsyncLeadership`; with
+        `cancel_on_lost` (the default) its task is cancelled when the leadership is lost, and the
+        block exits with `LeaseLost`."""
+        request = t.campaign_request(name, value, ttl)
+        return Held(self, "election", request, t.seconds(wait), False, cancel_on_lost)
+
+    async def leader(self, name: str) -> t.ElectionState:
+        """Who leads the election `name` now, and how many candidates wait (a snapshot)."""
+        reply = await self._call(self._elections.Leader,
+                                 el_pb.ElectionServiceLeaderRequest(name=name))
+        return t.election_state(reply, with_candidates=True)
+
+    def observe(self, name: str) -> "Observation":
+        """The election's state now, then every change, as an async iterator of
+        `ElectionState` (see `baton.Baton.observe`); `aclose()` it, or use `async with`."""
+        call = self._elections.Observe(el_pb.ElectionServiceObserveRequest(name=name))
+        return Observation(call)
+
+    async def _proclaim(self, name: str, token: str, value: Union[str, bytes, None]):
+        request = el_pb.ElectionServiceProclaimRequest(name=name, token=token,
+                                                       value=t.value_bytes(value))
+        return await self._call(self._elections.Proclaim, request)
 
     async def acquire_lock(self, name: str, *, ttl: t.Seconds, wait: t.Seconds = 0,
                            owner: Optional[str] = None, fair: bool = False,
@@ -169,6 +202,8 @@ class Baton:
         raise AssertionError("unreachable")
 
     async def _release(self, kind: str, grant) -> None:
+        if kind == "election":
+            return  # closing the Campaign stream resigns
         if kind == "lock":
             request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
             await self._locks.Release(request, timeout=self.timeout)
@@ -176,7 +211,42 @@ class Baton:
             request = sem_pb.SemaphoreServiceReleaseRequest(name=grant.name, token=grant.token)
             await self._semaphores.Release(request, timeout=self.timeout)
 
+    async def _open_campaign(self, request, wait: Optional[float]):
+        """Opens a Campaign stream and reads its first event: (call, elected), or raises
+        `NotAcquired` when `wait` passes first (the stream is closed, taking the candidate out).
+        `UNAVAILABLE` before the election is retried."""
+        deadline = None if wait is None else time.monotonic() + wait
+        failures = 0
+        while True:
+            call = self._elections.Campaign(request)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                first = await asyncio.wait_for(call.read(), left)
+            except asyncio.TimeoutError:
+                call.cancel()
+                raise NotAcquired(f"not elected in {request.name!r} within {wait:g}s") from None
+            except grpc.RpcError as e:
+                err: BatonError = from_rpc_error(e)
+            except BaseException:
+                call.cancel()
+                raise
+            else:
+                if first is not grpc.aio.EOF and first.WhichOneof("event") == "elected":
+                    return call, first.elected
+                err = Unavailable("the Campaign stream ended before its election")
+            call.cancel()
+            failures += 1
+            # UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without.
+            over = failures >= RETRIES if deadline is None else time.monotonic() >= deadline
+            if not isinstance(err, Unavailable) or over:
+                raise err
+            await asyncio.sleep(retry_delay(err))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise err  # no time left to be elected in
+
     async def _open(self, kind: str, request, wait: Optional[float]):
+        if kind == "election":
+            return await self._open_campaign(request, wait)
         method = self._locks.Hold if kind == "lock" else self._semaphores.Hold
         deadline = None if wait is None else time.monotonic() + wait
         failures = 0
@@ -213,8 +283,59 @@ class Baton:
             await asyncio.sleep(retry_delay(err))
 
 
+class AsyncLeadership(Leadership):
+    """The leadership of an election in `baton.aio`: a `Leadership` whose `proclaim` is a
+    coroutine."""
+
+    async def proclaim(self, value: Union[str, bytes, None]) -> int:
+        """Changes the value the others see (same term); returns the value's revision. Raises
+        `FailedPrecondition` when the leadership has ended."""
+        reply = await self._proclaim(value)
+        self._proclaimed(value, reply)
+        return reply.value_revision
+
+
+class Observation:
+    """The async iterator `Baton.observe` returns: `ElectionState`s until closed."""
+
+    def __init__(self, call):
+        self._call = call
+        self._closed = False
+
+    def __aiter__(self) -> "Observation":
+        return self
+
+    async def __anext__(self) -> t.ElectionState:
+        try:
+            state = await self._call.read()
+        except asyncio.CancelledError:
+            if self._closed:
+                raise StopAsyncIteration from None
+            raise
+        except grpc.RpcError as e:
+            if self._closed:
+                raise StopAsyncIteration from None
+            raise from_rpc_error(e) from None
+        if state is grpc.aio.EOF:
+            if self._closed:
+                raise StopAsyncIteration
+            raise Unavailable("the Observe stream ended")
+        return t.election_state(state, with_candidates=False)
+
+    async def aclose(self) -> None:
+        """Ends the observation."""
+        self._closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "Observation":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 class Held:
-    """The async context manager of `Baton.lock` and `Baton.semaphore`."""
+    """The async context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign`."""
 
     def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool,
                  cancel_on_lost: bool):
@@ -236,7 +357,12 @@ class Held:
                 return None
             raise
         self._grant = grant
-        self.lease = Lease(self._kind, grant, asyncio.Event())
+        if self._kind == "election":
+            client, name, token = self._client, grant.name, grant.token
+            self.lease = AsyncLeadership(grant, self._request.value, asyncio.Event(),
+                                         lambda value: client._proclaim(name, token, value))
+        else:
+            self.lease = Lease(self._kind, grant, asyncio.Event())
         self._task = asyncio.current_task()
         self.lease.on_lost(self._on_lost)
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -249,16 +375,23 @@ class Held:
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
+        cancelled: Optional[asyncio.CancelledError] = None
         if not self.lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
-            # stream would release it too, a moment later (and does if this is cancelled).
+            # stream releases it too, a moment later. A cancellation from outside while the
+            # release is under way is not swallowed: the stream is closed (which releases) and
+            # the cancellation goes on once the stream is closed.
             try:
                 await self._client._release(self._kind, self._grant)
-            except (grpc.RpcError, asyncio.CancelledError):
+            except grpc.RpcError:
                 pass
+            except asyncio.CancelledError as e:
+                cancelled = e
         self._call.cancel()
         if self._reader is not None:
             self._reader.cancel()
+        if cancelled is not None:
+            raise cancelled
         lease = self.lease
         if self._cancelled_by_us:
             # The cancellation was ours (the lease was lost): turn it into LeaseLost.

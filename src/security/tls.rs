@@ -1,0 +1,322 @@
+//! TLS on the gRPC TCP listener, with rustls (the ring provider): the server's certificate chain
+//! and key, and with a client CA, mutual TLS. The configuration in force is swapped whole when
+//! the files change ([`super::files`]): handshakes after the swap use the new files, connections
+//! already open keep the session they negotiated.
+//!
+//! Mutual TLS is checked once the handshake is done rather than during it. With TLS 1.3 a client
+//! finishes its handshake before the server has checked its certificate, so a refusal during the
+//! handshake reaches it as an alert after the fact, which stock clients report as a corrupted
+//! record or a reset. Instead, the handshake asks for a certificate (and checks that the client
+//! holds its key), then the certificate is checked against the client CA ([`Verifier::check`]):
+//! a connection whose client presented none, or one that does not verify (another CA, expired),
+//! is served nothing: every call on it fails `UNAUTHENTICATED` saying why
+//! ([`super::guard`]).
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock},
+};
+
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+    client::danger::HandshakeSignatureValid,
+    crypto::CryptoProvider,
+    server::{
+        NoServerSessionStorage, WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
+    sign::{CertifiedKey, SingleCertAndKey},
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject};
+
+use super::files::Source;
+
+/// Largest certificate, key or CA bundle file accepted, in bytes.
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+/// Most certificates accepted in a chain or a CA bundle.
+pub const MAX_PEM_CERTIFICATES: usize = 1000;
+
+/// The files of the TLS configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM), its own certificate first.
+    pub cert: PathBuf,
+    /// The server's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The CA certificates (PEM) that issue the client certificates accepted; `None`: clients
+    /// present none.
+    pub client_ca: Option<PathBuf>,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let mut certs = Vec::new();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("{what} is not valid PEM: {e}"))?;
+        if certs.len() == MAX_PEM_CERTIFICATES {
+            return Err(format!(
+                "{what} holds more than {MAX_PEM_CERTIFICATES} certificates"
+            ));
+        }
+        certs.push(cert);
+    }
+    if certs.is_empty() {
+        return Err(format!(
+            "{what} holds no certificate (a PEM \"CERTIFICATE\" block)"
+        ));
+    }
+    Ok(certs)
+}
+
+/// The check of client certificates against the client CA (mutual TLS).
+#[derive(Debug, Clone)]
+pub struct Verifier(Arc<dyn ClientCertVerifier>);
+
+impl Verifier {
+    /// Checks the certificates a client presented (`None`: it presented none): `Err` says why
+    /// they are refused, in words for the client.
+    pub fn check(&self, presented: Option<&[CertificateDer<'static>]>) -> Result<(), String> {
+        let Some((end_entity, intermediates)) = presented.and_then(<[_]>::split_first) else {
+            return Err(
+                "this Baton requires a client certificate (mutual TLS) and the \
+                        client presented none"
+                    .to_owned(),
+            );
+        };
+        self.0
+            .verify_client_cert(end_entity, intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| {
+                use rustls::CertificateError as Why;
+                let why = match e {
+                    rustls::Error::InvalidCertificate(Why::UnknownIssuer) => {
+                        "it is not issued by a CA this Baton trusts".to_owned()
+                    }
+                    rustls::Error::InvalidCertificate(
+                        Why::Expired | Why::ExpiredContext { .. },
+                    ) => "it has expired".to_owned(),
+                    rustls::Error::InvalidCertificate(
+                        Why::NotValidYet | Why::NotValidYetContext { .. },
+                    ) => "it is not valid yet".to_owned(),
+                    rustls::Error::InvalidCertificate(Why::Revoked) => {
+                        "it has been revoked".to_owned()
+                    }
+                    rustls::Error::InvalidCertificate(why) => format!("{why:?}"),
+                    other => other.to_string(),
+                };
+                format!(
+                    "the client certificate is refused ({why}): this Baton accepts only valid \
+                     certificates issued by its --tls-client-ca"
+                )
+            })
+    }
+}
+
+/// Asks clients for a certificate and checks that they hold its key, leaving the check of the
+/// certificate itself to [`Verifier::check`] once the handshake is done (see the module
+/// documentation).
+#[derive(Debug)]
+struct AskOnly(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for AskOnly {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Checked after the handshake, with a refusal the client can read.
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// A configuration in force: the server's, and the client certificate check if mutual.
+#[derive(Clone)]
+pub struct InForce {
+    /// The rustls server configuration.
+    pub config: Arc<ServerConfig>,
+    /// The check of client certificates, with mutual TLS.
+    pub verifier: Option<Verifier>,
+}
+
+/// Builds the server configuration from the contents of the certificate chain, the key and the
+/// client CA files; every error names the file and what is wrong with it.
+pub fn server_config(
+    files: &TlsFiles,
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> Result<InForce, String> {
+    let provider = provider();
+    let cert_path = files.cert.display();
+    let key_path = files.key.display();
+    let chain = certificates(cert, &format!("the certificate file {cert_path}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+        format!(
+            "the key file {key_path} holds no private key (a PEM \"PRIVATE KEY\", \"RSA PRIVATE \
+             KEY\" or \"EC PRIVATE KEY\" block): {e}"
+        )
+    })?;
+    let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+        format!("the key file {key_path} does not go with the certificate file {cert_path}: {e}")
+    })?;
+    // `from_der` lets a key whose public half it cannot tell pass: check it here.
+    certified.keys_match().map_err(|e| {
+        format!("the key file {key_path} does not go with the certificate file {cert_path}: {e}")
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let mut verifier = None;
+    let builder = match (client_ca, &files.client_ca) {
+        (Some(pem), Some(path)) => {
+            let what = format!("the client CA file {}", path.display());
+            let mut roots = RootCertStore::empty();
+            for ca in certificates(pem, &what)? {
+                roots
+                    .add(ca)
+                    .map_err(|e| format!("{what} holds a certificate that is not a CA: {e}"))?;
+            }
+            let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("{what}: {e}"))?;
+            let checking = verifier.insert(Verifier(inner)).0.clone();
+            builder.with_client_cert_verifier(Arc::new(AskOnly(checking)))
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
+    // gRPC runs over HTTP/2 only; clients such as grpc C-core require it negotiated.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    // No resumed sessions: every connection presents its certificate, checked then.
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    Ok(InForce {
+        config: Arc::new(config),
+        verifier,
+    })
+}
+
+/// The TLS configuration in force; cheap to clone.
+#[derive(Clone)]
+pub struct Tls {
+    files: TlsFiles,
+    /// `None` until the files were first applied ([`super::files::load_and_watch`] does before
+    /// serving starts).
+    current: Arc<RwLock<Option<InForce>>>,
+}
+
+impl Tls {
+    /// A TLS configuration from `files`, in force once [`TlsSource`] applies them.
+    pub fn new(files: TlsFiles) -> Self {
+        Self {
+            files,
+            current: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// Whether clients must present a certificate.
+    pub fn mutual(&self) -> bool {
+        self.files.client_ca.is_some()
+    }
+
+    /// The acceptor of new connections, with the configuration now in force and its client
+    /// certificate check (`None` before the files were first applied).
+    pub fn acceptor(&self) -> Option<(tokio_rustls::TlsAcceptor, Option<Verifier>)> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        current
+            .clone()
+            .map(|c| (tokio_rustls::TlsAcceptor::from(c.config), c.verifier))
+    }
+
+    /// The paths read, in the order [`Source::apply`] takes them.
+    fn all_paths(files: &TlsFiles) -> Vec<PathBuf> {
+        let mut paths = vec![files.cert.clone(), files.key.clone()];
+        paths.extend(files.client_ca.clone());
+        paths
+    }
+}
+
+/// The TLS files as a watched [`Source`].
+pub struct TlsSource {
+    tls: Tls,
+    paths: Vec<PathBuf>,
+}
+
+impl TlsSource {
+    /// Watches the files of `tls`, putting each valid change in force.
+    pub fn new(tls: Tls) -> Self {
+        let paths = Tls::all_paths(&tls.files);
+        Self { tls, paths }
+    }
+}
+
+impl Source for TlsSource {
+    fn what(&self) -> &'static str {
+        "TLS certificate"
+    }
+
+    fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    fn max_bytes(&self) -> u64 {
+        MAX_PEM_FILE_BYTES
+    }
+
+    fn apply(&self, contents: &[Vec<u8>]) -> Result<(), String> {
+        let [cert, key, rest @ ..] = contents else {
+            return Err("the certificate and key files were not read".to_owned());
+        };
+        let config = server_config(&self.tls.files, cert, key, rest.first().map(Vec::as_slice))?;
+        *self.tls.current.write().unwrap_or_else(|e| e.into_inner()) = Some(config);
+        Ok(())
+    }
+}
+
+/// What a failed handshake says, in words an operator can act on.
+pub fn handshake_failure(error: &std::io::Error) -> String {
+    match error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => format!("TLS handshake failed: {tls}"),
+        None => format!("the connection failed during the TLS handshake: {error}"),
+    }
+}

@@ -1,0 +1,389 @@
+//! The server's limits: lease streams open at once, streams per connection, message size,
+//! connections, the handshake deadline; and clients that stop answering (a silent connection)
+//! or stop reading their Hold stream are cut off and their leases released.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use baton::proto::v1::{self as pb, lock_service_client::LockServiceClient};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+    time::Instant,
+};
+use tonic::{Code, transport::Endpoint};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use crate::{
+    start,
+    support::{
+        RedisServer, channel,
+        lease::next_renewal,
+        lock::{acquire_request, held, hold_request, wait_until_free},
+        wait_until, within,
+    },
+};
+
+/// Past `--max-lease-streams`, a new Hold or KeepAlive fails RESOURCE_EXHAUSTED naming the flag,
+/// while unary calls and health go on; once a stream ends, a new one opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_streams_past_the_bound_are_refused() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| c.serving.max_lease_streams = 3).await;
+    let mut locks = baton.client().await;
+    let mut open = Vec::new();
+    for n in 0..3 {
+        open.push(held(&mut locks, hold_request(&format!("s{n}"), 5_000, None, "")).await);
+    }
+    let refused = locks
+        .hold(hold_request("s3", 5_000, None, ""))
+        .await
+        .expect_err("a fourth stream");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--max-lease-streams"),
+        "{refused:?}"
+    );
+    let token = open[0].1.token.clone();
+    let refused = locks
+        .keep_alive(pb::LockServiceKeepAliveRequest {
+            name: "s0".to_owned(),
+            token,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a KeepAlive counts too");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+
+    let unary = locks
+        .acquire(acquire_request("unary", 1_000, None, ""))
+        .await
+        .expect("unary calls are served");
+    assert!(unary.into_inner().acquired);
+    let mut health = HealthClient::new(channel(baton.addr()).await);
+    health
+        .check(HealthCheckRequest {
+            service: "readiness".to_owned(),
+        })
+        .await
+        .expect("health answers");
+
+    drop(open.pop());
+    wait_until(
+        Duration::from_secs(5),
+        "a stream's place to free up",
+        || {
+            let mut locks = locks.clone();
+            async move {
+                locks
+                    .hold(hold_request("s3", 5_000, None, ""))
+                    .await
+                    .map(|_| ())
+            }
+        },
+    )
+    .await;
+}
+
+/// A connection may open `--max-concurrent-streams` streams: the next one waits (HTTP/2 makes
+/// the client wait) until one ends, while another connection is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_per_connection_are_bounded() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| c.serving.max_concurrent_streams = 2).await;
+    let mut locks = baton.client().await;
+    let (first, _) = held(&mut locks, hold_request("c0", 5_000, None, "")).await;
+    let _second = held(&mut locks, hold_request("c1", 5_000, None, "")).await;
+    let mut third = locks.clone();
+    let waiting = tokio::spawn(async move {
+        third
+            .acquire(acquire_request("c2", 1_000, None, ""))
+            .await
+            .map(|r| r.into_inner().acquired)
+    });
+    // Over another connection, a call is served while the third one waits.
+    let mut other = baton.client().await;
+    let served = other
+        .acquire(acquire_request("c3", 1_000, None, ""))
+        .await
+        .expect("another connection is served");
+    assert!(served.into_inner().acquired);
+    assert!(
+        !waiting.is_finished(),
+        "a third stream ran on a connection limited to two"
+    );
+    drop(first);
+    let acquired = within(
+        Duration::from_secs(5),
+        waiting,
+        "the third call, once a stream ended",
+    )
+    .await
+    .expect("the task")
+    .expect("the call");
+    assert!(acquired);
+}
+
+/// A request larger than `--max-message-size` is refused (tonic's OUT_OF_RANGE, naming the
+/// limit) without Baton reading it whole; smaller ones are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_larger_than_the_bound_are_refused() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| c.serving.max_message_bytes = 1024).await;
+    let mut locks = baton.client().await;
+    let refused = locks
+        .acquire(acquire_request(
+            &"n".repeat(1000),
+            1_000,
+            None,
+            &"o".repeat(200),
+        ))
+        .await
+        .expect_err("a request over 1 KiB");
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    assert!(refused.message().contains("1024"), "{refused:?}");
+    let served = locks
+        .acquire(acquire_request("small", 1_000, None, ""))
+        .await
+        .expect("a small request");
+    assert!(served.into_inner().acquired);
+}
+
+/// A connection that says nothing is closed after `--handshake-timeout`, and past
+/// `--max-connections` a new connection waits until one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_bounded_and_must_begin_in_time() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| {
+        c.serving.max_connections = 2;
+        c.serving.handshake_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let addr = baton.addr();
+
+    let mut mute = TcpStream::connect(addr).await.expect("connecting");
+    let opened = Instant::now();
+    // Baton sends its HTTP/2 settings, then closes the connection at the deadline.
+    let mut sent = Vec::new();
+    // Closed either way: an end of file or a reset.
+    let _closed = within(
+        Duration::from_secs(10),
+        mute.read_to_end(&mut sent),
+        "Baton closing a mute connection",
+    )
+    .await;
+    assert!(
+        opened.elapsed() >= Duration::from_millis(400),
+        "closed after {:?}",
+        opened.elapsed()
+    );
+
+    // Two connections (one is the socket's health check, which may still be closing) take
+    // every place: wait until a third cannot be served.
+    let _a = TcpStream::connect(addr).await.expect("connecting");
+    let _b = TcpStream::connect(addr).await.expect("connecting");
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_millis(300))
+        .timeout(Duration::from_millis(300));
+    let lazy = endpoint.connect_lazy();
+    let refused = HealthClient::new(lazy)
+        .check(HealthCheckRequest::default())
+        .await;
+    assert!(
+        refused.is_err(),
+        "a third connection was served: {refused:?}"
+    );
+    // The mute ones are closed at their deadline: places free up.
+    wait_until(
+        Duration::from_secs(10),
+        "a place for a new connection",
+        || {
+            let endpoint = endpoint.clone();
+            async move {
+                let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+                HealthClient::new(channel)
+                    .check(HealthCheckRequest::default())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+}
+
+/// A TCP relay whose connections can be frozen: it then stops passing the client's bytes on and
+/// drops Baton's, as a network that went silent would; it records when Baton closed its side.
+struct Relay {
+    addr: SocketAddr,
+    frozen: watch::Sender<bool>,
+    closed: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
+        let addr = listener.local_addr().expect("address");
+        let (frozen, _) = watch::channel(false);
+        let closed = Arc::new(Mutex::new(None));
+        let (tx, record) = (frozen.clone(), closed.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(baton) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (mut client_rx, mut client_tx) = client.into_split();
+                let (mut baton_rx, mut baton_tx) = baton.into_split();
+                let mut frozen = tx.subscribe();
+                tokio::spawn(async move {
+                    let mut buf = [0; 16 * 1024];
+                    loop {
+                        if *frozen.borrow_and_update() {
+                            // Nothing from the client goes on any more.
+                            if frozen.changed().await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        tokio::select! {
+                            _ = frozen.changed() => {}
+                            n = client_rx.read(&mut buf) => match n {
+                                Ok(n) if n > 0 => if baton_tx.write_all(&buf[..n]).await.is_err() { return },
+                                _ => return,
+                            },
+                        }
+                    }
+                });
+                let frozen = tx.subscribe();
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0; 16 * 1024];
+                    loop {
+                        match baton_rx.read(&mut buf).await {
+                            Ok(n) if n > 0 => {
+                                // Frozen: Baton's bytes are dropped.
+                                if !*frozen.borrow()
+                                    && client_tx.write_all(&buf[..n]).await.is_err()
+                                {
+                                    return;
+                                }
+                            }
+                            _ => {
+                                *record.lock().expect("lock") = Some(Instant::now());
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            closed,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    fn closed_at(&self) -> Option<Instant> {
+        *self.closed.lock().expect("lock")
+    }
+}
+
+/// A client whose connection goes silent (nothing passes either way, the TCP connection stays
+/// open) loses its 1 s lease soon after the ttl, and Baton closes the connection once its pings
+/// go unanswered for the keepalive timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_cut_off_and_its_lease_released() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| {
+        c.client_keepalive_interval = Some(Duration::from_millis(200));
+        c.client_keepalive_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let relay = Relay::start(baton.addr()).await;
+    let mut through = LockServiceClient::new(crate::support::channel(relay.addr).await);
+    let (mut stream, _) = held(&mut through, hold_request("silent", 1_000, None, "")).await;
+    next_renewal(&mut stream).await;
+
+    relay.freeze();
+    let frozen = Instant::now();
+    let observer = baton.client().await;
+    wait_until_free(&observer, "silent", Duration::from_secs(10)).await;
+    let released = frozen.elapsed();
+    // ttl (1 s) of silence, then the expiry last reported (at most a ttl): 2 s, plus margins.
+    assert!(
+        released < Duration::from_secs(4),
+        "released {released:?} after the silence began"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "Baton to close the silent connection",
+        || async { relay.closed_at().ok_or("open") },
+    )
+    .await;
+    let closed = relay.closed_at().expect("closed") - frozen;
+    // Pings every 200 ms, each answered within 1 s: closed within about 1.2 s, plus margins.
+    assert!(
+        closed < Duration::from_secs(4),
+        "closed {closed:?} after the silence began"
+    );
+}
+
+/// A client that stops reading its Hold stream while its connection stays alive (it answers
+/// pings) is cut off once the renewals it leaves unread fill its HTTP/2 window (a small one
+/// here) and wait longer than the lease's ttl: the lease is released and another holder gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_loses_its_lease() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| {
+        c.client_keepalive_interval = Some(Duration::from_millis(200))
+    })
+    .await;
+    let small_window = Endpoint::from_shared(format!("http://{}", baton.addr()))
+        .expect("endpoint")
+        .initial_stream_window_size(Some(64))
+        .connect()
+        .await
+        .expect("connecting");
+    let mut reader = LockServiceClient::new(small_window);
+    let (stream, _) = held(&mut reader, hold_request("unread", 600, None, "")).await;
+    let stopped = Instant::now();
+
+    let mut other = baton.client().await;
+    let mut next = other
+        .hold(hold_request("unread", 600, Some(10_000), ""))
+        .await
+        .expect("Hold")
+        .into_inner();
+    let taken = within(
+        Duration::from_secs(10),
+        next.message(),
+        "the lock to pass on",
+    )
+    .await;
+    let waited = stopped.elapsed();
+    assert!(
+        matches!(
+            taken,
+            Ok(Some(pb::LockServiceHoldResponse {
+                event: Some(pb::lock_service_hold_response::Event::Acquired(_))
+            }))
+        ),
+        "{taken:?}"
+    );
+    // The window fills within a few renewals; then a ttl unread and the last expiry promised.
+    assert!(
+        waited < Duration::from_secs(4),
+        "passed on after {waited:?}"
+    );
+    drop(stream);
+}

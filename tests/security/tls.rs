@@ -1,0 +1,188 @@
+//! TLS on the TCP listener: the certificate files are reread, a valid change serves new
+//! handshakes while open streams go on, a bad or half-written one is refused with the old
+//! certificate kept; a bad file at start stops `baton serve` with exit code 2.
+
+use std::time::Duration;
+
+use baton::{proto::v1::lock_service_client::LockServiceClient, security::tls::TlsFiles};
+use tokio::time::Instant;
+
+use crate::{
+    certs::{Ca, server_cert, tls_channel},
+    start,
+    support::{
+        RedisServer, baton_command,
+        lease::next_renewal,
+        lock::{held, hold_request},
+        run_baton, wait_until,
+    },
+};
+
+/// A certificate rotated on disk serves every new handshake once reread, while a Hold stream
+/// opened before goes on renewing over its connection; a half-written certificate and a key
+/// that does not go with the certificate are refused, and the certificate in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_without_dropping_streams() {
+    let redis = RedisServer::start().await;
+    let (old_ca, new_ca) = (Ca::new("old ca"), Ca::new("new ca"));
+    let (old, new) = (old_ca.server("baton old"), new_ca.server("baton new"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = old.write(dir.path(), "tls");
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: None,
+    };
+    let baton = start(&redis, |c| {
+        c.serving.tls = Some(files);
+        c.serving.credentials_reload = Duration::from_millis(50);
+    })
+    .await;
+    let addr = baton.addr();
+    let both = [&old_ca, &new_ca];
+    assert_eq!(
+        server_cert(addr, &both).await.expect("handshake"),
+        old.der()
+    );
+
+    let mut locks = LockServiceClient::new(
+        tls_channel(addr, &both, None)
+            .await
+            .expect("a gRPC connection over TLS"),
+    );
+    let (mut stream, _) = held(&mut locks, hold_request("rotated", 600, None, "")).await;
+    next_renewal(&mut stream).await;
+
+    // Half-written, then a key without its certificate: neither is put in force.
+    std::fs::write(&cert, &old.cert[..old.cert.len() / 2]).expect("truncating");
+    let until = Instant::now() + Duration::from_millis(400);
+    while Instant::now() < until {
+        let presented = server_cert(addr, &both).await.expect("handshake");
+        assert_eq!(presented, old.der(), "a half-written certificate was taken");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    std::fs::write(&cert, &old.cert).expect("restoring");
+    std::fs::write(&key, &new.key).expect("writing the new key first");
+    let until = Instant::now() + Duration::from_millis(400);
+    while Instant::now() < until {
+        let presented = server_cert(addr, &both).await.expect("handshake");
+        assert_eq!(
+            presented,
+            old.der(),
+            "a key of another certificate was taken"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    std::fs::write(&cert, &new.cert).expect("writing the new certificate");
+    wait_until(
+        Duration::from_secs(5),
+        "new handshakes to present the new certificate",
+        || async {
+            match server_cert(addr, &both).await {
+                Ok(der) if der == new.der() => Ok(()),
+                other => Err(other.map(|_| "the old certificate")),
+            }
+        },
+    )
+    .await;
+    // Only the new CA is needed now, and the stream opened before goes on.
+    server_cert(addr, &[&new_ca])
+        .await
+        .expect("trusting the new CA alone");
+    for _ in 0..3 {
+        next_renewal(&mut stream).await;
+    }
+}
+
+/// A certificate that is not PEM and a token file that is a FIFO (read without blocking) are
+/// both reported, and `baton serve` exits 2 without serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_files_at_start_exit_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cert = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    std::fs::write(&cert, "not a certificate").expect("writing");
+    std::fs::write(&key, "not a key").expect("writing");
+    let fifo = dir.path().join("token");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let mut command = baton_command();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--api-token-file")
+        .arg(&fifo);
+    let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--tls-cert") && stderr.contains("holds no certificate"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--api-token-file") && stderr.contains("not a regular file"),
+        "{stderr}"
+    );
+}
+
+/// With mutual TLS, a client certificate from the client CA is served; a client presenting none,
+/// one from another CA or an expired one completes its handshake, but every call on its
+/// connection, health's too, fails UNAUTHENTICATED saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_refuses_every_call_of_a_client_without_a_valid_certificate() {
+    use tonic::Code;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let redis = RedisServer::start().await;
+    let (server_ca, client_ca, other_ca) = (
+        Ca::new("server ca"),
+        Ca::new("client ca"),
+        Ca::new("other ca"),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = server_ca.server("baton").write(dir.path(), "tls");
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, client_ca.pem()).expect("writing the client CA");
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: Some(ca_file),
+    };
+    let baton = start(&redis, |c| c.serving.tls = Some(files)).await;
+    let addr = baton.addr();
+
+    let good = client_ca.client("good");
+    let mut locks = LockServiceClient::new(
+        tls_channel(addr, &[&server_ca], Some(&good))
+            .await
+            .expect("a connection with a good certificate"),
+    );
+    held(&mut locks, hold_request("mtls", 1_000, None, "")).await;
+
+    let stranger = other_ca.client("stranger");
+    let expired = client_ca.expired_client("expired");
+    for (identity, says) in [
+        (None, "presented none"),
+        (Some(&stranger), "not issued by a CA this Baton trusts"),
+        (Some(&expired), "has expired"),
+    ] {
+        let channel = tls_channel(addr, &[&server_ca], identity)
+            .await
+            .expect("the handshake completes");
+        let refused = LockServiceClient::new(channel.clone())
+            .hold(hold_request("mtls-2", 1_000, None, ""))
+            .await
+            .expect_err("a call without a valid certificate");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        assert!(
+            refused.message().contains(says),
+            "{refused:?} should say {says:?}"
+        );
+        let health = HealthClient::new(channel)
+            .check(HealthCheckRequest::default())
+            .await
+            .expect_err("health too");
+        assert_eq!(health.code(), Code::Unauthenticated, "{health:?}");
+    }
+}
