@@ -191,7 +191,7 @@ pub async fn run(options: &Options, repeat: usize, records: &mut Vec<Record>) {
         for &clients in &options.clients {
             // Alternate which side goes first (by client count and repeat), so that neither
             // always runs on a warmer Redis.
-            let order = if (clients + repeat) % 2 == 0 {
+            let order = if (clients + repeat).is_multiple_of(2) {
                 [Via::Evalsha, Via::Fcall]
             } else {
                 [Via::Fcall, Via::Evalsha]

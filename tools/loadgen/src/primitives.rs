@@ -649,7 +649,8 @@ impl Worker {
         let Target::Direct { conn, scripts, .. } = &mut self.target else {
             unreachable!("direct only")
         };
-        let invocation = lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter, None);
+        let invocation =
+            lock::scripts::abandon(&scripts.lock_abandon, &self.lock_keys, waiter, None);
         bounded("abandon.lua", invocation.invoke_async::<i64>(conn))
             .await
             .map(drop)
@@ -730,8 +731,12 @@ impl Worker {
                 let Target::Direct { conn, scripts, .. } = &mut self.target else {
                     unreachable!("direct only")
                 };
-                let invocation =
-                    semaphore::scripts::abandon(&scripts.sem_abandon, &self.sem_keys, &waiter, None);
+                let invocation = semaphore::scripts::abandon(
+                    &scripts.sem_abandon,
+                    &self.sem_keys,
+                    &waiter,
+                    None,
+                );
                 bounded("abandon.lua", invocation.invoke_async::<i64>(conn)).await?;
                 return Ok(None);
             }

@@ -660,7 +660,7 @@ fn leader_failover(run: &Run) -> String {
 fn autocomplete_load(run: &Run) -> String {
     let r = select(run, |r| r.scenario == "autocomplete" && r.case == "load");
     let mut md = String::from(
-        "| terms | load time, s | terms/s | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| terms | load time, s | terms/s | script calls | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     if r.is_empty() {
         return md;
@@ -668,10 +668,11 @@ fn autocomplete_load(run: &Run) -> String {
     let terms = |x: &Record| get(names::TERMS)(x).max(1.0);
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         cell(&values(&r, get(names::TERMS)), grouped),
         cell(&values(&r, get(names::TOOK)), fixed(1)),
         cell(&values(&r, |x| terms(x) / get(names::TOOK)(x)), grouped),
+        cell(&values(&r, |x| x.script_calls() as f64), grouped),
         cell(&values(&r, get(names::REDIS_CPU)), fixed(1)),
         cell(&values(&r, get(names::BATON_CPU)), fixed(1)),
         cell(&values(&r, get(names::LOADGEN_CPU)), fixed(1)),
@@ -952,6 +953,7 @@ fn builds(run: &Run) -> String {
         ("Baton RSS MiB", |r| fig::mib(r, names::BATON_RSS), 1),
         ("script calls/s", fig::scripts_per_sec, 0),
     ];
+    let mut cpu_ratios = Vec::new();
     let keys = distinct(&select(run, |r| r.side.starts_with("baton")), |r| {
         (r.scenario.clone(), r.clients, r.side.clone())
     });
@@ -999,6 +1001,12 @@ fn builds(run: &Run) -> String {
                 side_label(&side),
                 what
             );
+            if let [a, b] = medians[..]
+                && *what == "Baton CPU µs / call"
+                && (b / a).is_finite()
+            {
+                cpu_ratios.push(b / a);
+            }
             if let ([a, b], [(a_lo, a_hi), (b_lo, b_hi)]) = (&medians[..], &ranges[..]) {
                 // Compared at the precision shown.
                 let decimals = *decimals;
@@ -1013,6 +1021,18 @@ fn builds(run: &Run) -> String {
             }
             md.push('\n');
         }
+    }
+    if names.len() == 2 && !cpu_ratios.is_empty() {
+        let above = cpu_ratios.iter().filter(|r| **r > 1.0).count();
+        let _ = writeln!(
+            md,
+            "\nBaton CPU µs / call, {} / {} over the {} rows above: median {:.2}, above 1 in {}.",
+            names[1],
+            names[0],
+            cpu_ratios.len(),
+            median(&cpu_ratios),
+            above
+        );
     }
     md
 }
