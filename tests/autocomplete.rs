@@ -1155,6 +1155,8 @@ async fn unicode_matching_in_several_scripts() {
             "Rock 🎸",
             "ＡＢＣ Corp",
             "ﬁle",
+            "İstanbul Havalimanı",
+            "Diyarbakır",
         ],
     )
     .await;
@@ -1196,6 +1198,19 @@ async fn unicode_matching_in_several_scripts() {
     // Compatibility forms.
     assert_eq!(c("abc", Mode::Prefix).await, ["ＡＢＣ Corp"]);
     assert_eq!(c("FILE", Mode::Prefix).await, ["ﬁle"]);
+    // Turkish dotted capital I: its dot above goes, so plain and capital queries find it (in
+    // every mode); the dotless ı stays a letter of its own.
+    for q in ["istanbul", "ISTANBUL", "İst", "i\u{307}st"] {
+        assert_eq!(c(q, Mode::Prefix).await, ["İstanbul Havalimanı"], "{q}");
+    }
+    assert_eq!(c("STANB", Mode::Contains).await, ["İstanbul Havalimanı"]);
+    assert_eq!(
+        c("havalimanı", Mode::WordPrefix).await,
+        ["İstanbul Havalimanı"]
+    );
+    assert!(c("havalimani", Mode::WordPrefix).await.is_empty());
+    assert_eq!(c("diyarbakır", Mode::Prefix).await, ["Diyarbakır"]);
+    assert!(c("DIYARBAKIR", Mode::Prefix).await.is_empty());
     // Removing by either normalization form of the display.
     let r = remove(&mut client, d, &["Ren\u{e9}e Dubois"]).await;
     assert_eq!(r.removed, 1);
