@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The tables a marker may name.
-pub const TABLES: [&str; 14] = [
+pub const TABLES: [&str; 15] = [
     "run",
     "targets",
     "unary",
@@ -38,6 +38,7 @@ pub const TABLES: [&str; 14] = [
     "autocomplete",
     "autocomplete-memory",
     "autocomplete-baseline",
+    "autocomplete-modes",
     "functions",
     "redis-failover",
     "builds",
@@ -120,6 +121,7 @@ pub fn table_of(table: &str, runs: &[Run]) -> Result<String, String> {
         "autocomplete" => autocomplete(one()?),
         "autocomplete-memory" => autocomplete_memory(one()?),
         "autocomplete-baseline" => autocomplete_baseline(one()?),
+        "autocomplete-modes" => autocomplete_modes(one()?),
         "functions" => functions(one()?),
         "redis-failover" => redis_failover(one()?),
         "builds" => builds(one()?),
@@ -810,6 +812,81 @@ fn autocomplete_baseline(run: &Run) -> String {
             cell(&values(&r, |x| terms(x) / get(names::TOOK)(x)), grouped),
             cell(&values(&r, |x| fig::mib(x, names::MEMORY)), fixed(0)),
             cell(&values(&r, |x| get(names::MEMORY)(x) / terms(x)), grouped),
+        );
+    }
+    md
+}
+
+/// Memory per term of the indexes each set of match modes reads (sums of `MEMORY USAGE` by kind
+/// of key), beside the baselines of the same terms.
+fn autocomplete_modes(run: &Run) -> String {
+    let memory = select(run, |r| r.scenario == "autocomplete" && r.case == "memory");
+    let mut md = String::from("| what | keys | bytes per term |\n|---|---|---:|\n");
+    let rows: [(&str, &str, &[&str]); 4] = [
+        (
+            "prefix, lexicographic (and exact)",
+            "`l:XX`, `data`, `h`",
+            &["l", "data", "h"],
+        ),
+        (
+            "prefix, lexicographic and by score",
+            "… and `b:XX`, `r:P`, `t:P`, `top`",
+            &["l", "data", "h", "b", "r", "t", "top"],
+        ),
+        (
+            "… and word prefix",
+            "… and `w:W`, `v`",
+            &["l", "data", "h", "b", "r", "t", "top", "w", "v"],
+        ),
+        (
+            "every mode (suffix, contains, automatic)",
+            "… and `vg:G`",
+            &["l", "data", "h", "b", "r", "t", "top", "w", "v", "vg"],
+        ),
+    ];
+    for (what, keys, kinds) in rows {
+        let _ = writeln!(
+            md,
+            "| Baton: {what} | {keys} | {} |",
+            cell(
+                &values(&memory, |x| {
+                    kinds
+                        .iter()
+                        .map(|k| x.get(&format!("bytes:{k}")).unwrap_or(0.0))
+                        .sum::<f64>()
+                        / get(names::TERMS)(x).max(1.0)
+                }),
+                grouped
+            ),
+        );
+    }
+    let baselines = select(run, |r| {
+        r.scenario == "autocomplete" && r.case == "baseline"
+    });
+    for side in distinct(&baselines, |r| r.side.clone()) {
+        let r: Vec<&Record> = baselines
+            .iter()
+            .copied()
+            .filter(|r| r.side == side)
+            .collect();
+        let what = match side.split_once(' ') {
+            None => "one bare sorted set of lex members (`used_memory` growth), the run's Redis"
+                .to_owned(),
+            Some(("zadd", server)) => {
+                format!("one bare sorted set of lex members (`used_memory` growth), {server}")
+            }
+            Some((_, server)) => {
+                format!("RediSearch `FT.SUGADD` (`used_memory` growth), {server}")
+            }
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | — | {} |",
+            cell(
+                &values(&r, |x| get(names::MEMORY)(x)
+                    / get(names::TERMS)(x).max(1.0)),
+                grouped
+            ),
         );
     }
     md

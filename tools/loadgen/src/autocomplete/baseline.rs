@@ -104,7 +104,7 @@ pub struct Loaded {
 
 /// Loads every term's lex member (matching form, `\0`, NFC display text: what Baton keeps in its
 /// lex sets) into one sorted set `key` by `ZADD`s of [`CHUNK`] members, [`IN_FLIGHT`] at a
-/// time, measures it and deletes it.
+/// time, measures it and unlinks it.
 pub async fn bare_sorted_set(
     conn: &MultiplexedConnection,
     terms: &Arc<Vec<GeneratedTerm>>,
@@ -154,11 +154,13 @@ pub async fn bare_sorted_set(
     }
     let took = started.elapsed().as_secs_f64();
     let bytes = probe::used_memory(&mut admin).await.saturating_sub(before);
-    let _: u64 = redis::cmd("DEL")
+    // UNLINK frees the set on a background thread: a DEL of a million members outlasts the
+    // connection's response timeout.
+    let _: u64 = redis::cmd("UNLINK")
         .arg(key)
         .query_async(&mut admin)
         .await
-        .expect("DEL");
+        .expect("UNLINK");
     Loaded { took, bytes }
 }
 
