@@ -38,46 +38,103 @@ pub struct Slowest {
     pub over_5ms: u64,
     /// The longest call's command name.
     pub command: String,
+    /// Entries the slow log dropped before they were read (0 unless Redis logged more than
+    /// it keeps between two reads).
+    pub missed: u64,
 }
 
-/// Makes Redis keep every command of [`SLOW_US`] or more, and forgets those it kept.
-pub async fn slowlog_start(conn: &mut MultiplexedConnection) {
+/// Entries `SLOWLOG` keeps, and reads per poll: a poll every [`SLOWLOG_POLL`] reads what came
+/// since the last one, in small replies (a reply of every entry of a long load outlasts the
+/// connection's response timeout).
+const SLOWLOG_KEPT: usize = 1000;
+/// How often the slow log is read while it is watched.
+const SLOWLOG_POLL: Duration = Duration::from_millis(200);
+
+/// Watches `SLOWLOG` from [`slowlog_watch`] to [`SlowlogWatch::stop`].
+pub struct SlowlogWatch {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Slowest>,
+}
+
+/// Makes Redis keep every command of [`SLOW_US`] or more, forgets those it kept, and reads the
+/// new ones every [`SLOWLOG_POLL`] until stopped.
+pub async fn slowlog_watch(conn: &MultiplexedConnection) -> SlowlogWatch {
+    let mut conn = conn.clone();
     for (name, value) in [
         ("slowlog-log-slower-than", SLOW_US.to_string()),
-        ("slowlog-max-len", "1000000".to_owned()),
+        ("slowlog-max-len", SLOWLOG_KEPT.to_string()),
     ] {
         let () = redis::cmd("CONFIG")
             .arg("SET")
             .arg(name)
             .arg(value)
-            .query_async(conn)
+            .query_async(&mut conn)
             .await
             .expect("CONFIG SET slowlog");
     }
     let () = redis::cmd("SLOWLOG")
         .arg("RESET")
-        .query_async(conn)
+        .query_async(&mut conn)
         .await
         .expect("SLOWLOG RESET");
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut slowest = Slowest::default();
+        let mut last_id: Option<i64> = None;
+        loop {
+            let done = tokio::time::timeout(SLOWLOG_POLL, &mut stopped)
+                .await
+                .is_ok();
+            slowlog_poll(&mut conn, &mut slowest, &mut last_id).await;
+            if done {
+                return slowest;
+            }
+        }
+    });
+    SlowlogWatch { stop, task }
 }
 
-/// The calls `SLOWLOG` kept since [`slowlog_start`].
-pub async fn slowlog_read(conn: &mut MultiplexedConnection) -> Slowest {
-    let entries: Vec<Value> = redis::cmd("SLOWLOG")
+impl SlowlogWatch {
+    /// Reads the last entries and returns what the slow log held.
+    pub async fn stop(self) -> Slowest {
+        let _ = self.stop.send(());
+        self.task.await.expect("the slow log watch")
+    }
+}
+
+/// Takes the entries newer than `last_id` into `slowest`.
+async fn slowlog_poll(
+    conn: &mut MultiplexedConnection,
+    slowest: &mut Slowest,
+    last_id: &mut Option<i64>,
+) {
+    let entries: Vec<Value> = match redis::cmd("SLOWLOG")
         .arg("GET")
-        .arg(-1)
+        .arg(SLOWLOG_KEPT)
         .query_async(conn)
         .await
-        .expect("SLOWLOG GET");
-    let mut slowest = Slowest::default();
+    {
+        Ok(entries) => entries,
+        Err(e) => {
+            eprintln!("autocomplete: SLOWLOG GET: {e}");
+            return;
+        }
+    };
+    let mut newest = *last_id;
+    let mut oldest_new = None;
     for entry in entries {
         // id, timestamp, duration (µs), arguments, client address, client name.
         let Value::Array(fields) = entry else {
             continue;
         };
-        let Some(Value::Int(us)) = fields.get(2) else {
+        let (Some(Value::Int(id)), Some(Value::Int(us))) = (fields.first(), fields.get(2)) else {
             continue;
         };
+        if last_id.is_some_and(|last| *id <= last) {
+            continue;
+        }
+        newest = newest.max(Some(*id));
+        oldest_new = Some(oldest_new.map_or(*id, |o: i64| o.min(*id)));
         let us = u64::try_from(*us).unwrap_or(0);
         slowest.over_1ms += u64::from(us >= 1000);
         slowest.over_5ms += u64::from(us >= 5000);
@@ -90,7 +147,12 @@ pub async fn slowlog_read(conn: &mut MultiplexedConnection) -> Slowest {
             }
         }
     }
-    slowest
+    // Entries pushed out of the log between two polls are counted as missed.
+    if let Some(oldest) = oldest_new {
+        let expected = last_id.map_or(0, |l| l + 1);
+        slowest.missed += u64::try_from(oldest - expected).unwrap_or(0);
+    }
+    *last_id = newest;
 }
 
 /// What loading the terms into one structure took.
