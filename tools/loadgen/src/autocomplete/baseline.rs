@@ -27,7 +27,7 @@ const IN_FLIGHT: usize = 4;
 /// Script calls at least this long are counted and kept by `SLOWLOG` (µs).
 const SLOW_US: u64 = 1000;
 
-/// The longest script calls of a stretch of work, from `SLOWLOG`.
+/// The longest script calls (`EVALSHA`, `EVAL`, `FCALL`) of a stretch of work, from `SLOWLOG`.
 #[derive(Debug, Default)]
 pub struct Slowest {
     /// The longest call, µs (0 when none reached [`SLOW_US`]).
@@ -38,14 +38,14 @@ pub struct Slowest {
     pub over_5ms: u64,
     /// The longest call's command name.
     pub command: String,
-    /// Entries the slow log dropped before they were read (0 unless Redis logged more than
-    /// it keeps between two reads).
-    pub missed: u64,
+    /// Reads that found the slow log full, so that it may have dropped entries (0 unless Redis
+    /// logged more than it keeps between two reads).
+    pub full_logs: u64,
 }
 
-/// Entries `SLOWLOG` keeps, and reads per poll: a poll every [`SLOWLOG_POLL`] reads what came
-/// since the last one, in small replies (a reply of every entry of a long load outlasts the
-/// connection's response timeout).
+/// Entries `SLOWLOG` keeps, and reads per poll: a poll every [`SLOWLOG_POLL`] reads and empties
+/// it, in small replies (a reply of every entry of a long load outlasts the connection's
+/// response timeout, and costs Redis milliseconds each time).
 const SLOWLOG_KEPT: usize = 1000;
 /// How often the slow log is read while it is watched.
 const SLOWLOG_POLL: Duration = Duration::from_millis(200);
@@ -80,12 +80,11 @@ pub async fn slowlog_watch(conn: &MultiplexedConnection) -> SlowlogWatch {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let mut slowest = Slowest::default();
-        let mut last_id: Option<i64> = None;
         loop {
             let done = tokio::time::timeout(SLOWLOG_POLL, &mut stopped)
                 .await
                 .is_ok();
-            slowlog_poll(&mut conn, &mut slowest, &mut last_id).await;
+            slowlog_poll(&mut conn, &mut slowest).await;
             if done {
                 return slowest;
             }
@@ -102,57 +101,56 @@ impl SlowlogWatch {
     }
 }
 
-/// Takes the entries newer than `last_id` into `slowest`.
-async fn slowlog_poll(
-    conn: &mut MultiplexedConnection,
-    slowest: &mut Slowest,
-    last_id: &mut Option<i64>,
-) {
-    let entries: Vec<Value> = match redis::cmd("SLOWLOG")
+/// Takes the script calls the slow log kept since the last poll into `slowest`, emptying it in
+/// the same transaction (so that no entry is read twice or lost between the two), and counts
+/// the reads that found it full (it may then have dropped older entries).
+async fn slowlog_poll(conn: &mut MultiplexedConnection, slowest: &mut Slowest) {
+    let (entries, ()): (Vec<Value>, ()) = match redis::pipe()
+        .atomic()
+        .cmd("SLOWLOG")
         .arg("GET")
         .arg(SLOWLOG_KEPT)
+        .cmd("SLOWLOG")
+        .arg("RESET")
         .query_async(conn)
         .await
     {
-        Ok(entries) => entries,
+        Ok(got) => got,
         Err(e) => {
             eprintln!("autocomplete: SLOWLOG GET: {e}");
             return;
         }
     };
-    let mut newest = *last_id;
-    let mut oldest_new = None;
+    if entries.len() >= SLOWLOG_KEPT {
+        slowest.full_logs += 1;
+    }
     for entry in entries {
         // id, timestamp, duration (µs), arguments, client address, client name.
         let Value::Array(fields) = entry else {
             continue;
         };
-        let (Some(Value::Int(id)), Some(Value::Int(us))) = (fields.first(), fields.get(2)) else {
+        let (Some(Value::Int(us)), Some(Value::Array(args))) = (fields.get(2), fields.get(3))
+        else {
             continue;
         };
-        if last_id.is_some_and(|last| *id <= last) {
+        let Some(Value::BulkString(name)) = args.first() else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+        if !matches!(
+            name.as_str(),
+            "evalsha" | "eval" | "fcall" | "evalsha_ro" | "eval_ro" | "fcall_ro"
+        ) {
             continue;
         }
-        newest = newest.max(Some(*id));
-        oldest_new = Some(oldest_new.map_or(*id, |o: i64| o.min(*id)));
         let us = u64::try_from(*us).unwrap_or(0);
         slowest.over_1ms += u64::from(us >= 1000);
         slowest.over_5ms += u64::from(us >= 5000);
         if us > slowest.max_us {
             slowest.max_us = us;
-            if let Some(Value::Array(args)) = fields.get(3)
-                && let Some(Value::BulkString(name)) = args.first()
-            {
-                slowest.command = String::from_utf8_lossy(name).into_owned();
-            }
+            slowest.command = name;
         }
     }
-    // Entries pushed out of the log between two polls are counted as missed.
-    if let Some(oldest) = oldest_new {
-        let expected = last_id.map_or(0, |l| l + 1);
-        slowest.missed += u64::try_from(oldest - expected).unwrap_or(0);
-    }
-    *last_id = newest;
 }
 
 /// What loading the terms into one structure took.

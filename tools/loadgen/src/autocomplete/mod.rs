@@ -223,10 +223,10 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     load.set(SLOW_1MS, slowest.over_1ms as f64);
     load.set(SLOW_5MS, slowest.over_5ms as f64);
     eprintln!(
-        "autocomplete: longest command while loading {} us ({}), {} of 1 ms or more, {} of 5 ms or more ({} missed)",
-        slowest.max_us, slowest.command, slowest.over_1ms, slowest.over_5ms, slowest.missed
+        "autocomplete: longest command while loading {} us ({}), {} of 1 ms or more, {} of 5 ms or more ({} full logs)",
+        slowest.max_us, slowest.command, slowest.over_1ms, slowest.over_5ms, slowest.full_logs
     );
-    load.set(SLOW_MISSED, slowest.missed as f64);
+    load.set(SLOW_FULL, slowest.full_logs as f64);
     let count = AutocompleteServiceClient::new(channels[0].clone())
         .describe(pb::AutocompleteServiceDescribeRequest {
             dictionary: DICTIONARY.to_owned(),
@@ -336,8 +336,8 @@ pub const SCRIPT_MAX: &str = "script_max_us";
 pub const SLOW_1MS: &str = "scripts_1ms";
 /// Script calls of 5 ms or more while loading.
 pub const SLOW_5MS: &str = "scripts_5ms";
-/// Slow log entries dropped before they were read (not counted above).
-pub const SLOW_MISSED: &str = "slowlog_missed";
+/// Reads of the slow log that found it full (it may have dropped entries: 0 in a good run).
+pub const SLOW_FULL: &str = "slowlog_full";
 
 /// A record of loading the terms into a baseline structure (`side` says which, and where).
 fn baseline_record(side: &str, terms: usize, loaded: &baseline::Loaded) -> Record {
