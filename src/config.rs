@@ -82,6 +82,9 @@ pub enum Command {
     Ratelimit(cli::RateLimitCommand),
     /// Complete a query from an autocomplete dictionary.
     Complete(cli::CompleteArgs),
+    /// Autocomplete dictionary tools: `load DICT FILE` loads a file of terms.
+    #[command(subcommand)]
+    Autocomplete(cli::AutocompleteCommand),
     /// Ask Baton whether it serves (readiness by default).
     Health(cli::HealthArgs),
     /// Take a lock in turns with other holders, saying each step (the Helm chart's demo app).

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
         Command::Describe(args) => cli::describe(args),
         Command::Ratelimit(command) => cli::ratelimit(command),
         Command::Complete(args) => cli::complete(args),
+        Command::Autocomplete(command) => cli::autocomplete(command),
         Command::Health(args) => cli::health(args),
         Command::Serve(args) => {
             let (config, rules) = match configure(&args) {

@@ -1155,6 +1155,8 @@ async fn unicode_matching_in_several_scripts() {
             "Rock 🎸",
             "ＡＢＣ Corp",
             "ﬁle",
+            "İstanbul Havalimanı",
+            "Diyarbakır",
         ],
     )
     .await;
@@ -1196,6 +1198,19 @@ async fn unicode_matching_in_several_scripts() {
     // Compatibility forms.
     assert_eq!(c("abc", Mode::Prefix).await, ["ＡＢＣ Corp"]);
     assert_eq!(c("FILE", Mode::Prefix).await, ["ﬁle"]);
+    // Turkish dotted capital I: its dot above goes, so plain and capital queries find it (in
+    // every mode); the dotless ı stays a letter of its own.
+    for q in ["istanbul", "ISTANBUL", "İst", "i\u{307}st"] {
+        assert_eq!(c(q, Mode::Prefix).await, ["İstanbul Havalimanı"], "{q}");
+    }
+    assert_eq!(c("STANB", Mode::Contains).await, ["İstanbul Havalimanı"]);
+    assert_eq!(
+        c("havalimanı", Mode::WordPrefix).await,
+        ["İstanbul Havalimanı"]
+    );
+    assert!(c("havalimani", Mode::WordPrefix).await.is_empty());
+    assert_eq!(c("diyarbakır", Mode::Prefix).await, ["Diyarbakır"]);
+    assert!(c("DIYARBAKIR", Mode::Prefix).await.is_empty());
     // Removing by either normalization form of the display.
     let r = remove(&mut client, d, &["Ren\u{e9}e Dubois"]).await;
     assert_eq!(r.removed, 1);
@@ -2551,4 +2566,86 @@ async fn recent_ttl_present_but_zero_is_refused() {
         .await
         .unwrap();
     assert!(pttl > 0 && pttl <= 5000, "5 s ttl: {pttl} ms");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bulk loading from a file
+// ---------------------------------------------------------------------------------------------
+
+/// `baton autocomplete load DICT FILE` loads every line (display, score, payload; blank lines
+/// skipped) in batches, loading again ends with the same terms, and a bad line stops the load
+/// with exit code 2 and `FILE:LINE`, the batches before it loaded.
+#[tokio::test]
+async fn cli_load_reads_a_file_of_terms_in_batches() {
+    let (_redis, baton, mut client) = setup().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("terms.tsv");
+    let mut text = String::new();
+    for i in 0..2500 {
+        match i % 3 {
+            0 => text.push_str(&format!("term {i:04}\n")),
+            1 => text.push_str(&format!("term {i:04}\t{i}\n")),
+            _ => text.push_str(&format!("term {i:04}\t{i}\tid-{i}\r\n")),
+        }
+        if i % 1000 == 0 {
+            text.push('\n');
+        }
+    }
+    std::fs::write(&file, &text).expect("writing the file");
+    let addr = baton.addr().to_string();
+    let load = |path: &std::path::Path, dictionary: &str| {
+        let mut command = support::baton_command();
+        command
+            .args(["autocomplete", "load", "--addr", &addr, "--batch", "300"])
+            .args(["--parallel", "3", dictionary])
+            .arg(path);
+        support::run_baton(command, Duration::from_secs(60))
+    };
+    for _ in 0..2 {
+        let (status, stderr) = load(&file, "from-file").await;
+        assert!(status.success(), "{status}: {stderr}");
+        assert_eq!(count(&mut client, "from-file").await, 2500);
+    }
+    let got = page(
+        &mut client,
+        request("from-file", "term 2498", Mode::Prefix, Order::Score, 10),
+    )
+    .await;
+    assert_eq!(got.suggestions.len(), 1);
+    assert_eq!(got.suggestions[0].score, 2498.0);
+    assert_eq!(got.suggestions[0].payload, b"id-2498");
+    let best = complete(
+        &mut client,
+        "from-file",
+        "term",
+        Mode::Prefix,
+        Order::Score,
+        2,
+    )
+    .await;
+    assert_eq!(best, ["term 2498", "term 2497"]);
+
+    // A bad score on line 1203: the four batches of 300 before it are loaded, nothing after.
+    let bad = dir.path().join("bad.tsv");
+    let lines: Vec<String> = (0..1500)
+        .map(|i| {
+            if i == 1202 {
+                "broken\tnot-a-score".to_owned()
+            } else {
+                format!("other {i:04}")
+            }
+        })
+        .collect();
+    std::fs::write(&bad, lines.join("\n")).expect("writing the file");
+    let (status, stderr) = load(&bad, "bad-file").await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:1203:", bad.display())) && stderr.contains("not a number"),
+        "{stderr}"
+    );
+    assert_eq!(count(&mut client, "bad-file").await, 1202);
+    // A missing file is bad usage too, and loads nothing.
+    let (status, stderr) = load(&dir.path().join("missing"), "missing").await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(count(&mut client, "missing").await, 0);
 }

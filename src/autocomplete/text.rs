@@ -136,14 +136,38 @@ fn matching_form(s: &str, keep_trailing: bool) -> String {
             keep_trailing,
         );
     }
-    let folded = s
-        .chars()
-        .nfd()
-        .default_case_fold()
-        .nfkd()
-        .default_case_fold()
-        .nfkc();
+    let folded = drop_dot_above(
+        s.chars()
+            .nfd()
+            .default_case_fold()
+            .nfkd()
+            .default_case_fold(),
+    )
+    .nfkc();
     collapse(folded, s.len(), keep_trailing)
+}
+
+/// Drops U+0307 COMBINING DOT ABOVE from a soft-dotted `i` or `j` (in a decomposed, folded
+/// text), where it adds nothing a reader sees: full case folding turns Turkish `İ` into `i` +
+/// U+0307, and without this `istanbul` would not find `İstanbul`. A dot above after another
+/// mark of the same class (an accent already above the `i`) is kept, as is one on any other
+/// letter (`ż` stays `ż`).
+fn drop_dot_above(chars: impl Iterator<Item = char>) -> impl Iterator<Item = char> {
+    let mut soft_dotted = false;
+    chars.filter(move |&c| {
+        let class = unicode_normalization::char::canonical_combining_class(c);
+        if class == 0 {
+            soft_dotted = matches!(c, 'i' | 'j');
+            true
+        } else if c == '\u{0307}' && soft_dotted {
+            false
+        } else {
+            if class == 230 {
+                soft_dotted = false;
+            }
+            true
+        }
+    })
 }
 
 /// Collects `chars` with whitespace runs as one space and no leading whitespace, nor trailing
@@ -184,7 +208,23 @@ mod tests {
         assert_eq!(key("ΟΔΥΣΣΕΥΣ"), key("Οδυσσευς"));
         assert_eq!(key("ΟΔΥΣΣΕΥΣ"), key("οδυσσευς"));
         assert_eq!(key("ПРИВЕТ"), "привет");
-        assert_eq!(key("İstanbul").chars().next(), Some('i'));
+    }
+
+    /// Turkish dotted capital I folds to a plain `i` (its dot above dropped), so `istanbul` and
+    /// `ISTANBUL` find `İstanbul`; the dotless `ı` stays a letter of its own.
+    #[test]
+    fn dotted_capital_i() {
+        assert_eq!(key("İstanbul"), "istanbul");
+        assert_eq!(key("İSTANBUL"), key("istanbul"));
+        assert_eq!(key("i\u{307}stanbul"), "istanbul");
+        assert_eq!(query_form("İst"), "ist");
+        assert_eq!(key("DİYARBAKIR"), "diyarbakir");
+        assert_eq!(key("Diyarbakır"), "diyarbakır");
+        // The dot stays where it means something: on other letters, and above another accent.
+        assert_eq!(key("Żaneta"), "\u{17c}aneta");
+        assert_eq!(key("i\u{301}\u{307}"), "\u{ed}\u{307}");
+        // Under a mark below (Lithuanian į̇), the dot above still goes.
+        assert_eq!(key("\u{12e}\u{307}"), "\u{12f}");
     }
 
     /// Composed and decomposed forms, and compatibility forms, match.

@@ -1,6 +1,7 @@
 //! The command-line client: `baton lock`, `baton semaphore` and `baton campaign` (run a command
 //! while holding a lease), one-shot calls (`describe`, `leader`, `ratelimit check`, `complete`,
-//! `health`) and `observe`, all through the generated gRPC clients.
+//! `health`), `observe`, and `autocomplete load` (a file of terms into a dictionary), all through
+//! the generated gRPC clients.
 //!
 //! Exit codes, so that scripts can tell the outcomes apart (Baton's own codes are in the
 //! sysexits range that programs rarely use):
@@ -18,6 +19,7 @@
 //! | N | `lock`/`semaphore`/`campaign`: the command's own exit code |
 //! | 128+N | the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
+mod autocomplete;
 mod credentials;
 mod demo;
 mod election;
@@ -27,6 +29,7 @@ mod oneshot;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
+pub use autocomplete::{AutocompleteCommand, LoadArgs};
 use clap::{Args, Subcommand, ValueEnum};
 use hyper_util::rt::TokioIo;
 use tonic::{Code, Status, transport::Endpoint};
@@ -426,6 +429,11 @@ pub fn ratelimit(command: RateLimitCommand) -> ExitCode {
 /// Runs `baton complete`.
 pub fn complete(args: CompleteArgs) -> ExitCode {
     block_on(oneshot::complete(args))
+}
+
+/// Runs `baton autocomplete ...`.
+pub fn autocomplete(command: AutocompleteCommand) -> ExitCode {
+    block_on(autocomplete::run(command))
 }
 
 /// Runs `baton health`.

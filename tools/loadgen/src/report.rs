@@ -20,13 +20,14 @@ use std::{
 };
 
 use crate::{
+    autocomplete::{SCRIPT_MAX, SLOW_1MS, SLOW_5MS},
     names,
     record::{FORMAT, Record, Run},
     stats::median,
 };
 
 /// The tables a marker may name.
-pub const TABLES: [&str; 13] = [
+pub const TABLES: [&str; 15] = [
     "run",
     "targets",
     "unary",
@@ -36,6 +37,8 @@ pub const TABLES: [&str; 13] = [
     "autocomplete-load",
     "autocomplete",
     "autocomplete-memory",
+    "autocomplete-baseline",
+    "autocomplete-modes",
     "functions",
     "redis-failover",
     "builds",
@@ -117,6 +120,8 @@ pub fn table_of(table: &str, runs: &[Run]) -> Result<String, String> {
         "autocomplete-load" => autocomplete_load(one()?),
         "autocomplete" => autocomplete(one()?),
         "autocomplete-memory" => autocomplete_memory(one()?),
+        "autocomplete-baseline" => autocomplete_baseline(one()?),
+        "autocomplete-modes" => autocomplete_modes(one()?),
         "functions" => functions(one()?),
         "redis-failover" => redis_failover(one()?),
         "builds" => builds(one()?),
@@ -660,7 +665,7 @@ fn leader_failover(run: &Run) -> String {
 fn autocomplete_load(run: &Run) -> String {
     let r = select(run, |r| r.scenario == "autocomplete" && r.case == "load");
     let mut md = String::from(
-        "| terms | load time, s | terms/s | script calls | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| terms | load time, s | terms/s | script calls | longest script, ms | scripts ≥ 1 ms | scripts ≥ 5 ms | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     if r.is_empty() {
         return md;
@@ -668,11 +673,23 @@ fn autocomplete_load(run: &Run) -> String {
     let terms = |x: &Record| get(names::TERMS)(x).max(1.0);
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         cell(&values(&r, get(names::TERMS)), grouped),
         cell(&values(&r, get(names::TOOK)), fixed(1)),
         cell(&values(&r, |x| terms(x) / get(names::TOOK)(x)), grouped),
         cell(&values(&r, |x| x.script_calls() as f64), grouped),
+        cell(
+            &values(&r, |x| x.get(SCRIPT_MAX).unwrap_or(f64::NAN) / 1000.0),
+            fixed(1)
+        ),
+        cell(
+            &values(&r, |x| x.get(SLOW_1MS).unwrap_or(f64::NAN)),
+            grouped
+        ),
+        cell(
+            &values(&r, |x| x.get(SLOW_5MS).unwrap_or(f64::NAN)),
+            grouped
+        ),
         cell(&values(&r, get(names::REDIS_CPU)), fixed(1)),
         cell(&values(&r, get(names::BATON_CPU)), fixed(1)),
         cell(&values(&r, get(names::LOADGEN_CPU)), fixed(1)),
@@ -699,7 +716,7 @@ fn case_label(case: &str) -> &str {
 /// Completion latency per query kind and side.
 fn autocomplete(run: &Run) -> String {
     let records = select(run, |r| {
-        r.scenario == "autocomplete" && r.case != "load" && r.case != "memory"
+        r.scenario == "autocomplete" && !matches!(r.case.as_str(), "load" | "memory" | "baseline")
     });
     let mut md = String::from(
         "| query | side | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results / request | Redis µs / request (commands) | CPU µs / request: load gen | Baton | Redis |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -748,6 +765,127 @@ fn autocomplete(run: &Run) -> String {
             cell(
                 &values(&r, |x| fig::us_per_op(x, names::REDIS_CPU)),
                 fixed(1)
+            ),
+        );
+    }
+    md
+}
+
+/// The dictionary beside the baselines loaded in the same run: Baton through `Add`, the lex
+/// members alone in one sorted set by raw `ZADD`s, and RediSearch's `FT.SUGADD` when measured.
+fn autocomplete_baseline(run: &Run) -> String {
+    let records = select(run, |r| {
+        r.scenario == "autocomplete" && matches!(r.case.as_str(), "load" | "baseline")
+    });
+    let mut md = String::from(
+        "| what | server | load time, s | terms/s | `used_memory` growth, MiB | bytes per term |\n|---|---|---:|---:|---:|---:|\n",
+    );
+    for (case, side) in distinct(&records, |r| (r.case.clone(), r.side.clone())) {
+        let r: Vec<&Record> = records
+            .iter()
+            .copied()
+            .filter(|r| r.case == case && r.side == side)
+            .collect();
+        let (what, server) = match (case.as_str(), side.split_once(' ')) {
+            ("load", _) => (
+                "Baton `Add`, batches of 1000, 4 in flight",
+                "the run's Redis",
+            ),
+            (_, None) => (
+                "one bare sorted set, raw `ZADD`s of 1000, 4 in flight",
+                "the run's Redis",
+            ),
+            (_, Some(("zadd", server))) => (
+                "one bare sorted set, raw `ZADD`s of 1000, 4 in flight",
+                server,
+            ),
+            (_, Some((_, server))) => (
+                "RediSearch `FT.SUGADD`, pipelines of 1000, 4 in flight",
+                server,
+            ),
+        };
+        let terms = |x: &Record| get(names::TERMS)(x).max(1.0);
+        let _ = writeln!(
+            md,
+            "| {what} | {server} | {} | {} | {} | {} |",
+            cell(&values(&r, get(names::TOOK)), fixed(1)),
+            cell(&values(&r, |x| terms(x) / get(names::TOOK)(x)), grouped),
+            cell(&values(&r, |x| fig::mib(x, names::MEMORY)), fixed(0)),
+            cell(&values(&r, |x| get(names::MEMORY)(x) / terms(x)), grouped),
+        );
+    }
+    md
+}
+
+/// Memory per term of the indexes each set of match modes reads (sums of `MEMORY USAGE` by kind
+/// of key), beside the baselines of the same terms.
+fn autocomplete_modes(run: &Run) -> String {
+    let memory = select(run, |r| r.scenario == "autocomplete" && r.case == "memory");
+    let mut md = String::from("| what | keys | bytes per term |\n|---|---|---:|\n");
+    let rows: [(&str, &str, &[&str]); 4] = [
+        (
+            "prefix, lexicographic (and exact)",
+            "`l:XX`, `data`, `h`",
+            &["l", "data", "h"],
+        ),
+        (
+            "prefix, lexicographic and by score",
+            "… and `b:XX`, `r:P`, `t:P`, `top`",
+            &["l", "data", "h", "b", "r", "t", "top"],
+        ),
+        (
+            "… and word prefix",
+            "… and `w:W`, `v`",
+            &["l", "data", "h", "b", "r", "t", "top", "w", "v"],
+        ),
+        (
+            "every mode (suffix, contains, automatic)",
+            "… and `vg:G`",
+            &["l", "data", "h", "b", "r", "t", "top", "w", "v", "vg"],
+        ),
+    ];
+    for (what, keys, kinds) in rows {
+        let _ = writeln!(
+            md,
+            "| Baton: {what} | {keys} | {} |",
+            cell(
+                &values(&memory, |x| {
+                    kinds
+                        .iter()
+                        .map(|k| x.get(&format!("bytes:{k}")).unwrap_or(0.0))
+                        .sum::<f64>()
+                        / get(names::TERMS)(x).max(1.0)
+                }),
+                grouped
+            ),
+        );
+    }
+    let baselines = select(run, |r| {
+        r.scenario == "autocomplete" && r.case == "baseline"
+    });
+    for side in distinct(&baselines, |r| r.side.clone()) {
+        let r: Vec<&Record> = baselines
+            .iter()
+            .copied()
+            .filter(|r| r.side == side)
+            .collect();
+        let what = match side.split_once(' ') {
+            None => "one bare sorted set of lex members (`used_memory` growth), the run's Redis"
+                .to_owned(),
+            Some(("zadd", server)) => {
+                format!("one bare sorted set of lex members (`used_memory` growth), {server}")
+            }
+            Some((_, server)) => {
+                format!("RediSearch `FT.SUGADD` (`used_memory` growth), {server}")
+            }
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | — | {} |",
+            cell(
+                &values(&r, |x| get(names::MEMORY)(x)
+                    / get(names::TERMS)(x).max(1.0)),
+                grouped
             ),
         );
     }

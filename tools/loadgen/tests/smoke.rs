@@ -226,8 +226,21 @@ async fn autocomplete_loads_and_completes() {
     let queries: Vec<&Record> = run
         .records
         .iter()
-        .filter(|r| r.scenario == "autocomplete" && r.case != "load" && r.case != "memory")
+        .filter(|r| {
+            r.scenario == "autocomplete"
+                && !matches!(r.case.as_str(), "load" | "memory" | "baseline")
+        })
         .collect();
+    // The longest script while loading was read from SLOWLOG (calls of 1 ms or more), and the
+    // bare sorted set of the same terms was loaded and measured on the same Redis.
+    assert!(load.get(loadgen::autocomplete::SCRIPT_MAX).is_some());
+    let bare = run
+        .records
+        .iter()
+        .find(|r| r.case == "baseline" && r.side == "zadd")
+        .expect("the bare sorted set");
+    assert_eq!(value(bare, names::TERMS) as usize, options.terms);
+    assert!(value(bare, names::MEMORY) > 0.0 && value(bare, names::TOOK) > 0.0);
     assert_eq!(
         queries.len(),
         10,
@@ -254,7 +267,12 @@ async fn autocomplete_loads_and_completes() {
         assert!(value(r, names::LOADGEN_CPU) >= 0.0);
     }
     assert!(baton_cpu > 0.0, "Baton's CPU time was measured");
-    for table in ["autocomplete-load", "autocomplete", "autocomplete-memory"] {
+    for table in [
+        "autocomplete-load",
+        "autocomplete",
+        "autocomplete-memory",
+        "autocomplete-baseline",
+    ] {
         let md = report::table_of(table, std::slice::from_ref(&run)).unwrap();
         assert!(md.lines().count() > 2, "{table}: {md}");
     }

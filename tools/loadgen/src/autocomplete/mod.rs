@@ -9,6 +9,7 @@
 //! Baton reads, the floor Baton builds on (without the display texts, scores and payloads Baton
 //! also fetches); and the gRPC health check gives the cost of a gRPC call alone.
 
+pub mod baseline;
 pub mod terms;
 
 use std::{
@@ -164,6 +165,16 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     let channels = stage.channels(Transport::Tcp, clients).await;
 
     let terms = Arc::new(generate(options.terms, SEED));
+    // The floor, on the same Redis: the lex members alone in one sorted set, by raw ZADDs.
+    let bare = baseline::bare_sorted_set(&probe.admin, &terms, "bench:bare").await;
+    eprintln!(
+        "autocomplete: bare sorted set of {} terms by ZADD in {:.1} s, {:.0} B/term",
+        terms.len(),
+        bare.took,
+        bare.bytes as f64 / terms.len().max(1) as f64
+    );
+    records.push(baseline_record("zadd", terms.len(), &bare));
+    let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let memory_before = probe::used_memory(&mut probe.admin).await;
     let mark = probe.mark().await;
     let started = Instant::now();
@@ -207,6 +218,15 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         ..Record::default()
     };
     probe.usage(mark, &mut load).await;
+    let slowest = slowlog.stop().await;
+    load.set(SCRIPT_MAX, slowest.max_us as f64);
+    load.set(SLOW_1MS, slowest.over_1ms as f64);
+    load.set(SLOW_5MS, slowest.over_5ms as f64);
+    eprintln!(
+        "autocomplete: longest command while loading {} us ({}), {} of 1 ms or more, {} of 5 ms or more ({} full logs)",
+        slowest.max_us, slowest.command, slowest.over_1ms, slowest.over_5ms, slowest.full_logs
+    );
+    load.set(SLOW_FULL, slowest.full_logs as f64);
     let count = AutocompleteServiceClient::new(channels[0].clone())
         .describe(pb::AutocompleteServiceDescribeRequest {
             dictionary: DICTIONARY.to_owned(),
@@ -283,6 +303,54 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         memory.set(&format!("keys:{kind}"), keys as f64);
     }
     records.push(memory);
+
+    // RediSearch's suggestions, and the bare sorted set again, on a server of their own.
+    if let Some(search) = baseline::SearchServer::start().await {
+        let sug = search.suggestions(&terms, "bench:sug").await;
+        let bare = baseline::bare_sorted_set(&search.conn, &terms, "bench:bare").await;
+        eprintln!(
+            "autocomplete: {}: FT.SUGADD {:.1} s, {:.0} B/term; bare sorted set {:.1} s, {:.0} B/term",
+            search.version,
+            sug.took,
+            sug.bytes as f64 / terms.len().max(1) as f64,
+            bare.took,
+            bare.bytes as f64 / terms.len().max(1) as f64
+        );
+        records.push(baseline_record(
+            &format!("ft-sug {}", search.version),
+            terms.len(),
+            &sug,
+        ));
+        records.push(baseline_record(
+            &format!("zadd {}", search.version),
+            terms.len(),
+            &bare,
+        ));
+        search.stop().await;
+    }
+}
+
+/// The longest script call while loading (µs), by `SLOWLOG`.
+pub const SCRIPT_MAX: &str = "script_max_us";
+/// Script calls of 1 ms or more while loading.
+pub const SLOW_1MS: &str = "scripts_1ms";
+/// Script calls of 5 ms or more while loading.
+pub const SLOW_5MS: &str = "scripts_5ms";
+/// Reads of the slow log that found it full (it may have dropped entries: 0 in a good run).
+pub const SLOW_FULL: &str = "slowlog_full";
+
+/// A record of loading the terms into a baseline structure (`side` says which, and where).
+fn baseline_record(side: &str, terms: usize, loaded: &baseline::Loaded) -> Record {
+    let mut r = Record {
+        scenario: Scenario::Autocomplete.name().to_owned(),
+        case: "baseline".to_owned(),
+        side: side.to_owned(),
+        ..Record::default()
+    };
+    r.set(names::TERMS, terms as f64);
+    r.set(names::TOOK, loaded.took);
+    r.set(names::MEMORY, loaded.bytes as f64);
+    r
 }
 
 /// What the clients of a case call through.

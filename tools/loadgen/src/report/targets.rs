@@ -377,6 +377,47 @@ const TARGETS: &[Target] = &[
         eval: |runs| load_time(runs, 20.0),
     },
     Target {
+        issue: 19,
+        what: "autocomplete: longest script call while loading 1,000,000 terms (`SLOWLOG`)",
+        target: "a few ms (≤ 5 ms)",
+        eval: |runs| {
+            let rows = || {
+                current(runs, "autocomplete")
+                    .into_iter()
+                    .filter(|(_, r)| r.case == "load")
+            };
+            let longest = median_of(rows(), value(crate::autocomplete::SCRIPT_MAX))?;
+            let over = median_of(rows(), value(crate::autocomplete::SLOW_5MS))?;
+            let terms = median_of(rows(), value(names::TERMS))?;
+            Some((
+                format!(
+                    "{:.1} ms; {over:.0} calls of 5 ms or more",
+                    longest / 1000.0
+                ),
+                Some(longest <= 5000.0 && terms >= 1_000_000.0),
+            ))
+        },
+    },
+    Target {
+        issue: 19,
+        what: "autocomplete: Redis memory per term, every index (substring included)",
+        target: "≤ 600 B",
+        eval: |runs| {
+            let rows = || {
+                current(runs, "autocomplete")
+                    .into_iter()
+                    .filter(|(_, r)| r.case == "load")
+            };
+            let bytes = median_of(rows(), value(names::MEMORY))?;
+            let terms = median_of(rows(), value(names::TERMS))?;
+            let per = bytes / terms.max(1.0);
+            Some((
+                format!("{per:.0} B on {} terms", super::grouped(terms)),
+                Some(per <= 600.0 && terms >= 1_000_000.0),
+            ))
+        },
+    },
+    Target {
         issue: 18,
         what: "leader failover (Campaign close → next elected) p50 / p99, beside the fair lock Hold handoff",
         target: "about the lock handoff (p50 within 1.5×)",
