@@ -27,9 +27,19 @@ type Client = AutocompleteServiceClient<Channel>;
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Time a Redis call may take in these tests' Batons. A step of a write is sized to a few ms of
+/// Redis time, but on a machine loaded many times over Redis waits for a core between steps,
+/// and a 400 ms timeout failed Adds there; tests about the timeout set their own.
+const TEST_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A Baton over `redis` with [`TEST_COMMAND_TIMEOUT`].
+async fn start_baton(redis: &RedisServer) -> Baton {
+    Baton::start_with(redis, |c| c.redis.command_timeout = TEST_COMMAND_TIMEOUT).await
+}
+
 async fn setup() -> (RedisServer, Baton, Client) {
     let redis = RedisServer::start().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     (redis, baton, client)
 }
@@ -1431,7 +1441,7 @@ async fn concurrent_adds_and_removes_never_show_partial_or_foreign_entries() {
 async fn reads_never_write() {
     // Counts writes node-wide: on a Cluster, one of this test's own.
     let redis = RedisServer::start_private().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     add_all(
         &mut client,
@@ -1954,7 +1964,7 @@ async fn script_stats(conn: &mut support::RedisConn) -> (u64, Duration) {
 async fn largest_add_runs_in_short_script_calls() {
     // Reads and resets node-wide logs and counters.
     let redis = RedisServer::start_private().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     let mut conn = redis.conn().await;
     let timeout = baton::config::DEFAULT_REDIS_COMMAND_TIMEOUT;
@@ -2210,7 +2220,7 @@ async fn try_count(client: &mut Client, dictionary: &str) -> Result<u64, Status>
 async fn increment_stalled_mid_batch_counts_once_when_retried() {
     // Stops Redis and sets keyspace events.
     let redis = RedisServer::start_private().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     let batch = increments("counters");
     let (status, applied) = add_stalled_mid_batch(&redis, baton.prefix(), &batch, None).await;
@@ -2229,7 +2239,7 @@ async fn increment_stalled_mid_batch_counts_once_when_retried() {
 async fn add_near_the_callers_deadline_answers_in_time() {
     // Stops Redis and sets keyspace events.
     let redis = RedisServer::start_private().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     let batch = increments("deadline");
     // Long enough for the first steps on a busy machine; the Baton's command timeout is longer,
@@ -2348,7 +2358,7 @@ async fn adds_during_a_slot_migration_leave_every_term_indexed() {
     }
     // Migrates a slot.
     let redis = RedisServer::start_private().await;
-    let baton = Baton::start(&redis).await;
+    let baton = start_baton(&redis).await;
     let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     let dict = "moving";
     let base: Vec<String> = (0..600)
