@@ -38,9 +38,9 @@ use crate::{
 
 /// `Hold` streams (or direct acquisitions) opening at the same time while the leases are set up.
 const LEASE_OPENING: usize = 256;
-/// HTTP/2 connections the `Hold` streams are spread over. Baton's server sets no
-/// `SETTINGS_MAX_CONCURRENT_STREAMS`, so a client may open any number of streams on one.
-pub const LEASE_CHANNELS: usize = 8;
+/// HTTP/2 connections the `Hold` streams are spread over: 10,000 leases over 16 make 625
+/// streams each, within Baton's default `--max-concurrent-streams` of 1,024 per connection.
+pub const LEASE_CHANNELS: usize = 16;
 
 /// Measures the lease scenario on every side of `options`, appending one record per side.
 pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {

@@ -40,7 +40,7 @@ enum Command {
     },
     /// Print one table of JSON files to stdout.
     Table {
-        /// The table: run, targets, unary, contention, leases, leader-failover,
+        /// The table: run, targets, targets-measured, unary, cpu, contention, leases, leader-failover,
         /// autocomplete-load, autocomplete, autocomplete-memory, functions, redis-failover,
         /// builds, idle.
         table: String,

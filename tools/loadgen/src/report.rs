@@ -30,7 +30,9 @@ use crate::{
 pub const TABLES: [&str; 15] = [
     "run",
     "targets",
+    "targets-measured",
     "unary",
+    "cpu",
     "contention",
     "leases",
     "leader-failover",
@@ -112,8 +114,10 @@ pub fn table_of(table: &str, runs: &[Run]) -> Result<String, String> {
     };
     Ok(match table {
         "run" => run_table(runs),
-        "targets" => crate::report::targets::table(runs),
+        "targets" => crate::report::targets::table(runs, false),
+        "targets-measured" => crate::report::targets::table(runs, true),
         "unary" => unary(one()?),
+        "cpu" => cpu(one()?),
         "contention" => contention(one()?),
         "leases" => leases(one()?),
         "leader-failover" => leader_failover(one()?),
@@ -472,6 +476,64 @@ fn unary(run: &Run) -> String {
             cell(&values(&r, |x| fig::pct(x, names::BATON_CPU)), fixed(0)),
             cell(&values(&r, |x| fig::pct(x, names::REDIS_CPU)), fixed(0)),
             cell(&values(&r, |x| fig::pct(x, names::LOADGEN_CPU)), fixed(0)),
+        );
+    }
+    md
+}
+
+/// Baton's CPU per call beside Redis's CPU per script call in the same window, for each unary
+/// scenario that calls Redis, through Baton.
+fn cpu(run: &Run) -> String {
+    let records = select(run, |r| {
+        matches!(r.scenario.as_str(), "lock" | "semaphore" | "ratelimit")
+            && r.side.starts_with("baton")
+    });
+    let builds = several_builds(run);
+    let mut md = String::from(
+        "| scenario | clients | side | Baton CPU µs / call | Redis CPU µs / script call | Baton ÷ Redis | Baton / direct ops/s | Baton ≤ Redis? |\n|---|---:|---|---:|---:|---:|---:|---|\n",
+    );
+    for (scenario, clients, side, build) in distinct(&records, |r| {
+        (
+            r.scenario.clone(),
+            r.clients,
+            r.side.clone(),
+            r.build.clone(),
+        )
+    }) {
+        let r: Vec<&Record> = records
+            .iter()
+            .copied()
+            .filter(|r| {
+                r.scenario == scenario && r.clients == clients && r.side == side && r.build == build
+            })
+            .collect();
+        let ratios = values(&r, |x| {
+            fig::baton_us_per_call(x) / fig::redis_us_per_script(x)
+        });
+        let finite: Vec<f64> = ratios.iter().copied().filter(|v| v.is_finite()).collect();
+        let met = if finite.is_empty() {
+            "—"
+        } else if median(&finite) <= 1.0 {
+            "yes"
+        } else {
+            "**no**"
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {}{} | {} | {} | {} | {} | {} |",
+            scenario_label(&scenario),
+            clients,
+            side_label(&side),
+            if builds {
+                build_label(&build)
+            } else {
+                String::new()
+            },
+            cell(&values(&r, fig::baton_us_per_call), fixed(1)),
+            cell(&values(&r, fig::redis_us_per_script), fixed(1)),
+            cell(&ratios, fixed(2)),
+            cell(&relative(run, &r, "direct", fig::rate, false), fixed(2)),
+            met,
         );
     }
     md
