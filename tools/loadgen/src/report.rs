@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The tables a marker may name.
-pub const TABLES: [&str; 15] = [
+pub const TABLES: [&str; 17] = [
     "run",
     "targets",
     "targets-measured",
