@@ -18,7 +18,9 @@ repo=$PWD
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-cargo build --locked --bin baton
+# The binary as the test suite builds it (every workspace target, one feature set), so that
+# scripts/test.sh compiles the dependencies once for this and for `cargo test`.
+cargo build --locked --workspace --all-targets
 export BATON_BIN="$PWD/target/debug/baton"
 
 echo "==> Python package (clients/python)"

@@ -15,7 +15,9 @@ rm -rf "$gen" && mkdir -p "$gen"
 "$venv/bin/python" -m grpc_tools.protoc -I proto --python_out="$gen" --grpc_python_out="$gen" \
   proto/baton/v1/*.proto
 
-cargo build --locked --bin baton
+# The binary as the test suite builds it (every workspace target, one feature set), so that
+# scripts/test.sh compiles the dependencies once for this and for `cargo test`.
+cargo build --locked --workspace --all-targets
 # The image test (root only, as CI runs) packs the release binary, as the Dockerfile does; with
 # --no-image it is left to the caller (scripts/test.sh builds that binary beside its other steps
 # and runs the image test last).

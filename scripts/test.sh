@@ -37,7 +37,8 @@ scripts/client-tests.sh
 step "cargo test (the load generator's smoke runs included: tools/loadgen/tests/smoke.rs)"
 cargo test --locked --workspace --all-targets
 step "the service suites again, against a local 3-master Redis Cluster"
-BATON_TEST_TOPOLOGY=cluster cargo test --locked --test lock --test semaphore --test election --test autocomplete --test ratelimit
+# --workspace keeps the feature set of the run above, so nothing is compiled again.
+BATON_TEST_TOPOLOGY=cluster cargo test --locked --workspace --test lock --test semaphore --test election --test autocomplete --test ratelimit
 if [ -n "$image_build" ]; then
   step "the image, from the release binary built meanwhile"
   if ! wait "$image_build"; then
