@@ -400,6 +400,7 @@ async fn call(
                     mode: mode.into(),
                     order: order.into(),
                     page_token: String::new(),
+                    max_edits: None,
                 })
                 .await
                 .map(|r| r.into_inner().suggestions.len() as u64)
