@@ -100,9 +100,9 @@ pub const TOP_RANKED: usize = 2048;
 /// The most index entries one `Complete` call looks at.
 pub const BUDGET: usize = 1024;
 /// Fuzzy mode: the most reads of index sets one call makes (skip-scan steps and range reads).
-pub const FUZZY_CALLS: usize = 2048;
+pub const FUZZY_CALLS: usize = 1024;
 /// Fuzzy mode: the most lex members those reads may return in one call.
-pub const FUZZY_ENTRIES: usize = 8192;
+pub const FUZZY_ENTRIES: usize = 2048;
 /// Fuzzy mode: the longest query, in characters of its matching form.
 pub const MAX_FUZZY_CHARS: usize = 32;
 /// Fuzzy mode: the most edits a match may need.
