@@ -121,6 +121,7 @@ fn request(
         mode: mode as i32,
         order: order as i32,
         page_token: String::new(),
+        max_edits: None,
     }
 }
 
@@ -1472,10 +1473,14 @@ async fn reads_never_write() {
         Mode::Suffix,
         Mode::Contains,
         Mode::Automatic,
+        Mode::Fuzzy,
     ] {
         for order in [Order::Lexicographic, Order::Score] {
             all_pages(&mut client, request("d", "n", mode, order, 50)).await;
             all_pages(&mut client, request("d", "e 1", mode, order, 50)).await;
+            // Typos of every distance, and a budget-cutting one.
+            all_pages(&mut client, request("d", "nmae 12", mode, order, 50)).await;
+            all_pages(&mut client, request("d", "naem", mode, order, 1000)).await;
         }
     }
     client
@@ -2658,4 +2663,431 @@ async fn cli_load_reads_a_file_of_terms_in_batches() {
     let (status, stderr) = load(&dir.path().join("missing"), "missing").await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert_eq!(count(&mut client, "missing").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fuzzy mode
+// ---------------------------------------------------------------------------------------------
+
+/// A fuzzy request for `query` (max edits as the query allows).
+fn fuzzy(
+    dictionary: &str,
+    query: &str,
+    order: Order,
+    limit: u32,
+) -> pb::AutocompleteServiceCompleteRequest {
+    request(dictionary, query, Mode::Fuzzy, order, limit)
+}
+
+/// The optimal string alignment distance from the closest prefix of `term` to `query`
+/// (characters), by the full table: the reference the service is checked against.
+fn prefix_distance(term: &[char], query: &[char]) -> usize {
+    let (m, n) = (term.len(), query.len());
+    let mut d = vec![vec![0usize; n + 1]; m + 1];
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    let mut best = d[0][n];
+    for i in 1..=m {
+        d[i][0] = i;
+        for j in 1..=n {
+            let cost = usize::from(term[i - 1] != query[j - 1]);
+            let mut v = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && term[i - 1] == query[j - 2] && term[i - 2] == query[j - 1] {
+                v = v.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = v;
+        }
+        best = best.min(d[i][n]);
+    }
+    best
+}
+
+/// The edits a fuzzy query of `chars` characters allows, as documented: none below 3
+/// characters, 1 from 3, 2 from 7.
+fn allowed_edits(chars: usize) -> usize {
+    match chars {
+        0..=2 => 0,
+        3..=6 => 1,
+        _ => 2,
+    }
+}
+
+/// A reference term: display, matching form, score.
+struct ModelTerm {
+    display: String,
+    key: (String, String),
+    score: f64,
+}
+
+/// The model's answer to a fuzzy query: every match, (distance, term index), in result order.
+fn fuzzy_model(
+    terms: &[ModelTerm],
+    query: &str,
+    edits: usize,
+    order: Order,
+) -> Vec<(usize, usize)> {
+    let q: Vec<char> = baton::autocomplete::text::query_form(query)
+        .chars()
+        .collect();
+    let mut found: Vec<(usize, usize)> = terms
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let d = prefix_distance(&t.key.0.chars().collect::<Vec<_>>(), &q);
+            (d <= edits).then_some((d, i))
+        })
+        .collect();
+    found.sort_by(|a, b| {
+        a.0.cmp(&b.0).then_with(|| {
+            let (x, y) = (&terms[a.1], &terms[b.1]);
+            let by_score = if order == Order::Score {
+                y.score.total_cmp(&x.score)
+            } else {
+                std::cmp::Ordering::Equal
+            };
+            by_score.then_with(|| x.key.cmp(&y.key))
+        })
+    });
+    found
+}
+
+/// Typos find terms: a substitution, a deletion, an insertion, and a transposition (which
+/// Levenshtein distance counts as 2); exact prefixes come first, and short queries allow none.
+#[tokio::test]
+async fn fuzzy_finds_typos_and_ranks_exact_prefixes_first() {
+    let (_redis, _baton, mut client) = setup().await;
+    add(
+        &mut client,
+        "people",
+        vec![
+            scored("John Smith", 5.0),
+            scored("Jonathan", 9.0),
+            scored("Smith", 1.0),
+            scored("İstanbul", 3.0),
+            scored("Straße", 2.0),
+        ],
+    )
+    .await;
+    let ask = |query: &str, order| fuzzy("people", query, order, 10);
+    let got = |r: pb::AutocompleteServiceCompleteResponse| {
+        r.suggestions
+            .into_iter()
+            .map(|s| (s.match_kind(), s.display, s.edit_distance))
+            .map(|(k, d, e)| (d, e, k))
+            .collect::<Vec<_>>()
+    };
+    // Transposition: one edit.
+    let r = page(&mut client, ask("jhon", Order::Lexicographic)).await;
+    assert!(!r.incomplete && r.next_page_token.is_empty());
+    assert_eq!(
+        got(r),
+        [
+            ("John Smith".to_owned(), 1, Kind::Fuzzy),
+            ("Jonathan".to_owned(), 1, Kind::Fuzzy)
+        ]
+    );
+    assert_eq!(
+        got(page(&mut client, ask("smtih", Order::Lexicographic)).await),
+        [("Smith".to_owned(), 1, Kind::Fuzzy)]
+    );
+    // Exact prefix first, then the typos, each group in the requested order.
+    assert_eq!(
+        got(page(&mut client, ask("john", Order::Score)).await),
+        [
+            ("John Smith".to_owned(), 0, Kind::Prefix),
+            ("Jonathan".to_owned(), 1, Kind::Fuzzy)
+        ]
+    );
+    assert_eq!(
+        got(page(&mut client, ask("smith", Order::Lexicographic)).await),
+        [("Smith".to_owned(), 0, Kind::Exact)]
+    );
+    // Folding applies to both sides: "strase" is one deletion from "strasse" (Straße folded),
+    // and "istnbul" one from "i̇stanbul"'s folded form with its dot dropped.
+    assert_eq!(
+        got(page(&mut client, ask("STRSSE", Order::Lexicographic)).await),
+        [("Straße".to_owned(), 1, Kind::Fuzzy)]
+    );
+    assert_eq!(
+        got(page(&mut client, ask("istnbul", Order::Lexicographic)).await),
+        [("İstanbul".to_owned(), 1, Kind::Fuzzy)]
+    );
+    // Two edits from 7 characters: "jonhtan" (transposition + deletion of "a").
+    assert_eq!(
+        got(page(&mut client, ask("jonhtan", Order::Lexicographic)).await),
+        [("Jonathan".to_owned(), 2, Kind::Fuzzy)]
+    );
+    // max_edits lowers the distance; 2 characters allow no edit.
+    let mut one = ask("jonhtan", Order::Lexicographic);
+    one.max_edits = Some(1);
+    assert!(page(&mut client, one).await.suggestions.is_empty());
+    assert!(
+        page(&mut client, ask("jx", Order::Lexicographic))
+            .await
+            .suggestions
+            .is_empty()
+    );
+    assert_eq!(
+        got(page(&mut client, ask("jo", Order::Lexicographic)).await).len(),
+        2,
+        "exact prefixes only"
+    );
+    // A missing dictionary has no match.
+    assert!(
+        page(&mut client, fuzzy("none", "jhon", Order::Score, 10))
+            .await
+            .suggestions
+            .is_empty()
+    );
+}
+
+/// Seeded random terms and random typos against the reference model (optimal string alignment
+/// over prefixes of the folded terms): every result at its true distance, in order, and, when
+/// the budget was not hit, exactly the model's page.
+#[tokio::test]
+async fn fuzzy_agrees_with_the_reference_model() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (_redis, _baton, mut client) = setup().await;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(19);
+    // A small alphabet, so that typos meet other terms, with letters that fold (É, ß → ss, K →
+    // the Kelvin sign folds to k) and multi-byte characters.
+    let alphabet: Vec<char> = "abcdeéèknoßAÉK王".chars().collect();
+    let mut terms: Vec<ModelTerm> = Vec::new();
+    let mut seen = HashSet::new();
+    while terms.len() < 300 {
+        let len = rng.random_range(1..10);
+        let display: String = (0..len)
+            .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+            .collect();
+        let key = lex_key(&display);
+        if seen.insert(key.1.clone()) {
+            terms.push(ModelTerm {
+                display,
+                key,
+                score: f64::from(rng.random_range(0..20u32)),
+            });
+        }
+    }
+    for chunk in terms.chunks(100) {
+        add(
+            &mut client,
+            "fz",
+            chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
+        )
+        .await;
+    }
+    let lower: Vec<char> = "abcdeéknos王".chars().collect();
+    let (mut compared, mut matched) = (0, 0);
+    for round in 0..300 {
+        // A prefix of a term with up to 2 random edits, or now and then random letters.
+        let mut q: Vec<char> = if round % 10 == 9 {
+            (0..rng.random_range(1..9))
+                .map(|_| lower[rng.random_range(0..lower.len())])
+                .collect()
+        } else {
+            let t: Vec<char> = terms[rng.random_range(0..terms.len())]
+                .key
+                .0
+                .chars()
+                .collect();
+            t[..rng.random_range(1..=t.len())].to_vec()
+        };
+        for _ in 0..rng.random_range(0..3) {
+            let c = lower[rng.random_range(0..lower.len())];
+            let i = rng.random_range(0..q.len());
+            match rng.random_range(0..4) {
+                0 => q[i] = c,
+                1 => q.insert(i, c),
+                2 if q.len() > 1 => {
+                    q.remove(i);
+                }
+                _ if i + 1 < q.len() => q.swap(i, i + 1),
+                _ => q.push(c),
+            }
+        }
+        let query: String = q.iter().collect();
+        let edits = allowed_edits(
+            baton::autocomplete::text::query_form(&query)
+                .chars()
+                .count(),
+        );
+        for order in [Order::Lexicographic, Order::Score] {
+            let model = fuzzy_model(&terms, &query, edits, order);
+            let limit = if round % 2 == 0 { 1000 } else { 7 };
+            let r = page(&mut client, fuzzy("fz", &query, order, limit)).await;
+            assert!(r.next_page_token.is_empty());
+            let got: Vec<(usize, &str)> = r
+                .suggestions
+                .iter()
+                .map(|s| (s.edit_distance as usize, s.display.as_str()))
+                .collect();
+            let want: Vec<(usize, &str)> = model
+                .iter()
+                .take(limit as usize)
+                .map(|&(d, i)| (d, terms[i].display.as_str()))
+                .collect();
+            if r.incomplete {
+                // Every result at its true distance, in order.
+                let index: HashMap<&str, usize> = model
+                    .iter()
+                    .map(|&(_, i)| (terms[i].display.as_str(), i))
+                    .collect();
+                let mut last: Option<usize> = None;
+                for &(d, display) in &got {
+                    let at = model
+                        .iter()
+                        .position(|&(md, i)| md == d && i == index[display])
+                        .unwrap_or_else(|| {
+                            panic!("{display:?} is not at distance {d} of {query:?}")
+                        });
+                    assert!(
+                        last.is_none_or(|l| l < at),
+                        "{query:?}: out of order: {got:?}"
+                    );
+                    last = Some(at);
+                }
+            } else {
+                assert_eq!(
+                    got, want,
+                    "query {query:?} ({edits} edits), {order:?}, limit {limit}"
+                );
+                compared += 1;
+            }
+            matched += usize::from(!got.is_empty());
+            for s in &r.suggestions {
+                let kind = s.match_kind();
+                let expect = match s.edit_distance {
+                    0 if lex_key(&s.display).0 == baton::autocomplete::text::query_form(&query) => {
+                        Kind::Exact
+                    }
+                    0 => Kind::Prefix,
+                    _ => Kind::Fuzzy,
+                };
+                assert_eq!(kind, expect, "{query:?}: {s:?}");
+            }
+        }
+    }
+    // The test means something: most queries were compared whole, and found terms.
+    assert!(
+        compared >= 550,
+        "only {compared} of 600 answers were complete"
+    );
+    assert!(matched >= 300, "only {matched} of 600 answers had a match");
+}
+
+/// The work budget: a typo's range too large to rank whole by score says `incomplete`, with
+/// results still at their true distance; in lexicographic order the first page is complete.
+#[tokio::test]
+async fn fuzzy_says_when_the_budget_cut_it_short() {
+    let (_redis, _baton, mut client) = setup().await;
+    // "abq" is one edit from every "ab..." term: 9,000 of them, more than a call may read.
+    let all: Vec<String> = (0..9000).map(|i| format!("ab{i:05}")).collect();
+    for chunk in all.chunks(1000) {
+        add(
+            &mut client,
+            "big",
+            chunk
+                .iter()
+                .map(|d| scored(d, f64::from(d[2..].parse::<u32>().unwrap() % 97)))
+                .collect(),
+        )
+        .await;
+    }
+    let r = page(&mut client, fuzzy("big", "abq", Order::Score, 10)).await;
+    assert!(
+        r.incomplete,
+        "9,000 candidates ranked whole within the budget?"
+    );
+    assert_eq!(r.suggestions.len(), 10);
+    for s in &r.suggestions {
+        assert_eq!((s.edit_distance, s.match_kind()), (1, Kind::Fuzzy), "{s:?}");
+    }
+    let r = page(&mut client, fuzzy("big", "abq", Order::Lexicographic, 10)).await;
+    assert!(!r.incomplete);
+    assert_eq!(displays(&r.suggestions), all[..10].to_vec());
+    // Exact prefix matches in lexicographic order are read as far as the page goes.
+    let r = page(&mut client, fuzzy("big", "ab0", Order::Lexicographic, 1000)).await;
+    assert!(!r.incomplete);
+    assert_eq!(displays(&r.suggestions), all[..1000].to_vec());
+}
+
+/// Bad fuzzy requests fail INVALID_ARGUMENT naming the field, and fuzzy is for dictionaries.
+#[tokio::test]
+async fn fuzzy_validation_names_the_field() {
+    let (_redis, _baton, mut client) = setup().await;
+    add_all(&mut client, "v", &["alpha"]).await;
+    let ok = fuzzy("v", "alpah", Order::Lexicographic, 10);
+    assert_eq!(page(&mut client, ok.clone()).await.suggestions.len(), 1);
+    let cases = [
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                max_edits: Some(3),
+                ..ok.clone()
+            },
+            "max_edits",
+        ),
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                max_edits: Some(1),
+                mode: Mode::Prefix as i32,
+                ..ok.clone()
+            },
+            "max_edits",
+        ),
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                query: "a".repeat(33),
+                ..ok.clone()
+            },
+            "query",
+        ),
+        // 17 characters that fold to 34 ("ß" → "ss").
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                query: "ß".repeat(17),
+                ..ok.clone()
+            },
+            "query",
+        ),
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                limit: 1001,
+                ..ok.clone()
+            },
+            "limit",
+        ),
+        (
+            pb::AutocompleteServiceCompleteRequest {
+                page_token: "AAAA".into(),
+                ..ok.clone()
+            },
+            "page_token",
+        ),
+    ];
+    for (req, field) in cases {
+        let status = client.complete(req.clone()).await.expect_err("should fail");
+        invalid(&status, field);
+    }
+    // 32 characters are allowed.
+    page(
+        &mut client,
+        pb::AutocompleteServiceCompleteRequest {
+            query: "a".repeat(32),
+            ..ok.clone()
+        },
+    )
+    .await;
+    let status = client
+        .complete_recent(pb::AutocompleteServiceCompleteRecentRequest {
+            list: "l".into(),
+            query: "alpha".into(),
+            mode: Mode::Fuzzy as i32,
+            ..Default::default()
+        })
+        .await
+        .expect_err("fuzzy recent");
+    invalid(&status, "mode");
 }

@@ -99,6 +99,18 @@ pub const DEEP_RANKED: usize = 256;
 pub const TOP_RANKED: usize = 2048;
 /// The most index entries one `Complete` call looks at.
 pub const BUDGET: usize = 1024;
+/// Fuzzy mode: the most reads of index sets one call makes (skip-scan steps and range reads).
+pub const FUZZY_CALLS: usize = 1024;
+/// Fuzzy mode: the most lex members those reads may return in one call.
+pub const FUZZY_ENTRIES: usize = 2048;
+/// Fuzzy mode: the longest query, in characters of its matching form.
+pub const MAX_FUZZY_CHARS: usize = 32;
+/// Fuzzy mode: the most edits a match may need.
+pub const MAX_FUZZY_EDITS: u32 = 2;
+/// Fuzzy mode: the shortest query (in characters) allowed 1 edit.
+pub const FUZZY_ONE_EDIT_FROM: usize = 3;
+/// Fuzzy mode: the shortest query (in characters) allowed 2 edits.
+pub const FUZZY_TWO_EDITS_FROM: usize = 7;
 /// Items a recent list keeps when the request says 0.
 pub const DEFAULT_RECENT_ITEMS: u32 = 100;
 /// Most items a recent list keeps.
@@ -511,6 +523,8 @@ pub enum MatchMode {
     Contains,
     /// Exact, then prefix, then word-prefix, then contains matches.
     Automatic,
+    /// A prefix of the term is within a few edits of the query.
+    Fuzzy,
 }
 
 impl MatchMode {
@@ -521,6 +535,7 @@ impl MatchMode {
             Self::Suffix => "suffix",
             Self::Contains => "contains",
             Self::Automatic => "auto",
+            Self::Fuzzy => "fuzzy",
         }
     }
 }
@@ -556,6 +571,8 @@ pub enum MatchKind {
     Suffix,
     /// Contains the query elsewhere.
     Contains,
+    /// A prefix is within 1 or 2 edits of the query.
+    Fuzzy,
 }
 
 impl MatchKind {
@@ -566,6 +583,7 @@ impl MatchKind {
             3 => Self::WordPrefix,
             4 => Self::Suffix,
             5 => Self::Contains,
+            6 => Self::Fuzzy,
             _ => return Err(unexpected("match kind")),
         })
     }
@@ -587,6 +605,19 @@ pub struct Completion {
     pub limit: u32,
     /// The previous page's token, or empty.
     pub page_token: String,
+    /// Fuzzy mode: the most edits a match may need, as asked (`None`: as the query allows).
+    pub max_edits: Option<u32>,
+}
+
+/// The most edits a fuzzy query of `chars` characters allows.
+pub fn fuzzy_edits(chars: usize) -> u32 {
+    if chars >= FUZZY_TWO_EDITS_FROM {
+        2
+    } else if chars >= FUZZY_ONE_EDIT_FROM {
+        1
+    } else {
+        0
+    }
 }
 
 /// One completion.
@@ -600,6 +631,8 @@ pub struct Suggestion {
     pub payload: Vec<u8>,
     /// How it matched.
     pub kind: MatchKind,
+    /// Fuzzy mode: the edits from a prefix of the term to the query (0 in other modes).
+    pub distance: u32,
 }
 
 /// One page of results.
@@ -609,6 +642,8 @@ pub struct Page<T> {
     pub items: Vec<T>,
     /// The token of the next page; empty when there are no more results.
     pub next_page_token: String,
+    /// Fuzzy mode: the call stopped at its work budget, so matches may be missing.
+    pub incomplete: bool,
 }
 
 /// One item of a recent list.
@@ -649,6 +684,7 @@ struct Inner {
     complete: Script,
     prefix: Script,
     ranked: Script,
+    fuzzy: Script,
     record: Script,
     forget: Script,
     list: Script,
@@ -667,6 +703,7 @@ impl Autocomplete {
                 complete: Script::new(scripts::COMPLETE),
                 prefix: Script::new(scripts::PREFIX),
                 ranked: Script::new(scripts::RANKED),
+                fuzzy: Script::new(scripts::FUZZY),
                 record: Script::new(scripts::RECENT_RECORD),
                 forget: Script::new(scripts::RECENT_REMOVE),
                 list: Script::new(scripts::RECENT_LIST),
@@ -910,6 +947,9 @@ impl Autocomplete {
         dictionary: &str,
         request: &Completion,
     ) -> Result<Page<Suggestion>, Error> {
+        if request.mode == MatchMode::Fuzzy {
+            return self.complete_fuzzy(dictionary, request).await;
+        }
         let scope = Scope {
             call: "complete",
             name: dictionary,
@@ -965,11 +1005,80 @@ impl Autocomplete {
                 score,
                 payload,
                 kind: MatchKind::from_script(int(kind)?)?,
+                distance: 0,
             });
         }
         Ok(Page {
             items,
             next_page_token: next_token(&scope, next_group, next_position)?,
+            incomplete: false,
+        })
+    }
+
+    /// The page of a fuzzy completion (fuzzy.lua): matches within the edits the query allows,
+    /// fewest edits first, in one page.
+    async fn complete_fuzzy(
+        &self,
+        dictionary: &str,
+        request: &Completion,
+    ) -> Result<Page<Suggestion>, Error> {
+        if !request.page_token.is_empty() {
+            return Err(Error::invalid(
+                "page_token",
+                "must be empty in FUZZY mode, whose results come in one page",
+            ));
+        }
+        let chars = request.query.chars().count();
+        if chars > MAX_FUZZY_CHARS {
+            return Err(Error::invalid(
+                "query",
+                format!(
+                    "has {chars} characters when normalized, more than the {MAX_FUZZY_CHARS} \
+                     FUZZY mode allows"
+                ),
+            ));
+        }
+        let edits = match request.max_edits {
+            Some(asked) if asked > MAX_FUZZY_EDITS => {
+                return Err(Error::invalid(
+                    "max_edits",
+                    format!("{asked} is more than the {MAX_FUZZY_EDITS} allowed"),
+                ));
+            }
+            Some(asked) => asked.min(fuzzy_edits(chars)),
+            None => fuzzy_edits(chars),
+        };
+        let keys = self.dictionary_keys(dictionary);
+        let invocation = scripts::Fuzzy {
+            keys: &keys,
+            order: request.order.name(),
+            limit: request.limit,
+            max_edits: edits,
+            query: &request.query,
+        }
+        .invocation(&self.inner.fuzzy);
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let [incomplete, rows @ ..] = reply.as_slice() else {
+            return Err(unexpected("fuzzy reply"));
+        };
+        let mut items = Vec::with_capacity(rows.len() / 4);
+        for row in rows.chunks(4) {
+            let [id, value, kind, distance] = row else {
+                return Err(unexpected("fuzzy row"));
+            };
+            let (score, display, payload) = parse_value(id, value)?;
+            items.push(Suggestion {
+                display,
+                score,
+                payload,
+                kind: MatchKind::from_script(int(kind)?)?,
+                distance: u32::try_from(int(distance)?).map_err(|_| unexpected("distance"))?,
+            });
+        }
+        Ok(Page {
+            items,
+            next_page_token: String::new(),
+            incomplete: int(incomplete)? != 0,
         })
     }
 
@@ -1057,6 +1166,7 @@ impl Autocomplete {
         Ok(Page {
             items,
             next_page_token,
+            incomplete: false,
         })
     }
 
@@ -1102,6 +1212,7 @@ impl Autocomplete {
         Ok(Page {
             items: recent_items(rows, true)?,
             next_page_token: next_token(&scope, next_group, next_position)?,
+            incomplete: false,
         })
     }
 }

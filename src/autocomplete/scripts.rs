@@ -9,7 +9,10 @@
 
 use redis::{Script, ScriptInvocation};
 
-use super::{BUDGET, DictionaryKeys, GATHER, HEAVY_PREFIX, MAX_RANKED_DEPTH, RecentKeys, text};
+use super::{
+    BUDGET, DictionaryKeys, FUZZY_CALLS, FUZZY_ENTRIES, GATHER, HEAVY_PREFIX, MAX_RANKED_DEPTH,
+    RecentKeys, text,
+};
 use super::{DEEP_RANKED, LIGHT_PREFIX, MAX_ABS_SCORE, STEP_COPIES, ScoreChange, TOP_RANKED};
 
 /// `add.lua`: add or update a step of an `Add` batch.
@@ -40,6 +43,12 @@ pub const RANKED: &str = concat!(
     "#!lua flags=no-writes\n",
     include_str!("rank.lua"),
     include_str!("ranked.lua")
+);
+/// `fuzzy.lua`: one page of fuzzy completions.
+pub const FUZZY: &str = concat!(
+    "#!lua flags=no-writes\n",
+    include_str!("rank.lua"),
+    include_str!("fuzzy.lua")
 );
 /// `recent_record.lua`: record an item at the front of a recent list.
 pub const RECENT_RECORD: &str = include_str!("recent_record.lua");
@@ -351,6 +360,42 @@ impl Complete<'_> {
     }
 }
 
+/// `fuzzy.lua`'s arguments: the one page of terms a prefix of which is within `max_edits` edits
+/// of `query`.
+#[derive(Debug, Clone, Copy)]
+pub struct Fuzzy<'a> {
+    /// The dictionary.
+    pub keys: &'a DictionaryKeys,
+    /// The order's name (`lex`, `score`).
+    pub order: &'a str,
+    /// Suggestions in the page.
+    pub limit: u32,
+    /// The most edits a match may need (0 to 2).
+    pub max_edits: u32,
+    /// The query's matching form (not empty).
+    pub query: &'a str,
+}
+
+impl Fuzzy<'_> {
+    /// The call of `script` (`fuzzy.lua`): it declares the data, the heavy hash and every lex set
+    /// there can be, in byte order.
+    pub fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
+        let mut invocation = script.key(&self.keys.data);
+        invocation.key(&self.keys.heavy);
+        for b in (1u8..=244).filter(|b| *b < 128 || *b >= 194) {
+            invocation.key(self.keys.lex(b));
+        }
+        invocation
+            .arg(self.order)
+            .arg(self.limit)
+            .arg(self.max_edits)
+            .arg(FUZZY_CALLS)
+            .arg(FUZZY_ENTRIES)
+            .arg(self.query);
+        invocation
+    }
+}
+
 /// `recent_record.lua`'s arguments.
 #[derive(Debug, Clone, Copy)]
 pub struct RecentRecord<'a> {
@@ -470,6 +515,7 @@ mod tests {
             COMPLETE,
             PREFIX,
             RANKED,
+            FUZZY,
             RECENT_LIST,
             RECENT_COMPLETE,
         ] {

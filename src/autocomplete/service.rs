@@ -244,6 +244,7 @@ fn mode_label(mode: MatchMode) -> &'static str {
         MatchMode::Suffix => "suffix",
         MatchMode::Contains => "contains",
         MatchMode::Automatic => "automatic",
+        MatchMode::Fuzzy => "fuzzy",
     }
 }
 
@@ -256,6 +257,7 @@ fn mode(value: i32) -> Result<MatchMode, Error> {
         Ok(pb::AutocompleteMatchMode::Suffix) => Ok(MatchMode::Suffix),
         Ok(pb::AutocompleteMatchMode::Contains) => Ok(MatchMode::Contains),
         Ok(pb::AutocompleteMatchMode::Automatic) => Ok(MatchMode::Automatic),
+        Ok(pb::AutocompleteMatchMode::Fuzzy) => Ok(MatchMode::Fuzzy),
         Err(_) => Err(Error::invalid(
             "mode",
             format!("{value} is not an AutocompleteMatchMode"),
@@ -283,6 +285,7 @@ fn kind(k: MatchKind) -> pb::AutocompleteMatchKind {
         MatchKind::WordPrefix => pb::AutocompleteMatchKind::WordPrefix,
         MatchKind::Suffix => pb::AutocompleteMatchKind::Suffix,
         MatchKind::Contains => pb::AutocompleteMatchKind::Contains,
+        MatchKind::Fuzzy => pb::AutocompleteMatchKind::Fuzzy,
     }
 }
 
@@ -296,6 +299,7 @@ fn suggestion(s: Suggestion) -> pb::AutocompleteSuggestion {
         score: s.score,
         payload: s.payload,
         match_kind: kind(s.kind).into(),
+        edit_distance: s.distance,
     }
 }
 
@@ -379,18 +383,26 @@ impl AutocompleteService for AutocompleteApi {
     ) -> Result<Response<pb::AutocompleteServiceCompleteResponse>, Status> {
         let req = request.into_inner();
         let dictionary = name("dictionary", &req.dictionary)?;
+        let mode = mode(req.mode)?;
+        if req.max_edits.is_some() && mode != MatchMode::Fuzzy {
+            return Err(
+                Error::invalid("max_edits", "is only for AUTOCOMPLETE_MATCH_MODE_FUZZY").into(),
+            );
+        }
         let completion = Completion {
             query: query(&req.query)?,
-            mode: mode(req.mode)?,
+            mode,
             order: order(req.order)?,
             limit: limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?,
             page_token: req.page_token,
+            max_edits: req.max_edits,
         };
         metrics::autocomplete_query("complete", mode_label(completion.mode));
         let page = self.autocomplete.complete(&dictionary, &completion).await?;
         Ok(Response::new(pb::AutocompleteServiceCompleteResponse {
             suggestions: page.items.into_iter().map(suggestion).collect(),
             next_page_token: page.next_page_token,
+            incomplete: page.incomplete,
         }))
     }
 
@@ -459,6 +471,9 @@ impl AutocompleteService for AutocompleteApi {
         let list = name("list", &req.list)?;
         let query = query(&req.query)?;
         let mode = mode(req.mode)?;
+        if mode == MatchMode::Fuzzy {
+            return Err(Error::invalid("mode", "FUZZY is for dictionaries only").into());
+        }
         let limit = limit("limit", req.limit, DEFAULT_LIMIT, MAX_RESULTS)?;
         metrics::autocomplete_query("complete_recent", mode_label(mode));
         let page = self

@@ -308,6 +308,8 @@ pub enum MatchMode {
     Contains,
     /// Exact, then prefix, word-prefix and substring matches.
     Automatic,
+    /// Prefixes within 1 edit of the query (from 3 characters) or 2 (from 7).
+    Fuzzy,
 }
 
 /// `baton complete`: complete a query from a dictionary.

@@ -246,6 +246,7 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
         MatchMode::Suffix => AutocompleteMatchMode::Suffix,
         MatchMode::Contains => AutocompleteMatchMode::Contains,
         MatchMode::Automatic => AutocompleteMatchMode::Automatic,
+        MatchMode::Fuzzy => AutocompleteMatchMode::Fuzzy,
     };
     let order = if args.by_score {
         AutocompleteOrder::Score
@@ -261,6 +262,7 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
                 mode: mode.into(),
                 order: order.into(),
                 page_token: String::new(),
+                max_edits: None,
             },
             &args.client,
         ))

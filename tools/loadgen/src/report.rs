@@ -770,6 +770,8 @@ fn case_label(case: &str) -> &str {
         "word-prefix" => "word prefix of 2-4 characters",
         "contains-lex" => "contains 3-5 characters, lexicographic",
         "contains-score" => "contains 3-5 characters, by score",
+        "fuzzy-lex" => "fuzzy: prefix of 3-9 characters with 1-2 typos, lexicographic",
+        "fuzzy-score" => "fuzzy: the same, by score",
         "health" => "gRPC health check (no Redis)",
         other => other,
     }

@@ -243,8 +243,8 @@ async fn autocomplete_loads_and_completes() {
     assert!(value(bare, names::MEMORY) > 0.0 && value(bare, names::TOOK) > 0.0);
     assert_eq!(
         queries.len(),
-        10,
-        "7 kinds through Baton, 2 direct, raw ZRANGE"
+        12,
+        "9 kinds through Baton (fuzzy included), 2 direct, raw ZRANGE"
     );
     for r in queries {
         let what = format!("{} {}", r.case, r.side);

@@ -2,12 +2,13 @@
 //! concurrent closed-loop clients, through Baton and directly on the same Redis and data.
 //!
 //! Query kinds ([`Case`]): prefixes of 1 to 5 characters of random terms (lexicographic, by score,
-//! automatic mode), word prefixes of 2 to 4 characters of a term's second word, and substrings of
-//! 3 to 5 characters from anywhere in a term (lexicographic, by score). For prefixes the same
-//! queries also run directly: the script Baton runs (`prefix.lua`, `ranked.lua`, through
-//! `baton::autocomplete::scripts`) and raw `ZRANGE [p (p\xff BYLEX LIMIT 0 10` on the lex set
-//! Baton reads, the floor Baton builds on (without the display texts, scores and payloads Baton
-//! also fetches); and the gRPC health check gives the cost of a gRPC call alone.
+//! automatic mode), word prefixes of 2 to 4 characters of a term's second word, substrings of 3 to
+//! 5 characters from anywhere in a term (lexicographic, by score), and prefixes of 3 to 9
+//! characters with one typo (two from 7 characters) in fuzzy mode (lexicographic, by score). For
+//! prefixes the same queries also run directly: the script Baton runs (`prefix.lua`, `ranked.lua`,
+//! through `baton::autocomplete::scripts`) and raw `ZRANGE [p (p\xff BYLEX LIMIT 0 10` on the lex
+//! set Baton reads, the floor Baton builds on (without the display texts, scores and payloads
+//! Baton also fetches); and the gRPC health check gives the cost of a gRPC call alone.
 
 pub mod baseline;
 pub mod terms;
@@ -68,13 +69,18 @@ pub enum Case {
     ContainsLex,
     /// The same, by score.
     ContainsScore,
+    /// Prefixes of 3 to 9 characters with one typo (two from 7 characters), fuzzy mode,
+    /// lexicographic.
+    FuzzyLex,
+    /// The same, by score.
+    FuzzyScore,
     /// The gRPC health check (no Redis).
     Health,
 }
 
 impl Case {
     /// Every case, in the order they run.
-    pub const ALL: [Case; 7] = [
+    pub const ALL: [Case; 9] = [
         Case::PrefixLex,
         Case::Health,
         Case::PrefixScore,
@@ -82,6 +88,8 @@ impl Case {
         Case::Word,
         Case::ContainsLex,
         Case::ContainsScore,
+        Case::FuzzyLex,
+        Case::FuzzyScore,
     ];
 
     /// Its name in the records.
@@ -93,6 +101,8 @@ impl Case {
             Case::Word => "word-prefix",
             Case::ContainsLex => "contains-lex",
             Case::ContainsScore => "contains-score",
+            Case::FuzzyLex => "fuzzy-lex",
+            Case::FuzzyScore => "fuzzy-score",
             Case::Health => "health",
         }
     }
@@ -105,6 +115,8 @@ impl Case {
             Case::Word => (M::WordPrefix, O::Lexicographic),
             Case::ContainsLex => (M::Contains, O::Lexicographic),
             Case::ContainsScore => (M::Contains, O::Score),
+            Case::FuzzyLex => (M::Fuzzy, O::Lexicographic),
+            Case::FuzzyScore => (M::Fuzzy, O::Score),
             Case::Health => (M::Unspecified, O::Unspecified),
         }
     }
@@ -115,6 +127,7 @@ struct Queries {
     prefixes: Arc<Vec<String>>,
     words: Arc<Vec<String>>,
     substrings: Arc<Vec<String>>,
+    typos: Arc<Vec<String>>,
 }
 
 impl Queries {
@@ -142,7 +155,33 @@ impl Queries {
                 word.chars().take(2 + rng.below(3)).collect()
             })
             .collect();
+        // A prefix of 3 to 9 characters with one typo, two from 7 characters (each a
+        // substitution, an insertion, a deletion or a transposition of adjacent characters).
+        let typos = (0..QUERIES)
+            .map(|_| {
+                let t = &terms[rng.below(terms.len())].display;
+                let mut q: Vec<char> = t.chars().take(3 + rng.below(7)).collect();
+                let edits = if q.len() >= 7 { 2 } else { 1 };
+                for _ in 0..edits {
+                    let i = rng.below(q.len());
+                    let c = char::from(b'a' + rng.below(26) as u8);
+                    match rng.below(4) {
+                        0 => q[i] = c,
+                        1 => q.insert(i, c),
+                        2 if q.len() > 3 => {
+                            q.remove(i);
+                        }
+                        _ if i + 1 < q.len() => q.swap(i, i + 1),
+                        _ => q[i] = c,
+                    }
+                }
+                // Leading whitespace is not part of a query; keep it from starting one.
+                q.iter().collect::<String>().trim_start().to_owned()
+            })
+            .filter(|q| !q.is_empty())
+            .collect();
         Self {
+            typos: Arc::new(typos),
             prefixes: Arc::new(prefixes),
             words: Arc::new(words),
             substrings: Arc::new(substrings),
@@ -153,6 +192,7 @@ impl Queries {
         match case {
             Case::Word => Arc::clone(&self.words),
             Case::ContainsLex | Case::ContainsScore => Arc::clone(&self.substrings),
+            Case::FuzzyLex | Case::FuzzyScore => Arc::clone(&self.typos),
             _ => Arc::clone(&self.prefixes),
         }
     }
@@ -400,6 +440,7 @@ async fn call(
                     mode: mode.into(),
                     order: order.into(),
                     page_token: String::new(),
+                    max_edits: None,
                 })
                 .await
                 .map(|r| r.into_inner().suggestions.len() as u64)

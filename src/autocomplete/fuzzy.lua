@@ -1,0 +1,239 @@
+-- Fuzzy completion: one page of the terms a prefix of which is within `max edits` edits of the
+-- query (optimal string alignment distance over characters: substitution, insertion, deletion,
+-- transposition of adjacent characters). Reads only (flags=no-writes).
+--
+-- KEYS[1] data   KEYS[2] h (the heavy hash: 'l:XX' -> 1 for every lex set there is)
+-- KEYS[3..] every lex set there can be, in byte order (all_lex_names)
+-- ARGV[1] order: 'lex' | 'score'   ARGV[2] limit   ARGV[3] max edits (0 to 2)
+-- ARGV[4] call budget: the most Redis reads of index sets   ARGV[5] entry budget: the most lex
+--         members those reads may return   ARGV[6] the normalized query (at most 32 characters)
+--
+-- Returns {1 when the budget ran out before every candidate was looked at (else 0), then per
+-- result: id, data value, match kind (EXACT, PREFIX or FUZZY), distance}.
+--
+-- The lex sets are walked as a trie of characters: the children of a prefix p are found by a
+-- skip scan (ZRANGE (p<c>\255 ... BYLEX LIMIT 0 1 gives the next existing character after c),
+-- and each trie node carries its row of the edit-distance table against the query, so a branch
+-- is left as soon as every cell of its row is over the threshold. The walk is made once per
+-- distance t = 1, 2 (distance 0 is the query's prefix range, read directly), collecting the terms
+-- whose distance is exactly t: a branch whose best distance so far is below t holds only terms of
+-- an earlier group, and is skipped. A node's distance to the query can only improve over the
+-- next `max edits` characters, so a node t characters longer than the query is a leaf whose
+-- whole range is one group. Each walk visits nodes in byte order, so a group's terms are found in
+-- lexicographic order; by score they are ranked here.
+local order, need, maxk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local calls, entries = tonumber(ARGV[4]), tonumber(ARGV[5])
+local qs = ARGV[6]
+local q = utf8_chars(qs)
+local n = #q
+local data, heavy = KEYS[1], KEYS[2]
+local names, firsts = all_lex_names()
+local set_of = {} -- first byte -> lex set key
+for i = 1, #firsts do
+  set_of[firsts[i]] = KEYS[2 + i]
+end
+
+local exhausted = false
+local groups = { [0] = {}, {}, {} } -- lex members found, per distance
+local before = 0 -- results in the groups before the one being walked
+
+-- Whether the group being walked (in `found`) can stop: in lexicographic order once the page is
+-- full, as the walk finds terms in order; by score only when the whole group is seen.
+local function full(found)
+  return order == 'lex' and before + #found >= need
+end
+
+-- Reads the members of set from lo to hi (ZRANGE BYLEX bounds) into found, within the budgets.
+local function take(found, set, lo, hi)
+  local cur = lo
+  while not full(found) do
+    if calls <= 0 or entries <= 0 then
+      exhausted = true
+      return
+    end
+    local chunk = math.min(entries, 256)
+    if order == 'lex' then
+      chunk = math.min(chunk, need - before - #found)
+    end
+    calls = calls - 1
+    local rows = redis.call('ZRANGE', set, cur, hi, 'BYLEX', 'LIMIT', 0, chunk)
+    entries = entries - #rows
+    for i = 1, #rows do
+      found[#found + 1] = rows[i]
+    end
+    if #rows < chunk then
+      return
+    end
+    cur = '(' .. rows[#rows]
+  end
+end
+
+-- The first member of set from lo below hi, or nil (then `exhausted` says whether for lack of
+-- budget).
+local function next_member(set, lo, hi)
+  if calls <= 0 then
+    exhausted = true
+    return nil
+  end
+  calls = calls - 1
+  return redis.call('ZRANGE', set, lo, hi, 'BYLEX', 'LIMIT', 0, 1)[1]
+end
+
+-- The character of s starting at byte i.
+local function char_at(s, i)
+  local b = byte(s, i)
+  local len = b < 128 and 1 or b < 224 and 2 or b < 240 and 3 or 4
+  return sub(s, i, i + len - 1)
+end
+
+-- The edit-distance row of prefix p .. c against the query, from the rows of p (prev) and of p
+-- without its last character pc (pprev, nil at the root); and the row's smallest cell.
+local function next_row(prev, pprev, c, pc)
+  local row = { [0] = prev[0] + 1 }
+  local least = row[0]
+  for j = 1, n do
+    local v = prev[j] + 1
+    local w = row[j - 1] + 1
+    if w < v then
+      v = w
+    end
+    w = prev[j - 1] + (q[j] == c and 0 or 1)
+    if w < v then
+      v = w
+    end
+    if pprev ~= nil and j > 1 and c == q[j - 1] and pc == q[j] then
+      w = pprev[j - 2] + 1
+      if w < v then
+        v = w
+      end
+    end
+    row[j] = v
+    if v < least then
+      least = v
+    end
+  end
+  return row, least
+end
+
+-- Visits trie node p (depth characters, in lex set `set`) for the walk of distance t: row is its
+-- row, prow its parent's, last its last character, hit the best distance of p and its prefixes.
+local function visit(found, t, set, p, depth, row, least, prow, last, hit)
+  if row[n] < hit then
+    hit = row[n]
+  end
+  if hit < t then
+    return -- every term below has a distance below t: an earlier group's
+  end
+  if depth >= n + t or least > t then
+    -- No longer prefix comes closer than t: the whole range is at distance hit.
+    if hit == t then
+      take(found, set, '[' .. p, '(' .. p .. '\255')
+    end
+    return
+  end
+  if hit == t then
+    take(found, set, '[' .. p .. '\0', '(' .. p .. '\1') -- the terms equal to p
+  end
+  local lo, hi = '(' .. p .. '\0\255', '(' .. p .. '\255'
+  while not exhausted and not full(found) do
+    local m = next_member(set, lo, hi)
+    if m == nil then
+      return
+    end
+    local c = char_at(m, #p + 1)
+    local crow, cleast = next_row(row, prow, c, last)
+    visit(found, t, set, p .. c, depth + 1, crow, cleast, row, c, hit)
+    lo = '(' .. p .. c .. '\255'
+  end
+end
+
+-- Group 0: the terms starting with the query.
+local first = set_of[byte(qs)]
+if first ~= nil then
+  take(groups[0], first, '[' .. qs, '(' .. qs .. '\255')
+end
+
+-- Groups 1 and 2: the trie walks, from the first characters of the lex sets that exist.
+local root = { [0] = 0 }
+for j = 1, n do
+  root[j] = j
+end
+local present
+for t = 1, maxk do
+  before = before + #groups[t - 1]
+  if exhausted or before >= need then
+    break
+  end
+  if present == nil then
+    calls = calls - 1
+    present = redis.call('HMGET', heavy, unpack(names))
+  end
+  local found = groups[t]
+  for i = 1, #names do
+    if exhausted or full(found) then
+      break
+    end
+    if present[i] then
+      local set = KEYS[2 + i]
+      local lo = '-'
+      while not exhausted and not full(found) do
+        local m = next_member(set, lo, '+')
+        if m == nil then
+          break
+        end
+        local c = char_at(m, 1)
+        local crow, cleast = next_row(root, nil, c, nil)
+        visit(found, t, set, c, 1, crow, cleast, root, c, n)
+        lo = '(' .. c .. '\255'
+      end
+    end
+  end
+end
+
+-- The page: each group in the requested order, up to the limit.
+local reply = { exhausted and 1 or 0 }
+local room = need
+for t = 0, maxk do
+  local found = groups[t]
+  if room <= 0 or #found == 0 then
+    if room <= 0 then
+      break
+    end
+  else
+    local rows = {}
+    for first_row = 1, #found, 1000 do
+      local ids = {}
+      for i = first_row, math.min(first_row + 999, #found) do
+        ids[#ids + 1] = id_of(found[i])
+      end
+      local values = redis.call('HMGET', data, unpack(ids))
+      for i = 1, #ids do
+        local v = values[i]
+        if v then -- always, as reads are atomic; a term is whole or absent
+          rows[#rows + 1] = { found[first_row + i - 1], ids[i], v, (parse_value(v)) }
+        end
+      end
+    end
+    if order == 'score' then
+      table.sort(rows, function(a, b)
+        if a[4] ~= b[4] then
+          return a[4] > b[4]
+        end
+        return lt(a[1], b[1])
+      end)
+    end
+    for i = 1, math.min(room, #rows) do
+      local r = rows[i]
+      local kind = 6 -- FUZZY
+      if t == 0 then
+        kind = find(r[1], '\0', 1, true) == #qs + 1 and 1 or 2 -- EXACT or PREFIX
+      end
+      reply[#reply + 1] = r[2]
+      reply[#reply + 1] = r[3]
+      reply[#reply + 1] = kind
+      reply[#reply + 1] = t
+    end
+    room = room - math.min(room, #rows)
+  end
+end
+return reply
