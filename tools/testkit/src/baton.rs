@@ -56,8 +56,12 @@ impl Baton {
 
     /// Starts a Baton over `redis`, letting `tweak` change the configuration before it binds.
     pub async fn start_with(redis: &RedisServer, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
-        let baton = Self::start_unready(redis, tweak).await;
-        let mut health = baton.health().await;
+        Self::start_unready(redis, tweak).await.ready().await
+    }
+
+    /// Waits until this Baton's readiness is SERVING.
+    async fn ready(self) -> Self {
+        let mut health = self.health().await;
         wait_for_health(
             &mut health,
             "readiness",
@@ -65,19 +69,25 @@ impl Baton {
             BATON_READY_TIMEOUT,
         )
         .await;
-        baton
+        self
     }
 
     /// Starts a Baton without waiting for Redis to be reachable (readiness may be NOT_SERVING).
     pub async fn start_unready(redis: &RedisServer, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        Self::spawn(redis.redis_config(), tweak).await
+    }
+
+    /// Serves Baton in this process over the Redis of `redis`, under a fresh key prefix, after
+    /// `tweak` has changed the configuration; does not wait for readiness.
+    async fn spawn(redis: RedisConfig, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
         init_tracing();
         let dir = tempfile::Builder::new()
             .prefix("baton-sock-")
             .tempdir()
             .expect("creating a temp dir for the socket");
-        let mut redis_config = redis.redis_config();
-        redis_config.key_prefix = unique_prefix();
-        let mut config = ServeConfig::new(redis_config);
+        let mut redis = redis;
+        redis.key_prefix = unique_prefix();
+        let mut config = ServeConfig::new(redis);
         config.listen = Some("127.0.0.1:0".parse().expect("address"));
         config.socket = Some(dir.path().join("baton.sock"));
         config.drain_timeout = TEST_DRAIN_TIMEOUT;
@@ -191,51 +201,7 @@ impl Baton {
     /// configuration (e.g. `RedisConfig::with_topology(Topology::Sentinel { .. })`), given a fresh
     /// key prefix; `tweak` may change anything before Baton binds. Waits until it is ready.
     pub async fn start_on(redis: RedisConfig, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
-        init_tracing();
-        let dir = tempfile::Builder::new()
-            .prefix("baton-sock-")
-            .tempdir()
-            .expect("creating a temp dir for the socket");
-        let mut redis = redis;
-        redis.key_prefix = unique_prefix();
-        let mut config = ServeConfig::new(redis);
-        config.listen = Some("127.0.0.1:0".parse().expect("address"));
-        config.socket = Some(dir.path().join("baton.sock"));
-        config.drain_timeout = TEST_DRAIN_TIMEOUT;
-        tweak(&mut config);
-
-        let listeners = Listeners::bind(&config).await.expect("binding listeners");
-        let addr = listeners
-            .tcp
-            .as_ref()
-            .expect("the test Baton listens on TCP")
-            .local_addr()
-            .expect("local address");
-        let socket_path = listeners
-            .unix
-            .as_ref()
-            .map(|(_, p)| p.clone())
-            .expect("the test Baton listens on a Unix socket");
-        let prefix = config.redis.key_prefix.clone();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(serve(config, listeners, shutdown.clone()));
-        let baton = Self {
-            addr,
-            socket_path,
-            prefix,
-            shutdown,
-            task: Some(task),
-            _dir: dir,
-        };
-        let mut health = baton.health().await;
-        wait_for_health(
-            &mut health,
-            "readiness",
-            ServingStatus::Serving,
-            BATON_READY_TIMEOUT,
-        )
-        .await;
-        baton
+        Self::spawn(redis, tweak).await.ready().await
     }
 }
 
