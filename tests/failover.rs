@@ -750,8 +750,8 @@ fn failovers_counted(topology: &str) -> f64 {
 struct Grants {
     granted: Vec<(Instant, u64)>,
     refused: Vec<(Instant, String)>,
-    /// Tokens of grants whose release failed (the master died meanwhile).
-    unreleased: Vec<String>,
+    /// Grants whose release failed (the master died meanwhile): token and fencing token.
+    unreleased: Vec<(String, u64)>,
 }
 
 /// Acquires and releases one permit of `name` every 20 ms until `stop`.
@@ -787,7 +787,10 @@ fn grant_loop(
                                 })
                                 .await;
                             if released.is_err() {
-                                log.lock().unwrap().unreleased.push(permit.token);
+                                log.lock()
+                                    .unwrap()
+                                    .unreleased
+                                    .push((permit.token, permit.fencing_token));
                             }
                         }
                         _ => log
@@ -944,9 +947,15 @@ async fn sentinel_fencing_with_replica_acks() {
         .map(|(_, t)| *t)
         .max()
         .expect("grants before the kill");
-    assert_eq!(
-        fenced.fencing_token, last_before,
-        "the new master's last fencing token is not the last one acknowledged before the kill"
+    // A grant that ran and was acknowledged by the replica but whose answer the kill cut off
+    // can leave a later token there; an acknowledged one is never missing.
+    assert!(
+        fenced.fencing_token == last_before
+            || (fenced.fencing_token > last_before && !before.refused.is_empty()),
+        "the new master's last fencing token {} is not the last one acknowledged before the kill \
+         ({last_before}; attempts without a grant: {:?})",
+        fenced.fencing_token,
+        count_by_reason(&before.refused)
     );
     let kept_now = describe_semaphore(&mut client.clone(), "kept")
         .await
@@ -955,13 +964,29 @@ async fn sentinel_fencing_with_replica_acks() {
         kept_now.holder_count, 2,
         "acknowledged leases lost: {kept_now:?}"
     );
-    // A grant whose release the kill cut off is still held on the new master.
-    assert_eq!(
-        fenced.holder_count as usize,
-        before.unreleased.len(),
+    // Who holds "fenced" on the new master: grants whose release the kill cut off, and at most
+    // the last grant before the kill, whose release Redis answered before the replica had it
+    // (a release is not waited for; every earlier release reached the replica before the next
+    // grant's acknowledgement did). That one is held until its ttl: safe, never over the limit.
+    let allowed: Vec<u64> = before
+        .unreleased
+        .iter()
+        .map(|(_, fencing)| *fencing)
+        .chain([last_before])
+        .collect();
+    for holder in &fenced.holders {
+        assert!(
+            allowed.contains(&holder.fencing_token),
+            "a holder that was never granted, or whose release was acknowledged by the replica: \
+             {holder:?} (allowed {allowed:?})"
+        );
+    }
+    assert!(
+        fenced.holder_count as usize <= before.unreleased.len() + 1,
         "{fenced:?}"
     );
-    for token in &before.unreleased {
+    let mut still_held = 0;
+    for (token, _) in &before.unreleased {
         let r = client
             .clone()
             .release(pb::SemaphoreServiceReleaseRequest {
@@ -971,8 +996,17 @@ async fn sentinel_fencing_with_replica_acks() {
             .await
             .expect("Release")
             .into_inner();
-        assert!(r.was_held, "an acknowledged lease was lost in the failover");
+        still_held += usize::from(r.was_held);
     }
+    let cut_off = fenced
+        .holders
+        .iter()
+        .filter(|h| before.unreleased.iter().any(|(_, f)| *f == h.fencing_token))
+        .count();
+    assert_eq!(
+        still_held, cut_off,
+        "a release found a different set of holders than Describe"
+    );
 
     // The new master has no replica: grants cannot be acknowledged, so they are rolled back.
     stop.store(false, Ordering::Relaxed);
@@ -1031,11 +1065,13 @@ async fn sentinel_fencing_with_replica_acks() {
     );
     let first_after = after.granted.first().expect("grants after").1;
     println!(
-        "fencing: {} grants acknowledged before the kill (last token {last_before}, also the new \
-         master's last token at promotion; {} still held there, its release cut off by the kill); \
+        "fencing: {} grants acknowledged before the kill (last token {last_before}; the new \
+         master's last token at promotion {}; {} holders there, {} releases cut off by the kill); \
          without a replica {} attempts rolled back; {} grants after the failover (first token \
          {first_after})",
         before.granted.len(),
+        fenced.fencing_token,
+        fenced.holder_count,
         before.unreleased.len(),
         alone.refused.len(),
         after.granted.len(),
@@ -1766,9 +1802,17 @@ async fn cluster_keepalive_cost_per_node() {
 /// acquire on the failed master's slots succeeds within a measured bound), every stream on the
 /// failed master reports `lost` before its lease could expire, and the streams on the other
 /// masters keep their leases throughout.
+///
+/// The cluster runs with `cluster-require-full-coverage no`, as docs/guarantees.md advises: with
+/// Redis's default every master refuses every command (`CLUSTERDOWN`) from the moment the failed
+/// master is flagged until its replica is promoted (1.1 s in a CI run), and a lease of 2 s renewed
+/// every 2/3 s cannot always outlast that: its stream then says `lost`, as it must.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_failover_is_followed() {
     let mut cluster = RedisCluster::start(3, 1).await;
+    cluster
+        .config_set("cluster-require-full-coverage", "no")
+        .await;
     let baton = Baton::start_on(cluster_config(&cluster), |_| {}).await;
     let client = baton.client().await;
     let sem_client = baton.semaphore_client().await;
@@ -1838,7 +1882,14 @@ async fn cluster_master_failover_is_followed() {
             let pending: Vec<String> = kept_side
                 .iter()
                 .filter(|w| !w.renewed_after(after))
-                .map(|w| w.name.clone())
+                .map(|w| {
+                    let seen: Vec<String> = w
+                        .events()
+                        .iter()
+                        .map(|e| format!("{} at {:?}", e.summary(), e.at() - killed_at))
+                        .collect();
+                    format!("{} (after the kill: {seen:?})", w.name)
+                })
                 .collect();
             async move {
                 if pending.is_empty() {
