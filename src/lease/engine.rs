@@ -364,7 +364,14 @@ impl<P: Primitive> Engine<P> {
                     replicas,
                     "grant not acknowledged by enough replicas; rolled back"
                 );
-                self.release_in_background(request.name(), grant.token(), request.ttl(), false);
+                // Released before the answer, so that "not acquired" leaves no lease in Redis for
+                // others to meet; should that fail, it is retried in the background.
+                let released = primitive
+                    .release(request.name(), grant.token(), Some(CleanUp::default()))
+                    .await;
+                if released.is_err() {
+                    self.release_in_background(request.name(), grant.token(), request.ttl(), false);
+                }
                 let wait = primitive.redis().replica_ack_timeout();
                 Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
             }
