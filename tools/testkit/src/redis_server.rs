@@ -2,6 +2,7 @@
 //! Cluster, and [`RedisConn`], a connection that works on both.
 
 use std::{
+    ffi::OsString,
     path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::{free_port, topology::RedisCluster, unique_prefix, within};
 
-/// How long `redis-server` may take to answer `PING` after it was spawned.
+/// How long `redis-server` may take to answer after it was spawned.
 const REDIS_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts at starting `redis-server` on a fresh port when the picked one was taken meanwhile.
 const REDIS_START_ATTEMPTS: usize = 5;
@@ -551,16 +552,32 @@ pub fn read_log(dir: &Path) -> String {
         .unwrap_or_else(|e| format!("(no redis.log: {e})"))
 }
 
-/// Spawns `redis-server` on `port` and waits until it answers `PING`. An early exit (the port is
-/// taken) is an `Err` with the log; not answering within [`REDIS_READY_TIMEOUT`] panics.
+/// Spawns a standalone `redis-server` on `port`, without persistence, logging to `dir`, and
+/// waits until it answers (see [`spawn_server`]).
 async fn launch_redis(port: u16, dir: &Path) -> Result<Child, String> {
+    let mut args: Vec<OsString> = ["--port", &port.to_string(), "--bind", "127.0.0.1"]
+        .into_iter()
+        .chain(["--save", "", "--appendonly", "no", "--dir"])
+        .map(OsString::from)
+        .collect();
+    args.push(dir.into());
+    args.push("--logfile".into());
+    args.push(dir.join("redis.log").into());
+    spawn_server(port, dir, &args, REDIS_READY_TIMEOUT).await
+}
+
+/// Spawns `redis-server` with `args` (which put it on `port` and its log in `dir/redis.log`) and
+/// waits until the server answering on `port` is this very process, not another one that took
+/// the port first (this one then exits with "Address already in use"). An early exit, another
+/// server on the port, or no answer within `ready` is an `Err` with the log.
+pub(crate) async fn spawn_server(
+    port: u16,
+    dir: &Path,
+    args: &[OsString],
+    ready: Duration,
+) -> Result<Child, String> {
     let mut child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -568,22 +585,19 @@ async fn launch_redis(port: u16, dir: &Path) -> Result<Child, String> {
         .expect("spawning redis-server (is it installed?)");
     let url = format!("redis://127.0.0.1:{port}");
     let client = redis::Client::open(url.as_str()).expect("redis url");
-    let deadline = Instant::now() + REDIS_READY_TIMEOUT;
+    let deadline = Instant::now() + ready;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("exited with {status}; log:\n{}", read_log(dir)));
         }
-        // PING, and make sure the server answering is this child, not another one that took the
-        // port first (this child then exits with "Address already in use").
-        let ping = async {
+        let info = async {
             let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
             redis::cmd("INFO")
                 .arg("server")
                 .query_async::<String>(&mut conn)
                 .await
         };
-        if let Ok(Ok(info)) = tokio::time::timeout(Duration::from_millis(500), ping).await {
+        if let Ok(Ok(info)) = tokio::time::timeout(Duration::from_millis(500), info).await {
             let pid = info
                 .lines()
                 .find_map(|l| l.strip_prefix("process_id:"))
@@ -601,10 +615,10 @@ async fn launch_redis(port: u16, dir: &Path) -> Result<Child, String> {
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "redis-server on port {port} did not answer PING within {REDIS_READY_TIMEOUT:?}; log:\n{}",
+            return Err(format!(
+                "no answer on port {port} within {ready:?}; log:\n{}",
                 read_log(dir)
-            );
+            ));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
