@@ -3091,3 +3091,419 @@ async fn fuzzy_validation_names_the_field() {
         .expect_err("fuzzy recent");
     invalid(&status, "mode");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Features: the indexes a dictionary keeps
+// ---------------------------------------------------------------------------------------------
+
+use pb::AutocompleteFeature as Feature;
+
+/// Declares `features` for `dictionary`.
+async fn configure(
+    client: &mut Client,
+    dictionary: &str,
+    features: &[Feature],
+) -> Result<pb::AutocompleteServiceConfigureResponse, Status> {
+    client
+        .configure(pb::AutocompleteServiceConfigureRequest {
+            dictionary: dictionary.to_owned(),
+            features: features.iter().map(|f| *f as i32).collect(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The feature a query in `mode` and `order` needs first, as documented, if any.
+fn needed_feature(mode: Mode, order: Order, has: &[Feature]) -> Option<Feature> {
+    let mut need = match mode {
+        Mode::Fuzzy | Mode::Prefix | Mode::Unspecified => vec![],
+        Mode::WordPrefix => vec![Feature::Words],
+        Mode::Suffix | Mode::Contains | Mode::Automatic => vec![Feature::Words, Feature::Substring],
+    };
+    if order == Order::Score && mode != Mode::Fuzzy {
+        need.push(Feature::Ranked);
+    }
+    need.into_iter().find(|f| !has.contains(f))
+}
+
+/// The kinds of key (`l`, `b`, `w`, `vg`, `data`, ...) dictionary `name` has in Redis.
+async fn key_kinds(conn: &mut support::RedisConn, prefix: &str, name: &str) -> HashSet<String> {
+    let base = format!("{prefix}{{ac:{name}}}:");
+    conn.keys(&format!("{base}*"))
+        .await
+        .iter()
+        .map(|k| {
+            let rest = &k[base.len()..];
+            rest.split(':').next().unwrap_or(rest).to_owned()
+        })
+        .collect()
+}
+
+/// The model's answer to a query over `terms` (display, score): every match in result order.
+/// Terms are lowercase ASCII words (their matching form is their lowercase) split by one space.
+fn mode_model(terms: &[(String, f64)], query: &str, mode: Mode, order: Order) -> Vec<String> {
+    let word_starts = |k: &str| -> Vec<usize> {
+        std::iter::once(0)
+            .chain(k.match_indices(' ').map(|(i, _)| i + 1))
+            .collect()
+    };
+    // (group, term) for each match; the group orders automatic mode.
+    let mut matches: Vec<(u8, &(String, f64))> = Vec::new();
+    for t in terms {
+        let k = t.0.to_lowercase();
+        let word = word_starts(&k)
+            .into_iter()
+            .any(|i| k[i..].starts_with(query));
+        let later_word = word_starts(&k)
+            .into_iter()
+            .any(|i| i > 0 && k[i..].starts_with(query));
+        let group = match mode {
+            Mode::Prefix => k.starts_with(query).then_some(0),
+            Mode::WordPrefix => word.then_some(0),
+            Mode::Suffix => k.ends_with(query).then_some(0),
+            Mode::Contains => k.contains(query).then_some(0),
+            Mode::Automatic => {
+                if k == query {
+                    Some(1)
+                } else if k.starts_with(query) {
+                    Some(2)
+                } else if later_word {
+                    Some(3)
+                } else if k.contains(query) {
+                    Some(4)
+                } else {
+                    None
+                }
+            }
+            _ => unreachable!("not modelled"),
+        };
+        if let Some(g) = group {
+            matches.push((g, t));
+        }
+    }
+    matches.sort_by(|a, b| {
+        let lex = lex_key(&a.1.0).cmp(&lex_key(&b.1.0));
+        a.0.cmp(&b.0).then(match order {
+            Order::Score => b.1.1.total_cmp(&a.1.1).then(lex),
+            _ => lex,
+        })
+    });
+    matches.into_iter().map(|(_, t)| t.0.clone()).collect()
+}
+
+/// Seeded random terms in dictionaries of every feature set: each serves exactly the modes and
+/// orders of its features, with the model's results (every page followed), refuses the others
+/// with FAILED_PRECONDITION naming the feature to declare, and keeps in Redis no key of an index
+/// it did not declare. A dictionary that never declared features has every one.
+#[tokio::test]
+async fn features_serve_their_modes_exactly_and_keep_only_their_indexes() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (redis, baton, mut client) = setup().await;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1919);
+    let syllables = [
+        "ab", "an", "na", "ba", "ca", "bac", "nab", "cab", "ana", "ban",
+    ];
+    let mut terms: Vec<(String, f64)> = Vec::new();
+    let mut seen = HashSet::new();
+    while terms.len() < 700 {
+        let words: Vec<String> = (0..rng.random_range(1..4))
+            .map(|w| {
+                let mut word: String = (0..rng.random_range(1..4))
+                    .map(|_| syllables[rng.random_range(0..syllables.len())])
+                    .collect();
+                if w == 0 && rng.random_range(0..10) < 4 {
+                    // Many terms under "ab": ranked sets of 2-character prefixes too.
+                    word.insert_str(0, "ab");
+                }
+                if rng.random_range(0..3) == 0 {
+                    word[..1].make_ascii_uppercase();
+                }
+                word
+            })
+            .collect();
+        let display = words.join(" ");
+        if seen.insert(display.clone()) {
+            terms.push((display, f64::from(rng.random_range(0..20u32))));
+        }
+    }
+    let gone: Vec<String> = terms.iter().step_by(7).map(|t| t.0.clone()).collect();
+    let kept: Vec<(String, f64)> = terms
+        .iter()
+        .filter(|t| !gone.contains(&t.0))
+        .cloned()
+        .collect();
+    // Queries: pieces of terms, trimmed, and a few syllables.
+    let queries: Vec<String> = (0..10)
+        .map(|i| {
+            if i % 5 == 4 {
+                return syllables[rng.random_range(0..syllables.len())].to_owned();
+            }
+            let k = terms[rng.random_range(0..terms.len())].0.to_lowercase();
+            let a = rng.random_range(0..k.len());
+            let b = rng.random_range(a + 1..=k.len().min(a + 8));
+            let q = k[a..b].trim().to_owned();
+            if q.is_empty() { "a".to_owned() } else { q }
+        })
+        .collect();
+
+    let sets: [(&str, Option<&[Feature]>); 7] = [
+        ("f-default", None),
+        ("f-none", Some(&[])),
+        ("f-r", Some(&[Feature::Ranked])),
+        ("f-w", Some(&[Feature::Words])),
+        ("f-rw", Some(&[Feature::Words, Feature::Ranked])),
+        ("f-ws", Some(&[Feature::Substring, Feature::Words])),
+        (
+            "f-rws",
+            Some(&[Feature::Ranked, Feature::Words, Feature::Substring]),
+        ),
+    ];
+    let mut conn = redis.conn().await;
+    let (mut compared, mut found, mut refused) = (0, 0, 0);
+    for (name, declared) in sets {
+        let has: Vec<Feature> = declared.map_or_else(
+            || vec![Feature::Ranked, Feature::Words, Feature::Substring],
+            |d| {
+                let mut d = d.to_vec();
+                d.sort_by_key(|f| *f as i32);
+                d
+            },
+        );
+        if let Some(d) = declared {
+            let r = configure(&mut client, name, d).await.expect("Configure");
+            assert_eq!(
+                r.features().collect::<Vec<_>>(),
+                has.clone(),
+                "{name}: Configure's answer"
+            );
+            assert_eq!(r.term_count, 0);
+        }
+        for chunk in terms.chunks(350) {
+            add(
+                &mut client,
+                name,
+                chunk.iter().map(|(d, s)| scored(d, *s)).collect(),
+            )
+            .await;
+        }
+        let gone_refs: Vec<&str> = gone.iter().map(String::as_str).collect();
+        remove(&mut client, name, &gone_refs).await;
+        let described = client
+            .describe(pb::AutocompleteServiceDescribeRequest {
+                dictionary: name.to_owned(),
+            })
+            .await
+            .expect("Describe")
+            .into_inner();
+        assert_eq!(described.term_count, kept.len() as u64, "{name}");
+        assert_eq!(
+            described.features().collect::<Vec<_>>(),
+            has.clone(),
+            "{name}: Describe"
+        );
+        assert_eq!(described.features_declared, declared.is_some(), "{name}");
+
+        // Only the declared indexes are in Redis, and those are.
+        let kinds = key_kinds(&mut conn, baton.prefix(), name).await;
+        let mut allowed: HashSet<&str> = ["data", "h", "l", "f"].into();
+        let mut required: HashSet<&str> = ["data", "h", "l"].into();
+        if has.contains(&Feature::Ranked) {
+            allowed.extend(["b", "r", "t", "top"]);
+            required.extend(["b", "r", "top"]);
+        }
+        if has.contains(&Feature::Words) {
+            allowed.extend(["w", "v"]);
+            required.extend(["w", "v"]);
+        }
+        if has.contains(&Feature::Substring) {
+            allowed.insert("vg");
+            required.insert("vg");
+        }
+        for k in &kinds {
+            assert!(
+                allowed.contains(k.as_str()),
+                "{name}: a {k:?} key: {kinds:?}"
+            );
+        }
+        for k in required {
+            assert!(kinds.contains(k), "{name}: no {k:?} key: {kinds:?}");
+        }
+
+        for mode in [
+            Mode::Prefix,
+            Mode::WordPrefix,
+            Mode::Suffix,
+            Mode::Contains,
+            Mode::Automatic,
+            Mode::Fuzzy,
+        ] {
+            for order in [Order::Lexicographic, Order::Score] {
+                for (i, q) in queries.iter().enumerate() {
+                    let limit = [7, 40, 250][i % 3];
+                    let req = request(name, q, mode, order, limit);
+                    if let Some(feature) = needed_feature(mode, order, &has) {
+                        let status = client.complete(req).await.expect_err("refused");
+                        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                        assert!(
+                            status.message().contains(feature.as_str_name()),
+                            "{name} {mode:?} {order:?}: {status:?}"
+                        );
+                        refused += 1;
+                        continue;
+                    }
+                    if mode == Mode::Fuzzy {
+                        // Served whatever the features (its model is tested above).
+                        page(&mut client, fuzzy(name, q, order, limit)).await;
+                        continue;
+                    }
+                    let got = displays(&all_pages(&mut client, req).await);
+                    let want = mode_model(&kept, q, mode, order);
+                    assert_eq!(got, want, "{name}: {q:?} {mode:?} {order:?}");
+                    compared += 1;
+                    found += usize::from(!got.is_empty());
+                }
+            }
+        }
+    }
+    // The test means something: many answers compared, most with matches, refusals seen.
+    assert!(compared >= 250, "{compared} answers compared");
+    assert!(
+        found * 2 >= compared,
+        "{found} of {compared} answers had matches"
+    );
+    assert!(refused >= 250, "{refused} refusals");
+}
+
+/// Features change only while a dictionary is empty: the same features again are accepted
+/// (idempotent), other ones refused FAILED_PRECONDITION with nothing changed; once its last
+/// term is removed the dictionary keeps its features (and only that key), and they can change.
+#[tokio::test]
+async fn features_change_only_while_the_dictionary_is_empty() {
+    let (redis, baton, mut client) = setup().await;
+    let d = "cfg";
+    configure(&mut client, d, &[Feature::Words])
+        .await
+        .expect("empty");
+    configure(&mut client, d, &[Feature::Ranked])
+        .await
+        .expect("still empty");
+    add_all(&mut client, d, &["alpha beta", "alpine"]).await;
+    let again = configure(&mut client, d, &[Feature::Ranked])
+        .await
+        .expect("same");
+    assert_eq!(again.features().collect::<Vec<_>>(), vec![Feature::Ranked]);
+    assert_eq!(again.term_count, 2);
+    let status = configure(&mut client, d, &[Feature::Ranked, Feature::Words])
+        .await
+        .expect_err("non-empty");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("2 terms"), "{status:?}");
+    // Nothing changed: by score is served, by word is not.
+    assert_eq!(
+        complete(&mut client, d, "al", Mode::Prefix, Order::Score, 10).await,
+        ["alpha beta", "alpine"]
+    );
+    let status = client
+        .complete(request(
+            d,
+            "bet",
+            Mode::WordPrefix,
+            Order::Lexicographic,
+            10,
+        ))
+        .await
+        .expect_err("no words");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("AUTOCOMPLETE_FEATURE_WORDS")
+            && status
+                .message()
+                .contains("AUTOCOMPLETE_MATCH_MODE_WORD_PREFIX"),
+        "{status:?}"
+    );
+    // A dictionary with terms that never declared features has every one: declaring all of
+    // them is no change, declaring fewer is.
+    add_all(&mut client, "old", &["alpha"]).await;
+    configure(&mut client, "old", &[Feature::Ranked])
+        .await
+        .expect_err("fewer");
+    configure(
+        &mut client,
+        "old",
+        &[Feature::Words, Feature::Substring, Feature::Ranked],
+    )
+    .await
+    .expect("every one");
+    // Emptied, the dictionary keeps only its features, which can change again.
+    remove(&mut client, d, &["alpha beta", "alpine"]).await;
+    let mut conn = redis.conn().await;
+    assert_eq!(
+        key_kinds(&mut conn, baton.prefix(), d).await,
+        HashSet::from(["f".to_owned()])
+    );
+    let described = client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: d.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        described.features().collect::<Vec<_>>(),
+        vec![Feature::Ranked]
+    );
+    assert!(described.features_declared);
+    configure(&mut client, d, &[Feature::Words])
+        .await
+        .expect("empty again");
+    add_all(&mut client, d, &["alpha beta"]).await;
+    assert_eq!(
+        complete(
+            &mut client,
+            d,
+            "bet",
+            Mode::WordPrefix,
+            Order::Lexicographic,
+            10
+        )
+        .await,
+        ["alpha beta"]
+    );
+}
+
+/// Bad feature lists fail INVALID_ARGUMENT naming the field, and change nothing.
+#[tokio::test]
+async fn configure_validation_names_the_field() {
+    let (_redis, _baton, mut client) = setup().await;
+    let cases: [(&str, Vec<i32>, &str); 6] = [
+        ("v", vec![Feature::Unspecified as i32], "features[0]"),
+        ("v", vec![Feature::Words as i32, 99], "features[1]"),
+        ("v", vec![-1], "features[0]"),
+        (
+            "v",
+            vec![Feature::Ranked as i32, Feature::Ranked as i32],
+            "features[1]",
+        ),
+        ("v", vec![Feature::Substring as i32], "features"),
+        ("", vec![], "dictionary"),
+    ];
+    for (dictionary, features, field) in cases {
+        let status = client
+            .configure(pb::AutocompleteServiceConfigureRequest {
+                dictionary: dictionary.to_owned(),
+                features: features.clone(),
+            })
+            .await
+            .expect_err("should fail");
+        invalid(&status, field);
+    }
+    let described = client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: "v".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!described.features_declared, "nothing changed");
+    assert_eq!(described.features.len(), 3);
+}

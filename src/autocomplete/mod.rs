@@ -25,6 +25,7 @@
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
+//! | `PREFIX{ac:NAME}:f` | hash | `s` → the declared [`Features`] as letters (`r`, `w`, `s`); absent: every feature | from `Configure` on; not removed with the last term |
 //! | `PREFIX{ac:NAME}:q:ID` | list | what the `Add` batch with request id `ID` did: its fingerprint, then per entry applied `a`/`u` and the score after it | [`REQUEST_MEMORY`] after its last step ([`AUTO_REQUEST_MEMORY`] for ids Baton made up) |
 //! | `PREFIX{acr:NAME}` | sorted set | item id → last recorded (µs, Redis clock) | the list's ttl, set anew by each record |
 //! | `PREFIX{acr:NAME}:items` | hash | item id → matching form, display text, payload | as above |
@@ -153,6 +154,8 @@ pub struct DictionaryKeys {
     pub vocab: String,
     /// The prefixes that have a ranked set.
     pub heavy: String,
+    /// The dictionary's declared [`Features`] (absent: every index).
+    pub features: String,
 }
 
 impl DictionaryKeys {
@@ -163,6 +166,7 @@ impl DictionaryKeys {
             data: format!("{base}:data"),
             vocab: format!("{base}:v"),
             heavy: format!("{base}:h"),
+            features: format!("{base}:f"),
             base,
         }
     }
@@ -510,6 +514,113 @@ pub struct Added {
     pub term_count: u64,
 }
 
+/// The optional indexes of a dictionary, and so the queries it serves beyond lexicographic
+/// prefix, exact and fuzzy completion. A dictionary that never declared them has every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Ranked sets: completion by score (but in fuzzy mode).
+    pub ranked: bool,
+    /// Word postings and the vocabulary: word-prefix mode.
+    pub words: bool,
+    /// Gram sets of the vocabulary: suffix, contains and automatic modes (needs `words`).
+    pub substring: bool,
+}
+
+impl Features {
+    /// Every feature: what a dictionary that never declared its features has.
+    pub const ALL: Self = Self {
+        ranked: true,
+        words: true,
+        substring: true,
+    };
+
+    /// The features as the scripts keep them: letters in the order `rws`.
+    pub fn letters(self) -> String {
+        let mut s = String::new();
+        for (on, c) in [(self.ranked, 'r'), (self.words, 'w'), (self.substring, 's')] {
+            if on {
+                s.push(c);
+            }
+        }
+        s
+    }
+
+    /// The features' names in the proto, comma-separated (`none` for none).
+    pub fn names(self) -> String {
+        let names: Vec<&str> = [
+            (self.ranked, "RANKED"),
+            (self.words, "WORDS"),
+            (self.substring, "SUBSTRING"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// The features named by `letters`.
+    fn from_letters(letters: &[u8]) -> Self {
+        Self {
+            ranked: letters.contains(&b'r'),
+            words: letters.contains(&b'w'),
+            substring: letters.contains(&b's'),
+        }
+    }
+
+    /// The features a query in `mode` and `order` needs, as letters.
+    pub fn needed(mode: MatchMode, order: Order) -> &'static str {
+        let score = order == Order::Score;
+        match mode {
+            MatchMode::Fuzzy => "",
+            MatchMode::Prefix if score => "r",
+            MatchMode::Prefix => "",
+            MatchMode::WordPrefix if score => "wr",
+            MatchMode::WordPrefix => "w",
+            _ if score => "wsr",
+            _ => "ws",
+        }
+    }
+}
+
+/// A dictionary's size and features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Description {
+    /// Terms in the dictionary.
+    pub term_count: u64,
+    /// Its features.
+    pub features: Features,
+    /// Whether `Configure` declared them (else the dictionary has every one).
+    pub declared: bool,
+}
+
+/// A query refused because the dictionary lacks feature `letter` (a script's answer).
+fn missing_feature(mode: MatchMode, order: Order, letter: &Value) -> Error {
+    let letter = bytes(letter).ok().and_then(|b| b.first().copied());
+    let (feature, what) = match letter {
+        Some(b'r') => (
+            "AUTOCOMPLETE_FEATURE_RANKED",
+            format!("order {}", order.proto_name()),
+        ),
+        Some(b'w') => (
+            "AUTOCOMPLETE_FEATURE_WORDS",
+            format!("mode {}", mode.proto_name()),
+        ),
+        Some(b's') => (
+            "AUTOCOMPLETE_FEATURE_SUBSTRING",
+            format!("mode {}", mode.proto_name()),
+        ),
+        _ => return unexpected("missing feature"),
+    };
+    Error::FailedPrecondition(format!(
+        "{what} needs the dictionary's feature {feature}, which it does not keep: declare it \
+         with Configure (while the dictionary is empty)"
+    ))
+}
+
 /// How a query must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatchMode {
@@ -538,6 +649,18 @@ impl MatchMode {
             Self::Fuzzy => "fuzzy",
         }
     }
+
+    /// The mode's name in the proto.
+    fn proto_name(self) -> &'static str {
+        match self {
+            Self::Prefix => "AUTOCOMPLETE_MATCH_MODE_PREFIX",
+            Self::WordPrefix => "AUTOCOMPLETE_MATCH_MODE_WORD_PREFIX",
+            Self::Suffix => "AUTOCOMPLETE_MATCH_MODE_SUFFIX",
+            Self::Contains => "AUTOCOMPLETE_MATCH_MODE_CONTAINS",
+            Self::Automatic => "AUTOCOMPLETE_MATCH_MODE_AUTOMATIC",
+            Self::Fuzzy => "AUTOCOMPLETE_MATCH_MODE_FUZZY",
+        }
+    }
 }
 
 /// How completions are sorted.
@@ -554,6 +677,14 @@ impl Order {
         match self {
             Self::Lexicographic => "lex",
             Self::Score => "score",
+        }
+    }
+
+    /// The order's name in the proto.
+    fn proto_name(self) -> &'static str {
+        match self {
+            Self::Lexicographic => "AUTOCOMPLETE_ORDER_LEXICOGRAPHIC",
+            Self::Score => "AUTOCOMPLETE_ORDER_SCORE",
         }
     }
 }
@@ -685,6 +816,8 @@ struct Inner {
     prefix: Script,
     ranked: Script,
     fuzzy: Script,
+    configure: Script,
+    describe: Script,
     record: Script,
     forget: Script,
     list: Script,
@@ -704,6 +837,8 @@ impl Autocomplete {
                 prefix: Script::new(scripts::PREFIX),
                 ranked: Script::new(scripts::RANKED),
                 fuzzy: Script::new(scripts::FUZZY),
+                configure: Script::new(scripts::CONFIGURE),
+                describe: Script::new(scripts::DESCRIBE),
                 record: Script::new(scripts::RECENT_RECORD),
                 forget: Script::new(scripts::RECENT_REMOVE),
                 list: Script::new(scripts::RECENT_LIST),
@@ -932,13 +1067,60 @@ impl Autocomplete {
 
     /// The number of terms in a dictionary (0 when it does not exist).
     pub async fn term_count(&self, dictionary: &str) -> Result<u64, Error> {
+        Ok(self.describe(dictionary).await?.term_count)
+    }
+
+    /// A dictionary's size and features.
+    pub async fn describe(&self, dictionary: &str) -> Result<Description, Error> {
         let keys = self.dictionary_keys(dictionary);
-        let count: i64 = self
-            .inner
-            .redis
-            .command(redis::cmd("HLEN").arg(&keys.data))
-            .await?;
-        u64::try_from(count).map_err(|_| unexpected("count"))
+        let invocation = scripts::describe(&self.inner.describe, &keys);
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let [count, letters, declared] = reply.as_slice() else {
+            return Err(unexpected("describe reply"));
+        };
+        let declared = int(declared)? == 1;
+        Ok(Description {
+            term_count: count_u64(count)?,
+            features: if declared {
+                Features::from_letters(&bytes(letters)?)
+            } else {
+                Features::ALL
+            },
+            declared,
+        })
+    }
+
+    /// Gives a dictionary `features`: always while it is empty (the features stay when its last
+    /// term goes), and on a dictionary with terms only when they are the features it has
+    /// (`FailedPrecondition` otherwise: its indexes would have to be built or dropped).
+    pub async fn configure(
+        &self,
+        dictionary: &str,
+        features: Features,
+    ) -> Result<Description, Error> {
+        let keys = self.dictionary_keys(dictionary);
+        let letters = features.letters();
+        let invocation = scripts::configure(&self.inner.configure, &keys, &letters);
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let [status, current, count] = reply.as_slice() else {
+            return Err(unexpected("configure reply"));
+        };
+        let term_count = count_u64(count)?;
+        let current = Features::from_letters(&bytes(current)?);
+        match int(status)? {
+            0 => Ok(Description {
+                term_count,
+                features: current,
+                declared: true,
+            }),
+            1 => Err(Error::FailedPrecondition(format!(
+                "the dictionary has {term_count} terms and other features ({}): features can be \
+                 changed only while it is empty (building or dropping the indexes of a \
+                 dictionary with terms is not supported yet)",
+                current.names()
+            ))),
+            _ => Err(unexpected("configure reply")),
+        }
     }
 
     /// One page of a dictionary's completions.
@@ -987,6 +1169,7 @@ impl Autocomplete {
                 query: &request.query,
                 group,
                 position: &position,
+                need: Features::needed(request.mode, request.order),
             }
             .invocation(&self.inner.complete),
         };
@@ -994,6 +1177,9 @@ impl Autocomplete {
         let [next_group, next_position, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("complete reply"));
         };
+        if matches!(next_group, Value::Int(-1)) {
+            return Err(missing_feature(request.mode, request.order, next_position));
+        }
         let mut items = Vec::with_capacity(rows.len() / 3);
         for row in rows.chunks(3) {
             let [id, value, kind] = row else {

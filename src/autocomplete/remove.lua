@@ -3,7 +3,8 @@
 -- steps). Unknown terms are skipped. When the last term goes, no key of the dictionary is left.
 -- Sizes are read before anything is removed (write.lua says why).
 --
--- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   (as in add.lua)
+-- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   KEYS[5] features (as in add.lua:
+--         only the indexes of the dictionary's features are touched)
 -- KEYS[..] every other key the step may touch (as in add.lua: the terms' lex sets, words, grams
 --          of words, ranked and deep sets, and with ARGV[4] every first-byte ranked set)
 -- ARGV[1] base (as in add.lua)
@@ -20,6 +21,9 @@
 -- set declared.
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local features = features_of(KEYS[5])
+local ranked_on, words_on = has_feature(features, 'r'), has_feature(features, 'w')
+local grams_on = words_on and has_feature(features, 's')
 
 -- The terms, each once, and the values of those there are.
 local terms, seen, ids = {}, {}, {}
@@ -51,12 +55,12 @@ for i, at in ipairs(terms) do
     local member = key .. '\0' .. id
     gone_ids[#gone_ids + 1] = id
     group(lex_members, lex_order, lex_name(key), member)
-    for w = at + 3, at + 2 + tonumber(ARGV[at + 2]) do
+    for w = at + 3, words_on and at + 2 + tonumber(ARGV[at + 2]) or 0 do
       group(word_members, word_order, ARGV[w], member)
     end
     local ranked = rank_bytes((parse_value(old[i]))) .. member
     gone_ranked[#gone_ranked + 1] = ranked
-    local list = ranked_prefixes(key, max_depth)
+    local list = ranked_on and ranked_prefixes(key, max_depth) or {}
     for l = 1, #list do
       local g = groups[list[l]]
       if g == nil then
@@ -68,7 +72,7 @@ for i, at in ipairs(terms) do
       end
       g.members[#g.members + 1] = ranked
     end
-    local p = first_chars(key, max_depth + 1)
+    local p = ranked_on and first_chars(key, max_depth + 1)
     if p then
       local d = deeps[p]
       if d == nil then
@@ -136,7 +140,7 @@ if unranks then
   end
 end
 local gram_keys = {}
-for _, word in ipairs(word_order) do
+for _, word in ipairs(grams_on and word_order or {}) do
   for _, gram in ipairs(grams_of(utf8_chars(word))) do
     gram_keys[gram] = gram_keys[gram] or declared(base, 'vg:' .. gram)
   end
@@ -161,7 +165,7 @@ for _, word in ipairs(word_order) do
   local size = redis.call('ZCARD', wk)
   if batched('ZREM', wk, word_members[word]) == size then
     gone_words[#gone_words + 1] = word
-    local grams = grams_of(utf8_chars(word))
+    local grams = grams_on and grams_of(utf8_chars(word)) or {}
     for g = 1, #grams do
       group(gram_words, gram_order, grams[g], word)
     end
