@@ -3374,67 +3374,67 @@ async fn features_serve_their_modes_exactly_and_keep_only_their_indexes() {
     assert!(refused >= 250, "{refused} refusals");
 }
 
-/// Features change only while a dictionary is empty: the same features again are accepted
-/// (idempotent), other ones refused FAILED_PRECONDITION with nothing changed; once its last
-/// term is removed the dictionary keeps its features (and only that key), and they can change.
+/// RANKED is added only while a dictionary is empty: the same features again are accepted
+/// (idempotent), RANKED on a dictionary with terms refused FAILED_PRECONDITION with nothing
+/// changed; once its last term is removed the dictionary keeps its features (and only that key),
+/// and they can change at once again.
 #[tokio::test]
-async fn features_change_only_while_the_dictionary_is_empty() {
+async fn ranked_is_added_only_while_the_dictionary_is_empty() {
     let (redis, baton, mut client) = setup().await;
     let d = "cfg";
-    configure(&mut client, d, &[Feature::Words])
+    configure(&mut client, d, &[Feature::Ranked])
         .await
         .expect("empty");
-    configure(&mut client, d, &[Feature::Ranked])
+    configure(&mut client, d, &[Feature::Words])
         .await
         .expect("still empty");
     add_all(&mut client, d, &["alpha beta", "alpine"]).await;
-    let again = configure(&mut client, d, &[Feature::Ranked])
+    let again = configure(&mut client, d, &[Feature::Words])
         .await
         .expect("same");
-    assert_eq!(again.features().collect::<Vec<_>>(), vec![Feature::Ranked]);
+    assert_eq!(again.features().collect::<Vec<_>>(), vec![Feature::Words]);
     assert_eq!(again.term_count, 2);
+    assert!(again.change.is_none());
     let status = configure(&mut client, d, &[Feature::Ranked, Feature::Words])
         .await
         .expect_err("non-empty");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("2 terms"), "{status:?}");
-    // Nothing changed: by score is served, by word is not.
+    // Nothing changed: by word is served, by score is not.
     assert_eq!(
-        complete(&mut client, d, "al", Mode::Prefix, Order::Score, 10).await,
-        ["alpha beta", "alpine"]
-    );
-    let status = client
-        .complete(request(
+        complete(
+            &mut client,
             d,
             "bet",
             Mode::WordPrefix,
             Order::Lexicographic,
-            10,
-        ))
+            10
+        )
+        .await,
+        ["alpha beta"]
+    );
+    let status = client
+        .complete(request(d, "al", Mode::Prefix, Order::Score, 10))
         .await
-        .expect_err("no words");
+        .expect_err("not ranked");
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(
-        status.message().contains("AUTOCOMPLETE_FEATURE_WORDS")
-            && status
-                .message()
-                .contains("AUTOCOMPLETE_MATCH_MODE_WORD_PREFIX"),
+        status.message().contains("AUTOCOMPLETE_FEATURE_RANKED")
+            && status.message().contains("AUTOCOMPLETE_ORDER_SCORE"),
         "{status:?}"
     );
     // A dictionary with terms that never declared features has every one: declaring all of
-    // them is no change, declaring fewer is.
+    // them changes nothing.
     add_all(&mut client, "old", &["alpha"]).await;
-    configure(&mut client, "old", &[Feature::Ranked])
-        .await
-        .expect_err("fewer");
-    configure(
+    let all = configure(
         &mut client,
         "old",
         &[Feature::Words, Feature::Substring, Feature::Ranked],
     )
     .await
     .expect("every one");
-    // Emptied, the dictionary keeps only its features, which can change again.
+    assert!(all.change.is_none() && all.features.len() == 3);
+    // Emptied, the dictionary keeps only its features, which can change at once again.
     remove(&mut client, d, &["alpha beta", "alpine"]).await;
     let mut conn = redis.conn().await;
     assert_eq!(
@@ -3450,23 +3450,15 @@ async fn features_change_only_while_the_dictionary_is_empty() {
         .into_inner();
     assert_eq!(
         described.features().collect::<Vec<_>>(),
-        vec![Feature::Ranked]
+        vec![Feature::Words]
     );
-    assert!(described.features_declared);
-    configure(&mut client, d, &[Feature::Words])
+    assert!(described.features_declared && described.change.is_none());
+    configure(&mut client, d, &[Feature::Ranked])
         .await
         .expect("empty again");
     add_all(&mut client, d, &["alpha beta"]).await;
     assert_eq!(
-        complete(
-            &mut client,
-            d,
-            "bet",
-            Mode::WordPrefix,
-            Order::Lexicographic,
-            10
-        )
-        .await,
+        complete(&mut client, d, "al", Mode::Prefix, Order::Score, 10).await,
         ["alpha beta"]
     );
 }
@@ -3506,4 +3498,292 @@ async fn configure_validation_names_the_field() {
         .into_inner();
     assert!(!described.features_declared, "nothing changed");
     assert_eq!(described.features.len(), 3);
+}
+
+/// The contents of the word, vocabulary and gram keys of dictionary `name` (its key suffix →
+/// sorted members), to compare two dictionaries' indexes key by key.
+async fn word_indexes(
+    conn: &mut support::RedisConn,
+    prefix: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+    let base = format!("{prefix}{{ac:{name}}}:");
+    let mut out = std::collections::BTreeMap::new();
+    for key in conn.keys(&format!("{base}*")).await {
+        let rest = key[base.len()..].to_owned();
+        let mut members: Vec<Vec<u8>> = if rest.starts_with("w:") || rest == "v" {
+            redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(conn)
+                .await
+                .expect("ZRANGE")
+        } else if rest.starts_with("vg:") {
+            redis::cmd("SMEMBERS")
+                .arg(&key)
+                .query_async(conn)
+                .await
+                .expect("SMEMBERS")
+        } else {
+            continue;
+        };
+        members.sort();
+        out.insert(rest, members);
+    }
+    out
+}
+
+/// Describes `dictionary` until no change of its features is under way (bounded), returning the
+/// last answer and how many answers showed a build under way.
+async fn until_changed(
+    client: &mut Client,
+    dictionary: &str,
+) -> (pb::AutocompleteServiceDescribeResponse, usize) {
+    let mut building = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = client
+            .describe(pb::AutocompleteServiceDescribeRequest {
+                dictionary: dictionary.to_owned(),
+            })
+            .await
+            .expect("Describe")
+            .into_inner();
+        match &d.change {
+            None => return (d, building),
+            Some(c) => building += usize::from(c.building != Feature::Unspecified as i32),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change of {dictionary:?} did not end: {d:?}"
+        );
+        // Waiting on a background job whose steps publish nothing: a short pause between polls.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Terms for the background change tests: words shared between terms, in several scripts.
+fn change_terms(n: usize, salt: usize) -> Vec<String> {
+    let words = [
+        "anna", "smith", "jean-luc", "zoë", "王伟", "müller", "ivanov", "иван", "lee",
+    ];
+    (0..n)
+        .map(|i| {
+            let j = i * 7 + salt;
+            format!(
+                "{} {} {}{}",
+                words[j % words.len()],
+                words[(j / 3) % words.len()],
+                ["x", "qu", "ba"][j % 3],
+                j
+            )
+        })
+        .collect()
+}
+
+/// WORDS and SUBSTRING added to a dictionary with terms are built in the background while Adds
+/// and Removes go on; queries needing them are refused until the build ends (saying so), and then
+/// the postings, vocabulary and gram sets are exactly those of a dictionary that had the
+/// features from the start and saw the same writes, key by key. Dropping them deletes every key
+/// of theirs, and dropping RANKED every ranked set.
+#[tokio::test]
+async fn features_added_to_a_dictionary_with_terms_are_built_exactly_under_writes() {
+    let (redis, baton, mut client) = setup().await;
+    let (late, early) = ("late", "early");
+    configure(&mut client, late, &[]).await.expect("late");
+    configure(&mut client, early, &[Feature::Words, Feature::Substring])
+        .await
+        .expect("early");
+    let initial = change_terms(1500, 0);
+    let refs: Vec<&str> = initial.iter().map(String::as_str).collect();
+    add_all(&mut client, late, &refs).await;
+    add_all(&mut client, early, &refs).await;
+
+    let started = configure(&mut client, late, &[Feature::Words, Feature::Substring])
+        .await
+        .expect("a change");
+    assert!(started.change.is_some(), "a change under way: {started:?}");
+    // Writes while the build runs, the same to both dictionaries.
+    let writer = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            for round in 0..30 {
+                let fresh = change_terms(20, 5000 + round * 20);
+                let fresh: Vec<&str> = fresh.iter().map(String::as_str).collect();
+                let gone = change_terms(15, round * 45);
+                let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+                for d in [late, early] {
+                    add_all(&mut client, d, &fresh).await;
+                    remove(&mut client, d, &gone).await;
+                }
+            }
+        })
+    };
+    let status = client
+        .complete(request(
+            late,
+            "smi",
+            Mode::WordPrefix,
+            Order::Lexicographic,
+            10,
+        ))
+        .await;
+    if let Err(status) = &status {
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(status.message().contains("being built"), "{status:?}");
+    }
+    writer.await.expect("writer");
+    let (done, _) = until_changed(&mut client, late).await;
+    assert_eq!(
+        done.features().collect::<Vec<_>>(),
+        vec![Feature::Words, Feature::Substring]
+    );
+    let mut conn = redis.conn().await;
+    let built = word_indexes(&mut conn, baton.prefix(), late).await;
+    let from_start = word_indexes(&mut conn, baton.prefix(), early).await;
+    assert!(from_start.len() > 50, "{} keys", from_start.len());
+    assert_eq!(
+        built.keys().collect::<Vec<_>>(),
+        from_start.keys().collect::<Vec<_>>(),
+        "the same keys"
+    );
+    for (k, v) in &from_start {
+        assert_eq!(built.get(k), Some(v), "key {k}");
+    }
+    for (q, mode) in [("smi", Mode::WordPrefix), ("ller", Mode::Contains)] {
+        let a = all_pages(
+            &mut client,
+            request(late, q, mode, Order::Lexicographic, 100),
+        )
+        .await;
+        let b = all_pages(
+            &mut client,
+            request(early, q, mode, Order::Lexicographic, 100),
+        )
+        .await;
+        assert!(!a.is_empty());
+        assert_eq!(displays(&a), displays(&b), "{q:?}");
+    }
+
+    // Dropping them deletes every key of theirs; dropping RANKED (a dictionary with every
+    // feature by default) every ranked set.
+    configure(&mut client, late, &[]).await.expect("drop");
+    let all_terms = change_terms(600, 1);
+    let all_refs: Vec<&str> = all_terms.iter().map(String::as_str).collect();
+    add_all(&mut client, "ranked", &all_refs).await;
+    assert!(
+        key_kinds(&mut conn, baton.prefix(), "ranked")
+            .await
+            .contains("b")
+    );
+    configure(&mut client, "ranked", &[Feature::Words, Feature::Substring])
+        .await
+        .expect("drop ranked");
+    until_changed(&mut client, late).await;
+    until_changed(&mut client, "ranked").await;
+    assert_eq!(
+        key_kinds(&mut conn, baton.prefix(), late).await,
+        HashSet::from(["data", "h", "l", "f"].map(str::to_owned))
+    );
+    assert_eq!(
+        key_kinds(&mut conn, baton.prefix(), "ranked").await,
+        HashSet::from(["data", "h", "l", "f", "w", "v", "vg"].map(str::to_owned))
+    );
+    assert_eq!(
+        complete(
+            &mut client,
+            "ranked",
+            "anna",
+            Mode::Prefix,
+            Order::Lexicographic,
+            3
+        )
+        .await
+        .len(),
+        3
+    );
+}
+
+/// A change whose driving Baton died (its lease taken, no step made) is taken over by another
+/// Baton's next Describe once the lease lapses, and finished; adding RANKED to a dictionary with
+/// terms, or other features during a change, is refused.
+#[tokio::test]
+async fn a_change_whose_driver_died_is_finished_by_another_baton() {
+    let (redis, baton, mut client) = setup().await;
+    let d = "orphan";
+    configure(&mut client, d, &[]).await.expect("none");
+    let terms = change_terms(400, 3);
+    let refs: Vec<&str> = terms.iter().map(String::as_str).collect();
+    add_all(&mut client, d, &refs).await;
+    // A Baton that took the change's lease and died before its first step.
+    let mut conn = redis.conn().await;
+    let lease = format!("{}{{ac:{d}}}:f:lease", baton.prefix());
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("a-dead-baton")
+        .arg("PX")
+        .arg(1500)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let started = configure(&mut client, d, &[Feature::Words])
+        .await
+        .expect("the change");
+    assert_eq!(started.change.as_ref().map(|c| c.indexed), Some(0));
+    let status = configure(&mut client, d, &[Feature::Words, Feature::Substring])
+        .await
+        .expect_err("another change");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let status = configure(&mut client, "ranked-later", &[])
+        .await
+        .map(|_| ());
+    assert!(status.is_ok());
+    add_all(&mut client, "ranked-later", &["alpha"]).await;
+    let status = configure(&mut client, "ranked-later", &[Feature::Ranked])
+        .await
+        .expect_err("RANKED on terms");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    // While the dead Baton's lease lasts nothing moves; another Baton's Describe then takes over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stalled = client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: d.to_owned(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner();
+    let change = stalled.change.expect("still under way");
+    assert_eq!(
+        change.indexed, 0,
+        "no step while the dead Baton's lease lasts"
+    );
+    assert_eq!(change.building(), Feature::Words);
+    assert_eq!(
+        stalled.features.len(),
+        0,
+        "WORDS not served before it is built"
+    );
+    let prefix = baton.prefix().to_owned();
+    let other = Baton::start_with(&redis, |c| {
+        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
+        c.redis.key_prefix = prefix;
+    })
+    .await;
+    let mut other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
+    let (done, _) = until_changed(&mut other_client, d).await;
+    assert_eq!(done.features().collect::<Vec<_>>(), vec![Feature::Words]);
+    assert_eq!(
+        complete(
+            &mut client,
+            d,
+            "smi",
+            Mode::WordPrefix,
+            Order::Lexicographic,
+            1000
+        )
+        .await
+        .len(),
+        terms.iter().filter(|t| t.contains("smith")).count()
+    );
 }

@@ -71,9 +71,8 @@ local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), ton
 local wide, fingerprint, first = argv[7] == '1', argv[8], tonumber(argv[9])
 local record_ttl, copy_budget = argv[10], tonumber(argv[11])
 local record = fingerprint ~= '' and KEYS[6]
-local features = features_of(KEYS[5])
-local ranked_on, words_on = has_feature(features, 'r'), has_feature(features, 'w')
-local grams_on = words_on and has_feature(features, 's')
+local fstate = write_state(KEYS[5])
+local ranked_on = has_feature(fstate.served, 'r')
 
 -- The entries (their first argument's index).
 local entries = {}
@@ -189,6 +188,7 @@ for _, id in ipairs(terms) do
     group(lex_members, lex_order, lex, '0')
     group(lex_members, lex_order, lex, member)
     local first_word = t.at + 7
+    local words_on = maintains(fstate, 'w', member)
     for w = first_word, words_on and first_word + tonumber(argv[t.at + 6]) - 1 or 0 do
       group(word_members, word_order, argv[w], '0')
       group(word_members, word_order, argv[w], member)
@@ -264,7 +264,7 @@ for first_word = 1, #word_order, CHUNK do
       local word = word_order[i]
       new_words[#new_words + 1] = '0'
       new_words[#new_words + 1] = word
-      if grams_on then
+      if maintains(fstate, 's', word) then
         local grams = grams_of(utf8_chars(word))
         for g = 1, #grams do
           group(gram_words, gram_order, grams[g], word)
@@ -345,7 +345,7 @@ end
 if copies > copy_budget and #entries - skip > 1 then
   return { 3 }
 end
-local last_top = has[''] and call('ZRANGE', top, -1, -1)[1]
+local last_top = ranked_on and has[''] and call('ZRANGE', top, -1, -1)[1]
 check_declared()
 
 -- Writes.

@@ -22,8 +22,8 @@
 -- ARGV[15..] the query's words (runs of non-separators), in order
 --
 -- Returns {next group, next position, then per result: id, data value, match kind}; the next
--- group is 0 when there are no more results. Returns {-1, letter} when the dictionary lacks the
--- feature `letter` the query needs.
+-- group is 0 when there are no more results. Returns {-1, letter, progress} when the dictionary lacks
+-- the feature `letter` the query needs (features.lua).
 --
 -- Where results come from, all read in the result order from the position on, so that a page
 -- never depends on an offset:
@@ -42,7 +42,7 @@ local lex, data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 do
   local missing = missing_feature(features_of(KEYS[5]), ARGV[14])
   if missing then
-    return { -1, missing }
+    return refusal(KEYS[5], missing)
   end
 end
 local base, mode, order = ARGV[1], ARGV[2], ARGV[3]

@@ -8,7 +8,7 @@
 -- ARGV[5] max depth, ARGV[6] heavy, ARGV[7] budget (as in complete.lua)
 --
 -- Returns {1 when there may be more (else 0), the next position, then per result: id, data
--- value, match kind (EXACT or PREFIX)}, or {-1, 'r'} when the dictionary has no ranked sets
+-- value, match kind (EXACT or PREFIX)}, or {-1, 'r', ''} when the dictionary has no ranked sets
 -- (features.lua).
 --
 -- The results come from the query's own ranked set when it has one; else, when the query has
@@ -18,7 +18,7 @@
 -- walked best first checking each term, looking at no more than `budget` entries in all.
 local lex, data, heavy_set = KEYS[1], KEYS[2], KEYS[3]
 if not has_feature(features_of(KEYS[4]), 'r') then
-  return { -1, 'r' }
+  return refusal(KEYS[4], 'r')
 end
 local base, need, q, pos = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local depth, heavy, budget = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

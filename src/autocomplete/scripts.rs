@@ -49,9 +49,18 @@ pub const RANKED: &str = concat!(
     include_str!("ranked.lua")
 );
 /// `configure.lua`: declare a dictionary's features.
-pub const CONFIGURE: &str = concat!(include_str!("features.lua"), include_str!("configure.lua"));
-/// `describe.lua`: a dictionary's size and declared features.
-pub const DESCRIBE: &str = concat!("#!lua flags=no-writes\n", include_str!("describe.lua"));
+pub const CONFIGURE: &str = concat!(
+    include_str!("rank.lua"),
+    include_str!("features.lua"),
+    include_str!("configure.lua")
+);
+/// `change.lua`: one step of a change of a dictionary's features.
+pub const CHANGE: &str = concat!(
+    include_str!("rank.lua"),
+    include_str!("features.lua"),
+    include_str!("write.lua"),
+    include_str!("change.lua")
+);
 /// `fuzzy.lua`: one page of fuzzy completions.
 pub const FUZZY: &str = concat!(
     "#!lua flags=no-writes\n",
@@ -133,10 +142,25 @@ pub fn configure<'s>(
     invocation
 }
 
-/// `describe.lua`'s call for dictionary `keys`.
-pub fn describe<'s>(script: &'s Script, keys: &DictionaryKeys) -> ScriptInvocation<'s> {
-    let mut invocation = script.key(&keys.data);
-    invocation.key(&keys.features);
+/// `change.lua`'s call: the step `args` (its name first) of the change of dictionary `keys`'s
+/// features driven by `owner`, touching `touched`.
+pub fn change<'s>(
+    script: &'s Script,
+    keys: &DictionaryKeys,
+    owner: &str,
+    lease_ms: u64,
+    touched: &[String],
+    args: &[&[u8]],
+) -> ScriptInvocation<'s> {
+    let mut invocation = dictionary_invocation(script, keys);
+    invocation.key(keys.lease());
+    for key in touched {
+        invocation.key(key);
+    }
+    invocation.arg(&keys.base).arg(owner).arg(lease_ms);
+    for a in args {
+        invocation.arg(*a);
+    }
     invocation
 }
 

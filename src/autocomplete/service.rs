@@ -12,10 +12,11 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
     AUTO_REQUEST_MEMORY, Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT,
-    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, Description, Features, MAX_ABS_SCORE, MAX_FORM_BYTES,
-    MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_REQUEST_ID_BYTES,
-    MAX_RESULTS, MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind, MatchMode, NewTerm, Order,
-    REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion, TermPart, Text, term_field, text,
+    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, Description, FeatureChange, Features, MAX_ABS_SCORE,
+    MAX_FORM_BYTES, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL,
+    MAX_REQUEST_ID_BYTES, MAX_RESULTS, MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind,
+    MatchMode, NewTerm, Order, REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion,
+    TermPart, Text, term_field, text,
 };
 use crate::{
     error::{Error, Field, UNAVAILABLE_RETRY_AFTER},
@@ -290,6 +291,21 @@ fn feature_list(f: Features) -> Vec<i32> {
     .collect()
 }
 
+/// A change of features as the proto says it.
+fn feature_change(c: FeatureChange) -> pb::AutocompleteFeatureChange {
+    pb::AutocompleteFeatureChange {
+        features: feature_list(c.target),
+        building: match c.building {
+            Some(b'w') => pb::AutocompleteFeature::Words,
+            Some(b's') => pb::AutocompleteFeature::Substring,
+            _ => pb::AutocompleteFeature::Unspecified,
+        }
+        .into(),
+        indexed: c.indexed,
+        dropping: feature_list(c.dropping),
+    }
+}
+
 /// A match mode as the metrics label it.
 fn mode_label(mode: MatchMode) -> &'static str {
     match mode {
@@ -429,11 +445,13 @@ impl AutocompleteService for AutocompleteApi {
             term_count,
             features,
             declared,
+            change,
         } = self.autocomplete.describe(&dictionary).await?;
         Ok(Response::new(pb::AutocompleteServiceDescribeResponse {
             term_count,
             features: feature_list(features),
             features_declared: declared,
+            change: change.map(feature_change),
         }))
     }
 
@@ -448,6 +466,7 @@ impl AutocompleteService for AutocompleteApi {
         Ok(Response::new(pb::AutocompleteServiceConfigureResponse {
             features: feature_list(d.features),
             term_count: d.term_count,
+            change: d.change.map(feature_change),
         }))
     }
 

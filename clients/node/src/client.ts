@@ -997,9 +997,10 @@ export class Autocomplete {
   }
 
   /** Declares the indexes the dictionary keeps, and so the modes it serves (lexicographic prefix
-   * and fuzzy completion always); a dictionary that never called this has every feature. Features
-   * change only while the dictionary is empty (FailedPrecondition otherwise). Returns the
-   * features it has now. */
+   * and fuzzy completion always); a dictionary that never called this has every feature. On a
+   * dictionary with terms, features added are built (and dropped ones deleted) in the background;
+   * "ranked" can be added only while it is empty (FailedPrecondition otherwise). Returns the
+   * features it serves now. */
   async configure(dictionary: string, features: Feature[]): Promise<Feature[]> {
     const request = { dictionary, features: features.map((f) => FEATURES[f]) };
     return featureNames((await this.client.call((o) => this.stub.configure(request, o))).features);

@@ -521,8 +521,9 @@ class Autocomplete:
         """Declares the indexes the dictionary keeps, and so the modes it serves: any of "ranked"
         (score order), "words" (word prefix), "substring" (suffix, contains, automatic; needs
         "words"). Lexicographic prefix and fuzzy completion are always served; a dictionary that
-        never called this has every feature. Features change only while the dictionary is empty
-        (`FailedPrecondition` otherwise). Returns the features it has now."""
+        never called this has every feature. On a dictionary with terms, features added are built
+        (and dropped ones deleted) in the background; "ranked" can be added only while it is empty
+        (`FailedPrecondition` otherwise). Returns the features it serves now."""
         request = t.configure_request(dictionary, features)
         return t.feature_names(self._client._call(self._stub.Configure, request).features)
 
