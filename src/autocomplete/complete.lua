@@ -1,7 +1,7 @@
 -- Complete: one page of a dictionary's terms matching a query. Reads only (flags=no-writes).
 --
 -- KEYS[1] the lex set of the query's first byte   KEYS[2] data   KEYS[3] vocab   KEYS[4] heavy
--- KEYS[5] features (as in add.lua)
+--         (the features hash, <base>:f, is derived like the sets: see ranked.lua)
 -- ARGV[1] base (as in add.lua: <base>:l:<hex>, <base>:b:<hex>, <base>:r:<prefix>,
 --         <base>:w:<word>, <base>:vg:<gram>)
 -- ARGV[2] mode: 'prefix' | 'word' | 'suffix' | 'contains' | 'auto'
@@ -40,9 +40,9 @@
 -- position to go on from.
 local lex, data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 do
-  local missing = missing_feature(features_of(KEYS[5]), ARGV[14])
+  local missing = missing_feature(features_of(ARGV[1] .. ':f'), ARGV[14])
   if missing then
-    return refusal(KEYS[5], missing)
+    return refusal(ARGV[1] .. ':f', missing)
   end
 end
 local base, mode, order = ARGV[1], ARGV[2], ARGV[3]

@@ -351,7 +351,6 @@ impl Prefix<'_> {
         invocation
             .key(&self.keys.data)
             .key(&self.keys.heavy)
-            .key(&self.keys.features)
             .arg(&self.keys.base)
             .arg(self.limit)
             .arg(self.query)
@@ -400,7 +399,6 @@ impl Complete<'_> {
             .key(&self.keys.data)
             .key(&self.keys.vocab)
             .key(&self.keys.heavy)
-            .key(&self.keys.features)
             .arg(&self.keys.base)
             .arg(self.mode)
             .arg(self.order)
