@@ -12,10 +12,12 @@
 --                there is, or its bound for a deep set ('t:' .. prefix); '' -> 1 while the
 --                first-byte ranked sets exist (the dictionary is ranked)
 -- KEYS[4] top    (below)
--- KEYS[5] record list: the batch's fingerprint, then one item per entry applied so far, in
+-- KEYS[5] features hash (features.lua): the step writes only the indexes of the dictionary's
+--                features, read here, so a step never races a change of them
+-- KEYS[6] record list: the batch's fingerprint, then one item per entry applied so far, in
 --                batch order ('a' or 'u' for added or updated, then the score after it); only
 --                when ARGV[8] is not ''
--- KEYS[..] every other key the step may touch (`declared`): those of the entries' lex sets,
+-- KEYS[..] every other key the step may touch (whatever the features) (`declared`): those of the entries' lex sets,
 --          words, grams of words, ranked and deep sets, and with ARGV[7] every lex set and
 --          first-byte ranked set
 -- ARGV[1] base: the dictionary's other keys, which share the hash tag of KEYS, are
@@ -38,13 +40,14 @@
 --                            members when it passes twice that
 --         <base>:w:<word>    lex members of the terms having that word
 --         <base>:vg:<gram>   set of the vocabulary words containing that gram
+--         (the ranked sets only with feature 'r', words and vocabulary with 'w', grams with 's')
 -- ARGV[2] heavy: a prefix (or the dictionary) gets ranked sets once it has more terms than this
 -- ARGV[3] largest absolute score allowed
 -- ARGV[4] max depth: only prefixes of at most this many characters get a ranked set
 -- ARGV[5] top: the size the top set is cut back to
 -- ARGV[6] deep: the size a deep set is cut back to
 -- ARGV[7] '1' when every lex set and first-byte ranked set is declared, else ''
--- ARGV[8] the batch's fingerprint when it is recorded (KEYS[5]), else ''
+-- ARGV[8] the batch's fingerprint when it is recorded (KEYS[6]), else ''
 -- ARGV[9] the batch position of the step's first entry (0 for the first)
 -- ARGV[10] how long the record is kept after its last step (ms)
 -- ARGV[11] the most members a step of more than one entry may copy into ranked sets it creates
@@ -67,7 +70,9 @@ local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
 local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 local wide, fingerprint, first = argv[7] == '1', argv[8], tonumber(argv[9])
 local record_ttl, copy_budget = argv[10], tonumber(argv[11])
-local record = fingerprint ~= '' and KEYS[5]
+local record = fingerprint ~= '' and KEYS[6]
+local fstate = write_state(KEYS[5])
+local ranked_on = has_feature(fstate.served, 'r')
 
 -- The entries (their first argument's index).
 local entries = {}
@@ -183,12 +188,13 @@ for _, id in ipairs(terms) do
     group(lex_members, lex_order, lex, '0')
     group(lex_members, lex_order, lex, member)
     local first_word = t.at + 7
-    for w = first_word, first_word + tonumber(argv[t.at + 6]) - 1 do
+    local words_on = maintains(fstate, 'w', member)
+    for w = first_word, words_on and first_word + tonumber(argv[t.at + 6]) - 1 or 0 do
       group(word_members, word_order, argv[w], '0')
       group(word_members, word_order, argv[w], member)
     end
   end
-  if not t.old or t.score ~= t.old_score then
+  if ranked_on and (not t.old or t.score ~= t.old_score) then
     local new_ranked = rank_bytes(t.score) .. member
     local old_ranked = t.old and (rank_bytes(t.old_score) .. member)
     moves[#moves + 1] = { new_ranked, old_ranked }
@@ -258,9 +264,11 @@ for first_word = 1, #word_order, CHUNK do
       local word = word_order[i]
       new_words[#new_words + 1] = '0'
       new_words[#new_words + 1] = word
-      local grams = grams_of(utf8_chars(word))
-      for g = 1, #grams do
-        group(gram_words, gram_order, grams[g], word)
+      if maintains(fstate, 's', word) then
+        local grams = grams_of(utf8_chars(word))
+        for g = 1, #grams do
+          group(gram_words, gram_order, grams[g], word)
+        end
       end
     end
   end
@@ -337,7 +345,7 @@ end
 if copies > copy_budget and #entries - skip > 1 then
   return { 3 }
 end
-local last_top = has[''] and call('ZRANGE', top, -1, -1)[1]
+local last_top = ranked_on and has[''] and call('ZRANGE', top, -1, -1)[1]
 check_declared()
 
 -- Writes.

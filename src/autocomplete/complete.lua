@@ -1,7 +1,7 @@
 -- Complete: one page of a dictionary's terms matching a query. Reads only (flags=no-writes).
 --
 -- KEYS[1] the lex set of the query's first byte   KEYS[2] data   KEYS[3] vocab   KEYS[4] heavy
---         (as in add.lua)
+--         (the features hash, <base>:f, is derived like the sets: see ranked.lua)
 -- ARGV[1] base (as in add.lua: <base>:l:<hex>, <base>:b:<hex>, <base>:r:<prefix>,
 --         <base>:w:<word>, <base>:vg:<gram>)
 -- ARGV[2] mode: 'prefix' | 'word' | 'suffix' | 'contains' | 'auto'
@@ -18,10 +18,12 @@
 -- ARGV[12] 's' when the query starts with a separator, 'e' when it ends with one (or both)
 -- ARGV[13] heavy: prefixes of at most `max depth` characters with more terms have a ranked set,
 --          and so have the first bytes of a dictionary with more terms
--- ARGV[14..] the query's words (runs of non-separators), in order
+-- ARGV[14] the features the query needs (letters of features.lua)
+-- ARGV[15..] the query's words (runs of non-separators), in order
 --
 -- Returns {next group, next position, then per result: id, data value, match kind}; the next
--- group is 0 when there are no more results.
+-- group is 0 when there are no more results. Returns {-1, letter, progress} when the dictionary lacks
+-- the feature `letter` the query needs (features.lua).
 --
 -- Where results come from, all read in the result order from the position on, so that a page
 -- never depends on an offset:
@@ -37,6 +39,12 @@
 -- No call looks at more than about `budget` entries; a page cut short by the budget carries a
 -- position to go on from.
 local lex, data, vocab, heavy_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+do
+  local missing = missing_feature(features_of(ARGV[1] .. ':f'), ARGV[14])
+  if missing then
+    return refusal(ARGV[1] .. ':f', missing)
+  end
+end
 local base, mode, order = ARGV[1], ARGV[2], ARGV[3]
 local need = tonumber(ARGV[4])
 Q = ARGV[5]
@@ -48,7 +56,7 @@ local heavy = tonumber(ARGV[13])
 local starts_sep = string.find(ARGV[12], 's', 1, true) ~= nil
 local ends_sep = string.find(ARGV[12], 'e', 1, true) ~= nil
 local tokens = {}
-for i = 14, #ARGV do
+for i = 15, #ARGV do
   tokens[#tokens + 1] = ARGV[i]
 end
 -- The most vocabulary words whose postings one call gathers, and merges in lex order.

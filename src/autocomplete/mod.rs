@@ -25,6 +25,8 @@
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
+//! | `PREFIX{ac:NAME}:f` | hash | `s` → the served [`Features`] as letters (`r`, `w`, `s`; absent: every feature), and the state of a change of them under way ([`FeatureChange`], `features.lua`) | from `Configure` on; not removed with the last term |
+//! | `PREFIX{ac:NAME}:f:lease` | string | the id of the Baton driving a change of features | [`CHANGE_LEASE`], renewed by each step |
 //! | `PREFIX{ac:NAME}:q:ID` | list | what the `Add` batch with request id `ID` did: its fingerprint, then per entry applied `a`/`u` and the score after it | [`REQUEST_MEMORY`] after its last step ([`AUTO_REQUEST_MEMORY`] for ids Baton made up) |
 //! | `PREFIX{acr:NAME}` | sorted set | item id → last recorded (µs, Redis clock) | the list's ttl, set anew by each record |
 //! | `PREFIX{acr:NAME}:items` | hash | item id → matching form, display text, payload | as above |
@@ -153,6 +155,8 @@ pub struct DictionaryKeys {
     pub vocab: String,
     /// The prefixes that have a ranked set.
     pub heavy: String,
+    /// The dictionary's declared [`Features`] (absent: every index).
+    pub features: String,
 }
 
 impl DictionaryKeys {
@@ -163,6 +167,7 @@ impl DictionaryKeys {
             data: format!("{base}:data"),
             vocab: format!("{base}:v"),
             heavy: format!("{base}:h"),
+            features: format!("{base}:f"),
             base,
         }
     }
@@ -209,6 +214,11 @@ impl DictionaryKeys {
     /// The deep set of `prefix` ([`MAX_RANKED_DEPTH`] + 1 characters).
     pub fn deep(&self, prefix: &str) -> String {
         format!("{}:t:{prefix}", self.base)
+    }
+
+    /// The lease of the Baton driving a change of the dictionary's features.
+    pub fn lease(&self) -> String {
+        format!("{}:f:lease", self.base)
     }
 
     /// What the `Add` batch with request id `id` did so far.
@@ -510,6 +520,150 @@ pub struct Added {
     pub term_count: u64,
 }
 
+/// The optional indexes of a dictionary, and so the queries it serves beyond lexicographic
+/// prefix, exact and fuzzy completion. A dictionary that never declared them has every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Ranked sets: completion by score (but in fuzzy mode).
+    pub ranked: bool,
+    /// Word postings and the vocabulary: word-prefix mode.
+    pub words: bool,
+    /// Gram sets of the vocabulary: suffix, contains and automatic modes (needs `words`).
+    pub substring: bool,
+}
+
+impl Features {
+    /// Every feature: what a dictionary that never declared its features has.
+    pub const ALL: Self = Self {
+        ranked: true,
+        words: true,
+        substring: true,
+    };
+
+    /// The features as the scripts keep them: letters in the order `rws`.
+    pub fn letters(self) -> String {
+        let mut s = String::new();
+        for (on, c) in [(self.ranked, 'r'), (self.words, 'w'), (self.substring, 's')] {
+            if on {
+                s.push(c);
+            }
+        }
+        s
+    }
+
+    /// The features' names in the proto, comma-separated (`none` for none).
+    pub fn names(self) -> String {
+        let names: Vec<&str> = [
+            (self.ranked, "RANKED"),
+            (self.words, "WORDS"),
+            (self.substring, "SUBSTRING"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// The features named by `letters`.
+    fn from_letters(letters: &[u8]) -> Self {
+        Self {
+            ranked: letters.contains(&b'r'),
+            words: letters.contains(&b'w'),
+            substring: letters.contains(&b's'),
+        }
+    }
+
+    /// The features a query in `mode` and `order` needs, as letters.
+    pub fn needed(mode: MatchMode, order: Order) -> &'static str {
+        let score = order == Order::Score;
+        match mode {
+            MatchMode::Fuzzy => "",
+            MatchMode::Prefix if score => "r",
+            MatchMode::Prefix => "",
+            MatchMode::WordPrefix if score => "wr",
+            MatchMode::WordPrefix => "w",
+            _ if score => "wsr",
+            _ => "ws",
+        }
+    }
+}
+
+/// A dictionary's size and features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Description {
+    /// Terms in the dictionary.
+    pub term_count: u64,
+    /// The features it serves.
+    pub features: Features,
+    /// Whether `Configure` declared them (else the dictionary has every one).
+    pub declared: bool,
+    /// The change of features under way, if any.
+    pub change: Option<FeatureChange>,
+}
+
+/// A change of a dictionary's features under way: indexes built or deleted in steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeatureChange {
+    /// The features the dictionary will have.
+    pub target: Features,
+    /// The feature whose index is being built (`w` or `s`), if any.
+    pub building: Option<u8>,
+    /// Terms (`w`) or vocabulary words (`s`) the build indexed so far.
+    pub indexed: u64,
+    /// The features whose keys are being deleted.
+    pub dropping: Features,
+}
+
+/// How long a Baton driving a change of features holds its lease without a step: another Baton
+/// takes the change over once it lapses (a Baton that died mid-change).
+pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
+/// Terms, words or sets one step of a change of features covers.
+pub const CHANGE_STEP: usize = 64;
+
+/// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
+/// being built (`progress`: terms indexed so far, or empty).
+fn missing_feature(
+    mode: MatchMode,
+    order: Order,
+    letter: &Value,
+    progress: Option<&Value>,
+) -> Error {
+    let progress = progress
+        .and_then(|p| bytes(p).ok())
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(&p).into_owned());
+    let letter = bytes(letter).ok().and_then(|b| b.first().copied());
+    let (feature, what) = match letter {
+        Some(b'r') => (
+            "AUTOCOMPLETE_FEATURE_RANKED",
+            format!("order {}", order.proto_name()),
+        ),
+        Some(b'w') => (
+            "AUTOCOMPLETE_FEATURE_WORDS",
+            format!("mode {}", mode.proto_name()),
+        ),
+        Some(b's') => (
+            "AUTOCOMPLETE_FEATURE_SUBSTRING",
+            format!("mode {}", mode.proto_name()),
+        ),
+        _ => return unexpected("missing feature"),
+    };
+    Error::FailedPrecondition(match progress {
+        Some(n) => format!(
+            "{what} needs the dictionary's feature {feature}, whose index is being built ({n} \
+             indexed so far; Describe shows the progress): try again once it is"
+        ),
+        None => format!(
+            "{what} needs the dictionary's feature {feature}, which it does not keep: declare it \
+             with Configure"
+        ),
+    })
+}
+
 /// How a query must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatchMode {
@@ -538,6 +692,18 @@ impl MatchMode {
             Self::Fuzzy => "fuzzy",
         }
     }
+
+    /// The mode's name in the proto.
+    fn proto_name(self) -> &'static str {
+        match self {
+            Self::Prefix => "AUTOCOMPLETE_MATCH_MODE_PREFIX",
+            Self::WordPrefix => "AUTOCOMPLETE_MATCH_MODE_WORD_PREFIX",
+            Self::Suffix => "AUTOCOMPLETE_MATCH_MODE_SUFFIX",
+            Self::Contains => "AUTOCOMPLETE_MATCH_MODE_CONTAINS",
+            Self::Automatic => "AUTOCOMPLETE_MATCH_MODE_AUTOMATIC",
+            Self::Fuzzy => "AUTOCOMPLETE_MATCH_MODE_FUZZY",
+        }
+    }
 }
 
 /// How completions are sorted.
@@ -554,6 +720,14 @@ impl Order {
         match self {
             Self::Lexicographic => "lex",
             Self::Score => "score",
+        }
+    }
+
+    /// The order's name in the proto.
+    fn proto_name(self) -> &'static str {
+        match self {
+            Self::Lexicographic => "AUTOCOMPLETE_ORDER_LEXICOGRAPHIC",
+            Self::Score => "AUTOCOMPLETE_ORDER_SCORE",
         }
     }
 }
@@ -685,6 +859,8 @@ struct Inner {
     prefix: Script,
     ranked: Script,
     fuzzy: Script,
+    configure: Script,
+    change: Script,
     record: Script,
     forget: Script,
     list: Script,
@@ -704,6 +880,8 @@ impl Autocomplete {
                 prefix: Script::new(scripts::PREFIX),
                 ranked: Script::new(scripts::RANKED),
                 fuzzy: Script::new(scripts::FUZZY),
+                configure: Script::new(scripts::CONFIGURE),
+                change: Script::new(scripts::CHANGE),
                 record: Script::new(scripts::RECENT_RECORD),
                 forget: Script::new(scripts::RECENT_REMOVE),
                 list: Script::new(scripts::RECENT_LIST),
@@ -932,13 +1110,315 @@ impl Autocomplete {
 
     /// The number of terms in a dictionary (0 when it does not exist).
     pub async fn term_count(&self, dictionary: &str) -> Result<u64, Error> {
+        Ok(self.describe(dictionary).await?.term_count)
+    }
+
+    /// A dictionary's size and features.
+    pub async fn describe(&self, dictionary: &str) -> Result<Description, Error> {
         let keys = self.dictionary_keys(dictionary);
-        let count: i64 = self
+        // One key per command (not one script): each is answered, or redirected, on its own
+        // while the dictionary's slot migrates between Cluster nodes.
+        let redis = &self.inner.redis;
+        let count: Value = redis.command(redis::cmd("HLEN").arg(&keys.data)).await?;
+        let state: Vec<Value> = redis
+            .command(
+                redis::cmd("HMGET")
+                    .arg(&keys.features)
+                    .arg(&["s", "g", "b", "n", "d"]),
+            )
+            .await?;
+        let leased: Value = redis
+            .command(redis::cmd("EXISTS").arg(keys.lease()))
+            .await?;
+        let [letters, target, building, indexed, dropping] = state.as_slice() else {
+            return Err(unexpected("describe reply"));
+        };
+        let declared = !matches!(letters, Value::Nil);
+        let indexed = match indexed {
+            Value::Nil => 0,
+            n => std::str::from_utf8(&bytes(n)?)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| unexpected("indexed"))?,
+        };
+        let change = match target {
+            Value::Nil => None,
+            target => Some(FeatureChange {
+                target: Features::from_letters(&bytes(target)?),
+                building: match building {
+                    Value::Nil => None,
+                    b => bytes(b)?.first().copied(),
+                },
+                indexed,
+                dropping: match dropping {
+                    Value::Nil => Features::from_letters(b""),
+                    d => Features::from_letters(&bytes(d)?),
+                },
+            }),
+        };
+        if change.is_some() && int(&leased)? == 0 {
+            // The Baton that drove the change is gone (or it just ended): go on with it.
+            self.drive(dictionary);
+        }
+        Ok(Description {
+            term_count: count_u64(&count)?,
+            features: if declared {
+                Features::from_letters(&bytes(letters)?)
+            } else {
+                Features::ALL
+            },
+            declared,
+            change,
+        })
+    }
+
+    /// Drives the change of `dictionary`'s features under way, in the background, unless another
+    /// Baton holds its lease.
+    pub fn drive(&self, dictionary: &str) {
+        let this = self.clone();
+        let dictionary = dictionary.to_owned();
+        tokio::spawn(async move {
+            if let Err(error) = this.run_change(&dictionary).await {
+                tracing::warn!(%dictionary, %error, "a change of autocomplete features stopped; the next Describe or Configure resumes it");
+            }
+        });
+    }
+
+    /// Takes the change's lease and runs its steps until the change is over or the lease lost.
+    async fn run_change(&self, dictionary: &str) -> Result<(), Error> {
+        let keys = self.dictionary_keys(dictionary);
+        let owner = uuid::Uuid::new_v4().to_string();
+        let lease_ms = u64::try_from(CHANGE_LEASE.as_millis()).unwrap_or(u64::MAX);
+        let taken: Value = self
             .inner
             .redis
-            .command(redis::cmd("HLEN").arg(&keys.data))
+            .command(
+                redis::cmd("SET")
+                    .arg(keys.lease())
+                    .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(lease_ms),
+            )
             .await?;
-        u64::try_from(count).map_err(|_| unexpected("count"))
+        if matches!(taken, Value::Nil) {
+            return Ok(());
+        }
+        // Steps refused because the range moved under them (busy writers) are read again; this
+        // many in a row stops the driver (the next Describe or Configure resumes the change).
+        let mut refused = 0;
+        loop {
+            let (touched, args) = self.next_change_step(&keys).await?;
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let invocation =
+                scripts::change(&self.inner.change, &keys, &owner, lease_ms, &touched, &args);
+            let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+            match reply.first().map(int).transpose()? {
+                Some(1) => refused = 0,
+                Some(0) if refused < 100 => refused += 1,
+                Some(0) => {
+                    return Err(Error::Unavailable(
+                        "the change's steps kept being refused".into(),
+                    ));
+                }
+                Some(2 | -2) => return Ok(()),
+                _ => return Err(unexpected("change reply")),
+            }
+        }
+    }
+
+    /// Reads what the next step of the change of `keys`'s features covers: the keys it touches
+    /// and its arguments (change.lua).
+    async fn next_change_step(
+        &self,
+        keys: &DictionaryKeys,
+    ) -> Result<(Vec<String>, Vec<Vec<u8>>), Error> {
+        let redis = &self.inner.redis;
+        let state: Vec<Option<Vec<u8>>> = redis
+            .command(
+                redis::cmd("HMGET")
+                    .arg(&keys.features)
+                    .arg(&["g", "b", "c", "d", "dc"]),
+            )
+            .await?;
+        let field = |i: usize| state.get(i).cloned().flatten();
+        let Some(_) = field(0) else {
+            // No change under way: the step says so and releases the lease.
+            return Ok((Vec::new(), vec![b"drop-r".to_vec()]));
+        };
+        let dropping = field(3).unwrap_or_default();
+        let mut touched = Vec::new();
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        let grams_of = |words: &[String], touched: &mut Vec<String>| -> Vec<Vec<u8>> {
+            let mut out = Vec::new();
+            for w in words {
+                for g in text::grams(w) {
+                    touched.push(keys.vocab_gram(g));
+                    out.push(g.as_bytes().to_vec());
+                }
+            }
+            out
+        };
+        if dropping.contains(&b'r') {
+            let fields: Vec<String> = redis.command(redis::cmd("HKEYS").arg(&keys.heavy)).await?;
+            args.push(b"drop-r".to_vec());
+            for name in fields
+                .into_iter()
+                .filter(|f| f.starts_with("b:") || f.starts_with("r:") || f.starts_with("t:"))
+                .take(CHANGE_STEP)
+            {
+                touched.push(format!("{}:{name}", keys.base));
+                args.push(name.into_bytes());
+            }
+        } else if dropping.contains(&b'w') {
+            let words: Vec<String> = redis
+                .command(
+                    redis::cmd("ZRANGE")
+                        .arg(&keys.vocab)
+                        .arg(0)
+                        .arg(CHANGE_STEP - 1),
+                )
+                .await?;
+            args.push(b"drop-w".to_vec());
+            args.push(words.len().to_string().into_bytes());
+            for w in &words {
+                touched.push(keys.word(w));
+                args.push(w.as_bytes().to_vec());
+            }
+            if dropping.contains(&b's') {
+                args.extend(grams_of(&words, &mut touched));
+            }
+        } else if dropping.contains(&b's') {
+            let from = field(4).unwrap_or_default();
+            let words = self.words_after(keys, &from).await?;
+            args.push(b"drop-s".to_vec());
+            args.push(from);
+            args.push(if words.len() < CHANGE_STEP {
+                Vec::new()
+            } else {
+                words
+                    .last()
+                    .map(|w| w.as_bytes().to_vec())
+                    .unwrap_or_default()
+            });
+            args.extend(grams_of(&words, &mut touched));
+        } else if let Some(building) = field(1) {
+            let cursor = field(2).unwrap_or_default();
+            if building == b"w" {
+                let lex = keys.lex(cursor.first().copied().unwrap_or(1));
+                let members: Vec<Vec<u8>> = redis
+                    .command(
+                        redis::cmd("ZRANGE")
+                            .arg(&lex)
+                            .arg([b"(".as_slice(), &cursor].concat())
+                            .arg("+")
+                            .arg("BYLEX")
+                            .arg("LIMIT")
+                            .arg(0)
+                            .arg(CHANGE_STEP),
+                    )
+                    .await?;
+                touched.push(lex);
+                args.push(b"build-w".to_vec());
+                args.push(cursor);
+                args.push(members.len().to_string().into_bytes());
+                for m in members {
+                    let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
+                    let form = String::from_utf8_lossy(&m[..key_end]).into_owned();
+                    let words = text::words(&form);
+                    args.push(m);
+                    args.push(words.len().to_string().into_bytes());
+                    for w in words {
+                        touched.push(keys.word(w));
+                        args.push(w.as_bytes().to_vec());
+                    }
+                }
+            } else {
+                let words = self.words_after(keys, &cursor).await?;
+                args.push(b"build-s".to_vec());
+                args.push(cursor);
+                args.push(words.len().to_string().into_bytes());
+                for w in &words {
+                    let grams = text::grams(w);
+                    args.push(w.as_bytes().to_vec());
+                    args.push(grams.len().to_string().into_bytes());
+                    for g in grams {
+                        touched.push(keys.vocab_gram(g));
+                        args.push(g.as_bytes().to_vec());
+                    }
+                }
+            }
+        } else {
+            // Nothing left: the step ends the change.
+            args.push(b"drop-r".to_vec());
+        }
+        touched.sort();
+        touched.dedup();
+        Ok((touched, args))
+    }
+
+    /// The first [`CHANGE_STEP`] vocabulary words after `from` (all from the first when empty).
+    async fn words_after(&self, keys: &DictionaryKeys, from: &[u8]) -> Result<Vec<String>, Error> {
+        let start = if from.is_empty() {
+            b"-".to_vec()
+        } else {
+            [b"(".as_slice(), from].concat()
+        };
+        self.inner
+            .redis
+            .command(
+                redis::cmd("ZRANGE")
+                    .arg(&keys.vocab)
+                    .arg(start)
+                    .arg("+")
+                    .arg("BYLEX")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(CHANGE_STEP),
+            )
+            .await
+    }
+
+    /// Gives a dictionary `features`: always while it is empty (the features stay when its last
+    /// term goes), and on a dictionary with terms only when they are the features it has
+    /// (`FailedPrecondition` otherwise: its indexes would have to be built or dropped).
+    pub async fn configure(
+        &self,
+        dictionary: &str,
+        features: Features,
+    ) -> Result<Description, Error> {
+        let keys = self.dictionary_keys(dictionary);
+        let letters = features.letters();
+        let invocation = scripts::configure(&self.inner.configure, &keys, &letters);
+        let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+        let [status, current, count, target] = reply.as_slice() else {
+            return Err(unexpected("configure reply"));
+        };
+        let term_count = count_u64(count)?;
+        let current = Features::from_letters(&bytes(current)?);
+        match int(status)? {
+            0 => Ok(Description {
+                term_count,
+                features: current,
+                declared: true,
+                change: None,
+            }),
+            1 => Err(Error::FailedPrecondition(format!(
+                "the dictionary has {term_count} terms: RANKED can be added only while it is \
+                 empty (its ranked sets are not built in the background); it has {}",
+                current.names()
+            ))),
+            2 => {
+                self.drive(dictionary);
+                self.describe(dictionary).await
+            }
+            3 => Err(Error::FailedPrecondition(format!(
+                "a change of the dictionary's features to {} is under way: wait for it to end \
+                 (Describe shows its progress)",
+                Features::from_letters(&bytes(target)?).names()
+            ))),
+            _ => Err(unexpected("configure reply")),
+        }
     }
 
     /// One page of a dictionary's completions.
@@ -987,6 +1467,7 @@ impl Autocomplete {
                 query: &request.query,
                 group,
                 position: &position,
+                need: Features::needed(request.mode, request.order),
             }
             .invocation(&self.inner.complete),
         };
@@ -994,6 +1475,14 @@ impl Autocomplete {
         let [next_group, next_position, rows @ ..] = reply.as_slice() else {
             return Err(unexpected("complete reply"));
         };
+        if matches!(next_group, Value::Int(-1)) {
+            return Err(missing_feature(
+                request.mode,
+                request.order,
+                next_position,
+                rows.first(),
+            ));
+        }
         let mut items = Vec::with_capacity(rows.len() / 3);
         for row in rows.chunks(3) {
             let [id, value, kind] = row else {

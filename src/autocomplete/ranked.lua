@@ -1,13 +1,16 @@
 -- Prefix completion by score, outside automatic mode: the fast path of complete.lua for it (the
 -- same results and reply, with a smaller script). Reads only (flags=no-writes).
 --
--- KEYS[1] the lex set of the query's first byte   KEYS[2] data   KEYS[3] heavy   (as in add.lua)
+-- KEYS[1] the lex set of the query's first byte   KEYS[2] data   KEYS[3] heavy   (as in add.lua;
+--         the features hash, <base>:f, is derived like the sets: declaring a key that may not
+--         exist would have a Cluster refuse the read while the slot migrates)
 -- ARGV[1] base (as in add.lua)   ARGV[2] limit   ARGV[3] the normalized query
 -- ARGV[4] where the previous page stopped, exclusive: '' or a ranked member
 -- ARGV[5] max depth, ARGV[6] heavy, ARGV[7] budget (as in complete.lua)
 --
 -- Returns {1 when there may be more (else 0), the next position, then per result: id, data
--- value, match kind (EXACT or PREFIX)}.
+-- value, match kind (EXACT or PREFIX)}, or {-1, 'r', ''} when the dictionary has no ranked sets
+-- (features.lua).
 --
 -- The results come from the query's own ranked set when it has one; else, when the query has
 -- at most `heavy` terms, from its range of the lex set, ranked here; else (a prefix longer than
@@ -15,6 +18,9 @@
 -- position is within its bound, then from the ranked set of its longest prefix that has one,
 -- walked best first checking each term, looking at no more than `budget` entries in all.
 local lex, data, heavy_set = KEYS[1], KEYS[2], KEYS[3]
+if not has_feature(features_of(ARGV[1] .. ':f'), 'r') then
+  return refusal(ARGV[1] .. ':f', 'r')
+end
 local base, need, q, pos = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local depth, heavy, budget = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 

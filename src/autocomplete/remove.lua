@@ -3,7 +3,8 @@
 -- steps). Unknown terms are skipped. When the last term goes, no key of the dictionary is left.
 -- Sizes are read before anything is removed (write.lua says why).
 --
--- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   (as in add.lua)
+-- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   KEYS[5] features (as in add.lua:
+--         only the indexes of the dictionary's features are touched)
 -- KEYS[..] every other key the step may touch (as in add.lua: the terms' lex sets, words, grams
 --          of words, ranked and deep sets, and with ARGV[4] every first-byte ranked set)
 -- ARGV[1] base (as in add.lua)
@@ -20,6 +21,13 @@
 -- set declared.
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local fstate = write_state(KEYS[5])
+local ranked_on = has_feature(fstate.served, 'r')
+-- Gram sets lose the words that leave the vocabulary also while they are being deleted, so that
+-- the deletion, which walks the vocabulary, finds every one.
+local function grams_on(word)
+  return maintains(fstate, 's', word) or has_feature(fstate.dropping, 's')
+end
 
 -- The terms, each once, and the values of those there are.
 local terms, seen, ids = {}, {}, {}
@@ -51,12 +59,12 @@ for i, at in ipairs(terms) do
     local member = key .. '\0' .. id
     gone_ids[#gone_ids + 1] = id
     group(lex_members, lex_order, lex_name(key), member)
-    for w = at + 3, at + 2 + tonumber(ARGV[at + 2]) do
+    for w = at + 3, maintains(fstate, 'w', member) and at + 2 + tonumber(ARGV[at + 2]) or 0 do
       group(word_members, word_order, ARGV[w], member)
     end
     local ranked = rank_bytes((parse_value(old[i]))) .. member
     gone_ranked[#gone_ranked + 1] = ranked
-    local list = ranked_prefixes(key, max_depth)
+    local list = ranked_on and ranked_prefixes(key, max_depth) or {}
     for l = 1, #list do
       local g = groups[list[l]]
       if g == nil then
@@ -68,7 +76,7 @@ for i, at in ipairs(terms) do
       end
       g.members[#g.members + 1] = ranked
     end
-    local p = first_chars(key, max_depth + 1)
+    local p = ranked_on and first_chars(key, max_depth + 1)
     if p then
       local d = deeps[p]
       if d == nil then
@@ -104,7 +112,7 @@ for _, d in ipairs(deep_order) do
   fields[#fields + 1] = d.name
 end
 local has = hash_values(heavy_set, fields)
-local unranks = has[''] and count <= low
+local unranks = ranked_on and has[''] and count <= low
 if unranks and not wide then
   return { 2 }
 end
@@ -122,7 +130,7 @@ for _, d in ipairs(deep_order) do
     d.left = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') - #d.members
   end
 end
-local last_top = has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
+local last_top = ranked_on and has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
 local first_byte_sets
 if unranks then
   local _, names = all_first_byte_names()
@@ -137,7 +145,7 @@ if unranks then
 end
 local gram_keys = {}
 for _, word in ipairs(word_order) do
-  for _, gram in ipairs(grams_of(utf8_chars(word))) do
+  for _, gram in ipairs(grams_on(word) and grams_of(utf8_chars(word)) or {}) do
     gram_keys[gram] = gram_keys[gram] or declared(base, 'vg:' .. gram)
   end
 end
@@ -161,7 +169,7 @@ for _, word in ipairs(word_order) do
   local size = redis.call('ZCARD', wk)
   if batched('ZREM', wk, word_members[word]) == size then
     gone_words[#gone_words + 1] = word
-    local grams = grams_of(utf8_chars(word))
+    local grams = grams_on(word) and grams_of(utf8_chars(word)) or {}
     for g = 1, #grams do
       group(gram_words, gram_order, grams[g], word)
     end

@@ -18,6 +18,7 @@ use super::{DEEP_RANKED, LIGHT_PREFIX, MAX_ABS_SCORE, STEP_COPIES, ScoreChange, 
 /// `add.lua`: add or update a step of an `Add` batch.
 pub const ADD: &str = concat!(
     include_str!("rank.lua"),
+    include_str!("features.lua"),
     include_str!("write.lua"),
     include_str!("add.lua")
 );
@@ -26,6 +27,7 @@ pub const SCORES: &str = concat!("#!lua flags=no-writes\n", include_str!("scores
 /// `remove.lua`: remove a step of a `Remove` batch.
 pub const REMOVE: &str = concat!(
     include_str!("rank.lua"),
+    include_str!("features.lua"),
     include_str!("write.lua"),
     include_str!("remove.lua")
 );
@@ -33,6 +35,7 @@ pub const REMOVE: &str = concat!(
 pub const COMPLETE: &str = concat!(
     "#!lua flags=no-writes\n",
     include_str!("rank.lua"),
+    include_str!("features.lua"),
     include_str!("match.lua"),
     include_str!("complete.lua")
 );
@@ -42,7 +45,21 @@ pub const PREFIX: &str = concat!("#!lua flags=no-writes\n", include_str!("prefix
 pub const RANKED: &str = concat!(
     "#!lua flags=no-writes\n",
     include_str!("rank.lua"),
+    include_str!("features.lua"),
     include_str!("ranked.lua")
+);
+/// `configure.lua`: declare a dictionary's features.
+pub const CONFIGURE: &str = concat!(
+    include_str!("rank.lua"),
+    include_str!("features.lua"),
+    include_str!("configure.lua")
+);
+/// `change.lua`: one step of a change of a dictionary's features.
+pub const CHANGE: &str = concat!(
+    include_str!("rank.lua"),
+    include_str!("features.lua"),
+    include_str!("write.lua"),
+    include_str!("change.lua")
 );
 /// `fuzzy.lua`: one page of fuzzy completions.
 pub const FUZZY: &str = concat!(
@@ -103,10 +120,47 @@ pub fn payload_arg(payload: Option<&[u8]>) -> Vec<u8> {
 }
 
 /// The keys every write step of a dictionary declares first: data, vocabulary, the set of ranked
-/// sets, the best-ranked terms.
+/// sets, the best-ranked terms, the features.
 fn dictionary_invocation<'s>(script: &'s Script, keys: &DictionaryKeys) -> ScriptInvocation<'s> {
     let mut invocation = script.key(&keys.data);
-    invocation.key(&keys.vocab).key(&keys.heavy).key(keys.top());
+    invocation
+        .key(&keys.vocab)
+        .key(&keys.heavy)
+        .key(keys.top())
+        .key(&keys.features);
+    invocation
+}
+
+/// `configure.lua`'s call: give dictionary `keys` the features `letters` (in the order `rws`).
+pub fn configure<'s>(
+    script: &'s Script,
+    keys: &DictionaryKeys,
+    letters: &str,
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.key(&keys.data);
+    invocation.key(&keys.features).arg(letters);
+    invocation
+}
+
+/// `change.lua`'s call: the step `args` (its name first) of the change of dictionary `keys`'s
+/// features driven by `owner`, touching `touched`.
+pub fn change<'s>(
+    script: &'s Script,
+    keys: &DictionaryKeys,
+    owner: &str,
+    lease_ms: u64,
+    touched: &[String],
+    args: &[&[u8]],
+) -> ScriptInvocation<'s> {
+    let mut invocation = dictionary_invocation(script, keys);
+    invocation.key(keys.lease());
+    for key in touched {
+        invocation.key(key);
+    }
+    invocation.arg(&keys.base).arg(owner).arg(lease_ms);
+    for a in args {
+        invocation.arg(*a);
+    }
     invocation
 }
 
@@ -325,6 +379,9 @@ pub struct Complete<'a> {
     pub group: u8,
     /// Where the page starts (empty for the first).
     pub position: &'a [u8],
+    /// The features the query needs, as letters (`r`, `w`, `s`): the script refuses it when the
+    /// dictionary lacks one.
+    pub need: &'a str,
 }
 
 impl Complete<'_> {
@@ -355,6 +412,7 @@ impl Complete<'_> {
             .arg(MAX_RANKED_DEPTH)
             .arg(flags)
             .arg(HEAVY_PREFIX)
+            .arg(self.need)
             .arg(words);
         invocation
     }

@@ -12,10 +12,11 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
     AUTO_REQUEST_MEMORY, Autocomplete, Completion, DEFAULT_LIMIT, DEFAULT_LIST_LIMIT,
-    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, MAX_ABS_SCORE, MAX_FORM_BYTES, MAX_NAME_BYTES,
-    MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL, MAX_REQUEST_ID_BYTES, MAX_RESULTS,
-    MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind, MatchMode, NewTerm, Order,
-    REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion, TermPart, Text, term_field, text,
+    DEFAULT_RECENT_ITEMS, DEFAULT_RECENT_TTL, Description, FeatureChange, Features, MAX_ABS_SCORE,
+    MAX_FORM_BYTES, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL,
+    MAX_REQUEST_ID_BYTES, MAX_RESULTS, MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind,
+    MatchMode, NewTerm, Order, REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion,
+    TermPart, Text, term_field, text,
 };
 use crate::{
     error::{Error, Field, UNAVAILABLE_RETRY_AFTER},
@@ -236,6 +237,75 @@ fn texts(field: impl Into<Field>, values: &[String]) -> Result<Vec<Text>, Error>
         .collect()
 }
 
+/// A dictionary's features from `Configure`'s list: each a known feature, once; `SUBSTRING`
+/// only with `WORDS`.
+fn features(values: &[i32]) -> Result<Features, Error> {
+    let mut features = Features {
+        ranked: false,
+        words: false,
+        substring: false,
+    };
+    for (i, value) in values.iter().enumerate() {
+        let field = || Field::from(format!("features[{i}]"));
+        let flag = match pb::AutocompleteFeature::try_from(*value) {
+            Ok(pb::AutocompleteFeature::Ranked) => &mut features.ranked,
+            Ok(pb::AutocompleteFeature::Words) => &mut features.words,
+            Ok(pb::AutocompleteFeature::Substring) => &mut features.substring,
+            Ok(pb::AutocompleteFeature::Unspecified) => {
+                return Err(Error::invalid(
+                    field(),
+                    "AUTOCOMPLETE_FEATURE_UNSPECIFIED is not a feature",
+                ));
+            }
+            Err(_) => {
+                return Err(Error::invalid(
+                    field(),
+                    format!("{value} is not an AutocompleteFeature"),
+                ));
+            }
+        };
+        if *flag {
+            return Err(Error::invalid(field(), "repeats a feature listed before"));
+        }
+        *flag = true;
+    }
+    if features.substring && !features.words {
+        return Err(Error::invalid(
+            "features",
+            "AUTOCOMPLETE_FEATURE_SUBSTRING needs AUTOCOMPLETE_FEATURE_WORDS (substring matching \
+             finds words through the vocabulary)",
+        ));
+    }
+    Ok(features)
+}
+
+/// Features as the proto lists them, in the enum's order.
+fn feature_list(f: Features) -> Vec<i32> {
+    [
+        (f.ranked, pb::AutocompleteFeature::Ranked),
+        (f.words, pb::AutocompleteFeature::Words),
+        (f.substring, pb::AutocompleteFeature::Substring),
+    ]
+    .into_iter()
+    .filter_map(|(on, feature)| on.then_some(feature.into()))
+    .collect()
+}
+
+/// A change of features as the proto says it.
+fn feature_change(c: FeatureChange) -> pb::AutocompleteFeatureChange {
+    pb::AutocompleteFeatureChange {
+        features: feature_list(c.target),
+        building: match c.building {
+            Some(b'w') => pb::AutocompleteFeature::Words,
+            Some(b's') => pb::AutocompleteFeature::Substring,
+            _ => pb::AutocompleteFeature::Unspecified,
+        }
+        .into(),
+        indexed: c.indexed,
+        dropping: feature_list(c.dropping),
+    }
+}
+
 /// A match mode as the metrics label it.
 fn mode_label(mode: MatchMode) -> &'static str {
     match mode {
@@ -371,9 +441,32 @@ impl AutocompleteService for AutocompleteApi {
     ) -> Result<Response<pb::AutocompleteServiceDescribeResponse>, Status> {
         let req = request.into_inner();
         let dictionary = name("dictionary", &req.dictionary)?;
-        let term_count = self.autocomplete.term_count(&dictionary).await?;
+        let Description {
+            term_count,
+            features,
+            declared,
+            change,
+        } = self.autocomplete.describe(&dictionary).await?;
         Ok(Response::new(pb::AutocompleteServiceDescribeResponse {
             term_count,
+            features: feature_list(features),
+            features_declared: declared,
+            change: change.map(feature_change),
+        }))
+    }
+
+    async fn configure(
+        &self,
+        request: Request<pb::AutocompleteServiceConfigureRequest>,
+    ) -> Result<Response<pb::AutocompleteServiceConfigureResponse>, Status> {
+        let req = request.into_inner();
+        let dictionary = name("dictionary", &req.dictionary)?;
+        let features = features(&req.features)?;
+        let d = self.autocomplete.configure(&dictionary, features).await?;
+        Ok(Response::new(pb::AutocompleteServiceConfigureResponse {
+            features: feature_list(d.features),
+            term_count: d.term_count,
+            change: d.change.map(feature_change),
         }))
     }
 

@@ -9,6 +9,7 @@ import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbu
 import { createClient, type CallOptions, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
+  AutocompleteFeature,
   AutocompleteMatchKind,
   AutocompleteMatchMode,
   AutocompleteOrder,
@@ -363,6 +364,9 @@ export type Term = string | { display: string; score?: number; increment?: boole
 
 /** How a query matches. */
 export type MatchMode = "prefix" | "word_prefix" | "suffix" | "contains" | "automatic";
+/** An index a dictionary can keep: "ranked" (score order), "words" (word prefix), "substring"
+ * (suffix, contains, automatic; needs "words"). */
+export type Feature = "ranked" | "words" | "substring";
 
 /** One completion. */
 export interface Suggestion {
@@ -387,6 +391,16 @@ const MODES: Record<MatchMode, AutocompleteMatchMode> = {
   contains: AutocompleteMatchMode.CONTAINS,
   automatic: AutocompleteMatchMode.AUTOMATIC,
 };
+
+const FEATURES: Record<Feature, AutocompleteFeature> = {
+  ranked: AutocompleteFeature.RANKED,
+  words: AutocompleteFeature.WORDS,
+  substring: AutocompleteFeature.SUBSTRING,
+};
+
+function featureNames(features: AutocompleteFeature[]): Feature[] {
+  return features.map((f) => AutocompleteFeature[f].toLowerCase() as Feature);
+}
 
 const ALGORITHMS = {
   gcra: RateLimitAlgorithm.GCRA,
@@ -980,6 +994,21 @@ export class Autocomplete {
   /** How many terms the dictionary has. */
   async size(dictionary: string): Promise<bigint> {
     return (await this.client.call((o) => this.stub.describe({ dictionary }, o))).termCount;
+  }
+
+  /** Declares the indexes the dictionary keeps, and so the modes it serves (lexicographic prefix
+   * and fuzzy completion always); a dictionary that never called this has every feature. On a
+   * dictionary with terms, features added are built (and dropped ones deleted) in the background;
+   * "ranked" can be added only while it is empty (FailedPrecondition otherwise). Returns the
+   * features it serves now. */
+  async configure(dictionary: string, features: Feature[]): Promise<Feature[]> {
+    const request = { dictionary, features: features.map((f) => FEATURES[f]) };
+    return featureNames((await this.client.call((o) => this.stub.configure(request, o))).features);
+  }
+
+  /** The dictionary's features (every one unless `configure` said otherwise). */
+  async features(dictionary: string): Promise<Feature[]> {
+    return featureNames((await this.client.call((o) => this.stub.describe({ dictionary }, o))).features);
   }
 
   /** One page of terms matching `query`. */

@@ -15,6 +15,7 @@ export {
   type CampaignOptions,
   type ConnectOptions,
   type ElectionState,
+  type Feature,
   type Leader,
   type LockGrant,
   type LockOptions,

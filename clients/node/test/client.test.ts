@@ -87,6 +87,15 @@ for (const transport of ["tcp", "unix"] as const) {
       await client.autocomplete.recordRecent(name, "alice");
       await client.autocomplete.recordRecent(name, "bob");
       assert.deepEqual((await client.autocomplete.recent(name)).items.map((i) => i.display), ["bob", "alice"]);
+      // Features: the default is every one; a dictionary declared with fewer refuses the others.
+      const declared = uniqueName();
+      assert.deepEqual(await client.autocomplete.features(declared), ["ranked", "words", "substring"]);
+      assert.deepEqual(await client.autocomplete.configure(declared, ["words"]), ["words"]);
+      await client.autocomplete.add(declared, ["Anna Smith"]);
+      const words = await client.autocomplete.complete(declared, "smi", { mode: "word_prefix" });
+      assert.deepEqual(words.suggestions.map((s) => s.display), ["Anna Smith"]);
+      await assert.rejects(client.autocomplete.complete(declared, "an", { order: "score" }), /AUTOCOMPLETE_FEATURE_RANKED/);
+      await assert.rejects(client.autocomplete.configure(declared, ["ranked"]), /FailedPrecondition|empty/);
       const answers = [];
       for (let i = 0; i < 3; i++) answers.push(await client.rateLimit.check(name, { limit: 2, periodMs: 60_000 }));
       assert.deepEqual(answers.map((a) => a.allowed), [true, true, false]);

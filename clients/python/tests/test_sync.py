@@ -200,6 +200,24 @@ def test_autocomplete(server, transport, name):
         assert [i.display for i in client.autocomplete.complete_recent(name, "al").items] == ["alice"]
 
 
+def test_autocomplete_features(server, name):
+    """A dictionary declared with some features serves their modes and refuses the others; the
+    default is every feature, and features change only while the dictionary is empty."""
+    with baton.Baton.connect(server.tcp) as client:
+        assert client.autocomplete.features(name) == ["ranked", "words", "substring"]
+        assert client.autocomplete.configure(name, ["words"]) == ["words"]
+        client.autocomplete.add(name, ["Anna Smith", "Andy Smithson"])
+        page = client.autocomplete.complete(name, "smi", mode="word_prefix")
+        assert [s.display for s in page.suggestions] == ["Andy Smithson", "Anna Smith"]
+        assert client.autocomplete.features(name) == ["words"]
+        with pytest.raises(baton.FailedPrecondition, match="AUTOCOMPLETE_FEATURE_RANKED"):
+            client.autocomplete.complete(name, "an", order="score")
+        with pytest.raises(baton.FailedPrecondition):
+            client.autocomplete.configure(name, ["ranked"])
+        with pytest.raises(ValueError):
+            client.autocomplete.configure(name, ["fast"])
+
+
 def test_stock_grpcio_reaches_the_unix_socket(server, name):
     """Stock grpcio over Baton's socket sends the socket path, percent-encoded, as :authority;
     Baton serves it all the same (several calls on one connection, a Hold stream included), and

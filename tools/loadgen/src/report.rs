@@ -884,6 +884,91 @@ fn autocomplete_baseline(run: &Run) -> String {
 /// Memory per term of the indexes each set of match modes reads (sums of `MEMORY USAGE` by kind
 /// of key), beside the baselines of the same terms.
 fn autocomplete_modes(run: &Run) -> String {
+    let declared = select(run, |r| {
+        r.scenario == "autocomplete" && r.case == "memory-features"
+    });
+    if declared.is_empty() {
+        return autocomplete_modes_by_key(run);
+    }
+    let mut md = String::from(
+        "| dictionary declared with | serves | keys | load time, s | bytes per term (`MEMORY USAGE`) | bytes per term (`used_memory` growth) |\n|---|---|---|---:|---:|---:|\n",
+    );
+    for side in distinct(&declared, |r| r.side.clone()) {
+        let r: Vec<&Record> = declared
+            .iter()
+            .copied()
+            .filter(|r| r.side == side)
+            .collect();
+        let (features, serves, keys) = match side.as_str() {
+            "none" => (
+                "no feature",
+                "prefix (lexicographic), exact, fuzzy",
+                "`l:XX`, `data`, `h`",
+            ),
+            "ranked" => (
+                "`RANKED`",
+                "… and by score",
+                "… and `b:XX`, `r:P`, `t:P`, `top`",
+            ),
+            "ranked+words" => ("`RANKED`, `WORDS`", "… and word prefix", "… and `w:W`, `v`"),
+            "ranked+words+substring" => (
+                "`RANKED`, `WORDS`, `SUBSTRING`",
+                "… and suffix, contains, automatic",
+                "… and `vg:G`",
+            ),
+            other => (other, "", ""),
+        };
+        let per_term = |x: &Record| {
+            x.values
+                .iter()
+                .filter(|(k, _)| k.starts_with("bytes:"))
+                .map(|(_, v)| *v)
+                .sum::<f64>()
+                / get(names::TERMS)(x).max(1.0)
+        };
+        let _ = writeln!(
+            md,
+            "| {features} | {serves} | {keys} | {} | {} | {} |",
+            cell(&values(&r, get(names::TOOK)), |v| format!("{v:.1}")),
+            cell(&values(&r, per_term), grouped),
+            cell(
+                &values(&r, |x| get(names::MEMORY)(x)
+                    / get(names::TERMS)(x).max(1.0)),
+                grouped
+            ),
+        );
+    }
+    let baselines = select(run, |r| {
+        r.scenario == "autocomplete" && r.case == "baseline"
+    });
+    for side in distinct(&baselines, |r| r.side.clone()) {
+        let r: Vec<&Record> = baselines
+            .iter()
+            .copied()
+            .filter(|r| r.side == side)
+            .collect();
+        let what = match side.split_once(' ') {
+            None => "one bare sorted set of lex members, the run's Redis".to_owned(),
+            Some(("zadd", server)) => format!("one bare sorted set of lex members, {server}"),
+            Some((_, server)) => format!("RediSearch `FT.SUGADD`, {server}"),
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | prefix | — | {} | — | {} |",
+            cell(&values(&r, get(names::TOOK)), |v| format!("{v:.1}")),
+            cell(
+                &values(&r, |x| get(names::MEMORY)(x)
+                    / get(names::TERMS)(x).max(1.0)),
+                grouped
+            ),
+        );
+    }
+    md
+}
+
+/// Memory per set of modes as per-key sums of one dictionary with every index (runs made before
+/// dictionaries could declare their features).
+fn autocomplete_modes_by_key(run: &Run) -> String {
     let memory = select(run, |r| r.scenario == "autocomplete" && r.case == "memory");
     let mut md = String::from("| what | keys | bytes per term |\n|---|---|---:|\n");
     let rows: [(&str, &str, &[&str]); 4] = [

@@ -228,7 +228,10 @@ async fn autocomplete_loads_and_completes() {
         .iter()
         .filter(|r| {
             r.scenario == "autocomplete"
-                && !matches!(r.case.as_str(), "load" | "memory" | "baseline")
+                && !matches!(
+                    r.case.as_str(),
+                    "load" | "memory" | "baseline" | "memory-features"
+                )
         })
         .collect();
     // The longest script while loading was read from SLOWLOG (calls of 1 ms or more), and the
@@ -267,11 +270,46 @@ async fn autocomplete_loads_and_completes() {
         assert!(value(r, names::LOADGEN_CPU) >= 0.0);
     }
     assert!(baton_cpu > 0.0, "Baton's CPU time was measured");
+    // A dictionary per feature set, each loaded whole and measured: fewer features, fewer bytes.
+    let declared: Vec<&Record> = run
+        .records
+        .iter()
+        .filter(|r| r.case == "memory-features")
+        .collect();
+    let sides: Vec<&str> = declared.iter().map(|r| r.side.as_str()).collect();
+    assert_eq!(
+        sides,
+        loadgen::autocomplete::FEATURE_SETS.map(|(label, _)| label)
+    );
+    let bytes = |r: &Record| -> f64 {
+        r.values
+            .iter()
+            .filter(|(k, _)| k.starts_with("bytes:"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    for pair in declared.windows(2) {
+        assert!(
+            bytes(pair[0]) < bytes(pair[1]),
+            "{} keeps less than {}",
+            pair[0].side,
+            pair[1].side
+        );
+    }
+    assert!(
+        !declared[0].values.contains_key("bytes:w") && !declared[0].values.contains_key("bytes:b"),
+        "a dictionary without features has no word or ranked set: {:?}",
+        declared[0].values
+    );
+    for r in &declared {
+        assert_eq!(value(r, names::TERMS) as usize, options.terms);
+    }
     for table in [
         "autocomplete-load",
         "autocomplete",
         "autocomplete-memory",
         "autocomplete-baseline",
+        "autocomplete-modes",
     ] {
         let md = report::table_of(table, std::slice::from_ref(&run)).unwrap();
         assert!(md.lines().count() > 2, "{table}: {md}");

@@ -517,6 +517,21 @@ class Autocomplete:
         request = ac_pb.AutocompleteServiceDescribeRequest(dictionary=dictionary)
         return self._client._call(self._stub.Describe, request).term_count
 
+    def configure(self, dictionary: str, features: Sequence[str]) -> list:
+        """Declares the indexes the dictionary keeps, and so the modes it serves: any of "ranked"
+        (score order), "words" (word prefix), "substring" (suffix, contains, automatic; needs
+        "words"). Lexicographic prefix and fuzzy completion are always served; a dictionary that
+        never called this has every feature. On a dictionary with terms, features added are built
+        (and dropped ones deleted) in the background; "ranked" can be added only while it is empty
+        (`FailedPrecondition` otherwise). Returns the features it serves now."""
+        request = t.configure_request(dictionary, features)
+        return t.feature_names(self._client._call(self._stub.Configure, request).features)
+
+    def features(self, dictionary: str) -> list:
+        """The dictionary's features (every one unless `configure` said otherwise)."""
+        request = ac_pb.AutocompleteServiceDescribeRequest(dictionary=dictionary)
+        return t.feature_names(self._client._call(self._stub.Describe, request).features)
+
     def complete(self, dictionary: str, query: str, *, limit: int = 10, mode: str = "prefix",
                  order: str = "lexicographic", page_token: str = "") -> t.Completions:
         """One page of terms matching `query`. `mode`: "prefix", "word_prefix", "suffix",

@@ -240,6 +240,8 @@ class RecordResult:
 
 _MODES = {"prefix": 1, "word_prefix": 2, "suffix": 3, "contains": 4, "automatic": 5}
 _ORDERS = {"lexicographic": 1, "score": 2}
+_FEATURES = {"ranked": 1, "words": 2, "substring": 3}
+_FEATURE_NAMES = {v: k for k, v in _FEATURES.items()}
 _ALGORITHMS = {"gcra": 1, "fixed_window": 2, "sliding_window": 3}
 
 
@@ -313,6 +315,16 @@ def complete_request(dictionary, query, limit, mode, order, page_token):
     return ac_pb.AutocompleteServiceCompleteRequest(
         dictionary=dictionary, query=query, limit=limit, mode=_enum(_MODES, mode, "mode"),
         order=_enum(_ORDERS, order, "order"), page_token=page_token)
+
+
+def configure_request(dictionary, features):
+    return ac_pb.AutocompleteServiceConfigureRequest(
+        dictionary=dictionary, features=[_enum(_FEATURES, f, "features") for f in features])
+
+
+def feature_names(features) -> list:
+    """Feature names ("ranked", "words", "substring") of a response's feature list."""
+    return [_FEATURE_NAMES.get(f, str(f)) for f in features]
 
 
 def record_request(list_name, display, payload, max_items, ttl):

@@ -217,39 +217,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let memory_before = probe::used_memory(&mut probe.admin).await;
     let mark = probe.mark().await;
-    let started = Instant::now();
-    let mut loaders = JoinSet::new();
-    for l in 0..LOADERS {
-        let mut api = AutocompleteServiceClient::new(channels[l % channels.len()].clone());
-        let terms = Arc::clone(&terms);
-        loaders.spawn(async move {
-            let mut at = l * BATCH;
-            while at < terms.len() {
-                let chunk = &terms[at..(at + BATCH).min(terms.len())];
-                api.add(pb::AutocompleteServiceAddRequest {
-                    dictionary: DICTIONARY.to_owned(),
-                    terms: chunk
-                        .iter()
-                        .map(|t| pb::AutocompleteTerm {
-                            display: t.display.clone(),
-                            score: Some(t.score),
-                            increment: false,
-                            payload: t.payload.clone(),
-                        })
-                        .collect(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|s| panic!("Add: {s:?}"));
-                at += BATCH * LOADERS;
-            }
-        });
-    }
-    let limit = Duration::from_secs(600);
-    while let Some(done) = within(limit, loaders.join_next(), "the dictionary to load").await {
-        done.expect("a loader task");
-    }
-    let took = started.elapsed();
+    let took = load_terms(&channels, DICTIONARY, &terms).await;
     let mut load = Record {
         scenario: Scenario::Autocomplete.name().to_owned(),
         case: "load".to_owned(),
@@ -344,6 +312,48 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     }
     records.push(memory);
 
+    // The same terms in dictionaries declared with fewer features, each loaded and measured on
+    // its own: what a dictionary serving only some modes costs.
+    for (label, features) in FEATURE_SETS {
+        let dictionary = format!("{DICTIONARY}-{label}");
+        AutocompleteServiceClient::new(channels[0].clone())
+            .configure(pb::AutocompleteServiceConfigureRequest {
+                dictionary: dictionary.clone(),
+                features: features.iter().map(|f| *f as i32).collect(),
+            })
+            .await
+            .expect("Configure");
+        let before = probe::used_memory(&mut probe.admin).await;
+        let took = load_terms(&channels, &dictionary, &terms).await;
+        let grown = probe::used_memory(&mut probe.admin)
+            .await
+            .saturating_sub(before);
+        let mut r = Record {
+            scenario: Scenario::Autocomplete.name().to_owned(),
+            case: "memory-features".to_owned(),
+            side: label.to_owned(),
+            ..Record::default()
+        };
+        r.set(names::TERMS, terms.len() as f64);
+        r.set(names::TOOK, took.as_secs_f64());
+        r.set(names::MEMORY, grown as f64);
+        let keys = DictionaryKeys::new(BATON_PREFIX, &dictionary);
+        let mut total = 0;
+        for (kind, (bytes, n)) in index_memory(&mut probe.admin, &keys.base).await {
+            r.set(&format!("bytes:{kind}"), bytes as f64);
+            r.set(&format!("keys:{kind}"), n as f64);
+            total += bytes;
+        }
+        eprintln!(
+            "autocomplete: {label}: loaded in {:.1} s, {:.0} B/term (MEMORY USAGE), {:.0} B/term \
+             (used_memory growth)",
+            took.as_secs_f64(),
+            total as f64 / terms.len().max(1) as f64,
+            grown as f64 / terms.len().max(1) as f64
+        );
+        records.push(r);
+    }
+
     // RediSearch's suggestions, and the bare sorted set again, on a server of their own.
     if let Some(search) = baseline::SearchServer::start().await {
         let sug = search.suggestions(&terms, "bench:sug").await;
@@ -368,6 +378,71 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         ));
         search.stop().await;
     }
+}
+
+/// The feature sets of the dictionaries measured beside the main one (which has every feature),
+/// each with its label in the records.
+pub const FEATURE_SETS: [(&str, &[pb::AutocompleteFeature]); 4] = [
+    ("none", &[]),
+    ("ranked", &[pb::AutocompleteFeature::Ranked]),
+    (
+        "ranked+words",
+        &[
+            pb::AutocompleteFeature::Ranked,
+            pb::AutocompleteFeature::Words,
+        ],
+    ),
+    (
+        "ranked+words+substring",
+        &[
+            pb::AutocompleteFeature::Ranked,
+            pb::AutocompleteFeature::Words,
+            pb::AutocompleteFeature::Substring,
+        ],
+    ),
+];
+
+/// Loads `terms` into `dictionary` through `Add` (batches of [`BATCH`], [`LOADERS`] in flight);
+/// returns how long it took.
+async fn load_terms(
+    channels: &[Channel],
+    dictionary: &str,
+    terms: &Arc<Vec<GeneratedTerm>>,
+) -> Duration {
+    let started = Instant::now();
+    let mut loaders = JoinSet::new();
+    for l in 0..LOADERS {
+        let mut api = AutocompleteServiceClient::new(channels[l % channels.len()].clone());
+        let terms = Arc::clone(terms);
+        let dictionary = dictionary.to_owned();
+        loaders.spawn(async move {
+            let mut at = l * BATCH;
+            while at < terms.len() {
+                let chunk = &terms[at..(at + BATCH).min(terms.len())];
+                api.add(pb::AutocompleteServiceAddRequest {
+                    dictionary: dictionary.clone(),
+                    terms: chunk
+                        .iter()
+                        .map(|t| pb::AutocompleteTerm {
+                            display: t.display.clone(),
+                            score: Some(t.score),
+                            increment: false,
+                            payload: t.payload.clone(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|s| panic!("Add: {s:?}"));
+                at += BATCH * LOADERS;
+            }
+        });
+    }
+    let limit = Duration::from_secs(600);
+    while let Some(done) = within(limit, loaders.join_next(), "the dictionary to load").await {
+        done.expect("a loader task");
+    }
+    started.elapsed()
 }
 
 /// The longest script call while loading (µs), by `SLOWLOG`.

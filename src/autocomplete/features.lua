@@ -1,0 +1,58 @@
+-- Features: the optional indexes a dictionary keeps (prepended to the scripts that write or read
+-- them). The features hash (<base>:f) holds:
+--   s  the features served, as letters: 'r' the ranked sets (b:, r:, t:, top), 'w' the words
+--      (w:, v), 's' the grams of words (vg:); a dictionary without the hash never declared its
+--      features and has every one
+--   g  while a change is applied: the features asked for
+--   b  while a feature's index is built: its letter ('w' or 's'), with
+--   c  the build's cursor: every term whose lex member sorts at or before it ('w'), or every
+--      vocabulary word at or before it ('s'), is indexed; absent before the first step
+--   n  terms (or words) the build indexed so far
+--   d  letters of the features whose keys are being deleted
+-- Writes index a term (or a word) in a feature being built only when it is at or before the
+-- cursor: the build indexes the rest, so the index ends exact whatever writes run meanwhile.
+local ALL_FEATURES = 'rws'
+
+-- The features of the dictionary whose features hash is `key`, as letters.
+local function features_of(key)
+  return redis.call('HGET', key, 's') or ALL_FEATURES
+end
+
+-- Whether feature letter `f` is one of `features`.
+local function has_feature(features, f)
+  return string.find(features, f, 1, true) ~= nil
+end
+
+-- The first letter of `need` that `features` lacks, or nil.
+local function missing_feature(features, need)
+  for i = 1, #need do
+    local c = string.sub(need, i, i)
+    if not has_feature(features, c) then
+      return c
+    end
+  end
+  return nil
+end
+
+-- The refusal of a query needing feature `f`, which the dictionary whose features hash is `key`
+-- lacks: {-1, f, terms indexed so far when its index is being built, else ''}.
+local function refusal(key, f)
+  local v = redis.call('HMGET', key, 'b', 'n')
+  return { -1, f, v[1] == f and (v[2] or '0') or '' }
+end
+
+-- What a write to the dictionary whose features hash is `key` maintains: a table with
+-- served (letters), building (a letter or false), cursor (string or false), dropping (letters).
+local function write_state(key)
+  local v = redis.call('HMGET', key, 's', 'b', 'c', 'd')
+  return { served = v[1] or ALL_FEATURES, building = v[2], cursor = v[3], dropping = v[4] or '' }
+end
+
+-- Whether a write maintains feature `f` for the item (a lex member for 'w', a word for 's')
+-- `item`: the feature is served, or being built and the build's cursor is at or past the item.
+local function maintains(state, f, item)
+  if has_feature(state.served, f) then
+    return true
+  end
+  return state.building == f and state.cursor and not lt(state.cursor, item) or false
+end
