@@ -20,11 +20,13 @@
 --        words, the first after the cursor
 --
 -- Returns {1} when the step was applied, {0} when the state or the range changed since Baton
--- read them (nothing changed), {-2} when the lease is not the driver's, {2} when no change is
+-- read them (nothing changed), {-2} when another driver holds the lease, {2} when no change is
 -- under way (the lease is released).
 local data, vocab, heavy_set, top, fkey, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local base, owner, ttl, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if redis.call('GET', lease) ~= owner then
+-- The lease is taken by the first step of a driver when no other holds it, and renewed by each.
+local holder = redis.call('GET', lease)
+if holder and holder ~= owner then
   return { -2 }
 end
 local st = redis.call('HMGET', fkey, 's', 'g', 'b', 'c', 'n', 'd', 'dc')
@@ -34,7 +36,7 @@ if not target then
   redis.call('DEL', lease)
   return { 2 }
 end
-redis.call('PEXPIRE', lease, ttl)
+redis.call('SET', lease, owner, 'PX', ttl)
 
 -- Ends the change once nothing is left to build or drop.
 local function settle()

@@ -1127,9 +1127,7 @@ impl Autocomplete {
                     .arg(&["s", "g", "b", "n", "d"]),
             )
             .await?;
-        let leased: Value = redis
-            .command(redis::cmd("EXISTS").arg(keys.lease()))
-            .await?;
+        let driver: Value = redis.command(redis::cmd("GET").arg(keys.lease())).await?;
         let [letters, target, building, indexed, dropping] = state.as_slice() else {
             return Err(unexpected("describe reply"));
         };
@@ -1156,7 +1154,7 @@ impl Autocomplete {
                 },
             }),
         };
-        if change.is_some() && int(&leased)? == 0 {
+        if change.is_some() && matches!(driver, Value::Nil) {
             // The Baton that drove the change is gone (or it just ended): go on with it.
             self.drive(dictionary);
         }
@@ -1189,21 +1187,7 @@ impl Autocomplete {
         let keys = self.dictionary_keys(dictionary);
         let owner = uuid::Uuid::new_v4().to_string();
         let lease_ms = u64::try_from(CHANGE_LEASE.as_millis()).unwrap_or(u64::MAX);
-        let taken: Value = self
-            .inner
-            .redis
-            .command(
-                redis::cmd("SET")
-                    .arg(keys.lease())
-                    .arg(&owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(lease_ms),
-            )
-            .await?;
-        if matches!(taken, Value::Nil) {
-            return Ok(());
-        }
+        // The first step takes the lease unless another driver holds it (it then answers -2).
         // Steps refused because the range moved under them (busy writers) are read again; this
         // many in a row stops the driver (the next Describe or Configure resumes the change).
         let mut refused = 0;

@@ -22,7 +22,7 @@ use crate::{
     support::{
         Baton, RedisServer, channel,
         lease::{next_event, wait_for_waiters},
-        lock, ms, semaphore, unique_prefix, within,
+        lock, ms, semaphore, unique_prefix, wait_until, within,
     },
 };
 
@@ -243,6 +243,51 @@ async fn two_batons_on_one_redis_share_nothing() {
         let items: Vec<_> = recent.items.iter().map(|i| i.display.as_str()).collect();
         assert_eq!(items, [own]);
     }
+
+    // A change of a dictionary's features (its indexes dropped, then built again in the
+    // background) runs with the documented rights too.
+    for features in [vec![], vec![pb::AutocompleteFeature::Words]] {
+        ac_a.configure(pb::AutocompleteServiceConfigureRequest {
+            dictionary: "cities".to_owned(),
+            features: features.iter().map(|f| i32::from(*f)).collect(),
+        })
+        .await
+        .expect("Configure");
+        wait_until(
+            Duration::from_secs(10),
+            "the features change to end",
+            || {
+                let mut ac = ac_a.clone();
+                async move {
+                    let d = ac
+                        .describe(pb::AutocompleteServiceDescribeRequest {
+                            dictionary: "cities".to_owned(),
+                        })
+                        .await
+                        .map_err(|s| format!("{s:?}"))?
+                        .into_inner();
+                    if d.change.is_none() {
+                        Ok(d)
+                    } else {
+                        Err(format!("{d:?}"))
+                    }
+                }
+            },
+        )
+        .await;
+    }
+    let found = ac_a
+        .complete(pb::AutocompleteServiceCompleteRequest {
+            dictionary: "cities".to_owned(),
+            query: "par".to_owned(),
+            limit: 10,
+            mode: pb::AutocompleteMatchMode::WordPrefix.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Complete by word prefix after the rebuild")
+        .into_inner();
+    assert_eq!(found.suggestions.len(), 1, "{found:?}");
 
     // Rate limits: the same key counts separately.
     let check = || pb::RateLimitServiceCheckRequest {
