@@ -19,8 +19,8 @@
 //! | `PREFIX{ac:NAME}:data` | hash | id → score, display text (when not the id), payload | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:h` | hash | `l:XX`, `b:XX` or `r:P` → 1 for every lex and ranked set there is, `t:P` → the deep set's bound; `""` → 1 while the first-byte ranked sets exist | while one does |
 //! | `PREFIX{ac:NAME}:b:XX` | sorted set (scores 0) | ranked members of every term whose matching form starts with byte `XX` (hex) | while the dictionary has more than [`LIGHT_PREFIX`] terms; created past [`HEAVY_PREFIX`] |
-//! | `PREFIX{ac:NAME}:t:P` | sorted set (scores 0) | ranked members of the best-ranked terms starting with `P` ([`MAX_RANKED_DEPTH`] + 1 characters): every such term ranked at or before the set's bound (in `h`); [`DEEP_RANKED`] to twice that | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
-//! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; [`TOP_RANKED`] to twice that | as the first-byte ranked sets |
+//! | `PREFIX{ac:NAME}:t:P` | sorted set (scores 0) | ranked members of the best-ranked terms starting with `P` ([`MAX_RANKED_DEPTH`] + 1 characters): every such term ranked at or before the set's bound (in `h`); up to twice [`DEEP_RANKED`] (and a step's) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; up to twice [`TOP_RANKED`] (and a step's) | as the first-byte ranked sets |
 //! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P`, of 1 to [`MAX_RANKED_DEPTH`] characters (one character only when it takes several bytes: an ASCII character's set is its `b:XX`) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
@@ -91,12 +91,12 @@ const _: () = assert!(HEAVY_PREFIX <= GATHER, "light prefixes are gathered whole
 /// walks the ranked set of its longest shorter prefix that has one.
 pub const MAX_RANKED_DEPTH: usize = 2;
 /// A prefix of [`MAX_RANKED_DEPTH`] + 1 characters with more than [`HEAVY_PREFIX`] terms keeps
-/// its best-ranked terms in a *deep set*, cut back to this many when it passes twice that:
-/// score-ordered prefix completion of longer queries reads it before it walks the ranked set of
+/// its best-ranked terms in a *deep set*, cut back towards this many when it passes twice that
+/// (at most half this many members a step, so that no step removes many): score-ordered prefix completion of longer queries reads it before it walks the ranked set of
 /// the shorter prefix.
 pub const DEEP_RANKED: usize = 256;
-/// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back to this many
-/// when it passes twice that: score-ordered walks of the whole dictionary start there, in one
+/// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back towards this
+/// many when it passes twice that (at most [`DEEP_RANKED`] / 2 members a step): score-ordered walks of the whole dictionary start there, in one
 /// set, before they merge the sets of every first byte.
 pub const TOP_RANKED: usize = 2048;
 /// The most index entries one `Complete` call looks at.
@@ -133,9 +133,16 @@ pub const STEP_WORK: usize = 1000;
 /// Most entries in one step of a write batch, which also bounds what a step copies when it
 /// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
 pub const STEP_ENTRIES: usize = 64;
-/// Most members a step of more than one entry may copy into the ranked sets it creates; a step
-/// that would copy more is sent again in smaller steps.
-pub const STEP_COPIES: usize = 4 * HEAVY_PREFIX;
+/// The most work one step of a write batch does, in [`STEP_WORK`] units, by construction: a
+/// step of more than one entry does at most [`STEP_WORK`] (what its entries were planned to cost
+/// and the copies and cut-backs its script counts before writing, else it is sent again in
+/// smaller steps); a step of one entry may pass that by the copies of making the dictionary
+/// ranked (4 per term, at most [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The
+/// scripts return the work they did, and [`heaviest_step`] keeps the most seen.
+pub const MAX_STEP_WORK: usize = STEP_WORK + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
+/// Lex sets there can be: one per ASCII byte but 0, and per first byte of a multi-byte
+/// character (0xC2 to 0xF4).
+const FIRST_BYTES: usize = 127 + (0xF4 - 0xC2 + 1);
 /// Longest request id, in bytes.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 /// How long Redis remembers what an `Add` with a client's request id did.
@@ -376,6 +383,7 @@ impl<'a> AddBatch<'a> {
         let keys = &self.keys;
         let wide_sets = wide.then(|| keys.first_byte_sets());
         let touched = declared(&self.planned[at..end], wide_sets.as_deref());
+        let planned: usize = self.planned[at..end].iter().map(|p| p.work).sum();
         scripts::Add {
             keys,
             record: self.record_key.as_deref(),
@@ -384,6 +392,7 @@ impl<'a> AddBatch<'a> {
             fingerprint: self.fingerprint.as_deref().unwrap_or(""),
             first: at,
             memory_ms: self.memory_ms,
+            room: STEP_WORK.saturating_sub(planned),
         }
         .invocation(
             script,
@@ -432,11 +441,31 @@ impl Planned {
     }
 }
 
-/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units: reading and
-/// writing its data, lex, ranked and deep members (a few units each), its words' postings and
-/// vocabulary entries, and, for a word new to the vocabulary, one set per gram.
+/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units (a member or
+/// field read or written, as the scripts count them): its data, lex member and record (12), its
+/// words' postings and vocabulary entries (4 a word), for a word new to the vocabulary one set
+/// per gram, and per ranked set (and its deep set and the top set) its field in `h`, a count, a
+/// member added and one removed (4 each). Copies into ranked sets a step creates and cut-backs
+/// are counted by the script, within the room the step leaves ([`MAX_STEP_WORK`]).
 fn entry_work(words: usize, grams: usize, ranked_sets: usize) -> usize {
-    12 + 4 * words + grams + 3 * ranked_sets
+    12 + 4 * words + grams + 4 * (ranked_sets + 2)
+}
+
+/// The most work any write step of this process did (units of [`STEP_WORK`]).
+static HEAVIEST_STEP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most work one write step (`Add` or `Remove`) of this process did, as its script counted
+/// it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`], which tests check.
+pub fn heaviest_step() -> u64 {
+    HEAVIEST_STEP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes the work a write step's script reports doing.
+fn note_step_work(v: &Value) -> Result<(), Error> {
+    let work = count_u64(v)?;
+    HEAVIEST_STEP.fetch_max(work, std::sync::atomic::Ordering::Relaxed);
+    tracing::trace!(work, "autocomplete write step");
+    Ok(())
 }
 
 /// How many of `planned` (at least one) the next step takes: at most `most`, within
@@ -938,8 +967,9 @@ impl Autocomplete {
                 return Err(unexpected("add reply"));
             };
             match (int(status)?, rest) {
-                (0, [count, results @ ..]) if results.len() == end - at => {
+                (0, [count, work, results @ ..]) if results.len() == end - at => {
                     term_count = count_u64(count)?;
+                    note_step_work(work)?;
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
@@ -1096,7 +1126,8 @@ impl Autocomplete {
             );
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.as_slice() {
-                [status, gone, count] if int(status)? == 0 => {
+                [status, gone, count, work] if int(status)? == 0 => {
+                    note_step_work(work)?;
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);
