@@ -451,6 +451,19 @@ fn entry_work(words: usize, grams: usize, ranked_sets: usize) -> usize {
     12 + 4 * words + grams + 4 * (ranked_sets + 2)
 }
 
+/// How many of the items of these work costs (at least one) one step takes within [`STEP_WORK`].
+fn within_work(costs: impl Iterator<Item = usize>) -> usize {
+    let (mut work, mut n) = (0, 0);
+    for cost in costs {
+        work += cost;
+        if work > STEP_WORK {
+            return n.max(1);
+        }
+        n += 1;
+    }
+    n
+}
+
 /// The most work any write step of this process did (units of [`STEP_WORK`]).
 static HEAVIEST_STEP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -650,7 +663,8 @@ pub struct FeatureChange {
 /// How long a Baton driving a change of features holds its lease without a step: another Baton
 /// takes the change over once it lapses (a Baton that died mid-change).
 pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
-/// Terms, words or sets one step of a change of features covers.
+/// Terms, words or sets one step of a change of features covers at most (fewer when their
+/// postings or gram sets would pass [`STEP_WORK`]).
 pub const CHANGE_STEP: usize = 64;
 
 /// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
@@ -1310,6 +1324,11 @@ impl Autocomplete {
                         .arg(CHANGE_STEP - 1),
                 )
                 .await?;
+            let mut words = words;
+            if dropping.contains(&b's') {
+                // Each word's gram sets go with it: as many words as fit a step's work.
+                words.truncate(within_work(words.iter().map(|w| 2 + text::grams(w).len())));
+            }
             args.push(b"drop-w".to_vec());
             args.push(words.len().to_string().into_bytes());
             for w in &words {
@@ -1321,10 +1340,13 @@ impl Autocomplete {
             }
         } else if dropping.contains(&b's') {
             let from = field(4).unwrap_or_default();
-            let words = self.words_after(keys, &from).await?;
+            let mut words = self.words_after(keys, &from).await?;
+            let fit = within_work(words.iter().map(|w| 1 + text::grams(w).len()));
+            let all = words.len() < CHANGE_STEP && fit == words.len();
+            words.truncate(fit);
             args.push(b"drop-s".to_vec());
             args.push(from);
-            args.push(if words.len() < CHANGE_STEP {
+            args.push(if all {
                 Vec::new()
             } else {
                 words
@@ -1349,6 +1371,12 @@ impl Autocomplete {
                             .arg(CHANGE_STEP),
                     )
                     .await?;
+                // As many terms as fit a step's work: a posting and a vocabulary entry a word.
+                let mut members = members;
+                members.truncate(within_work(members.iter().map(|m| {
+                    let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
+                    1 + 2 * text::words(&String::from_utf8_lossy(&m[..key_end])).len()
+                })));
                 touched.push(lex);
                 args.push(b"build-w".to_vec());
                 args.push(cursor);
@@ -1365,7 +1393,9 @@ impl Autocomplete {
                     }
                 }
             } else {
-                let words = self.words_after(keys, &cursor).await?;
+                let mut words = self.words_after(keys, &cursor).await?;
+                // As many words as fit a step's work: a gram set a gram.
+                words.truncate(within_work(words.iter().map(|w| 1 + text::grams(w).len())));
                 args.push(b"build-s".to_vec());
                 args.push(cursor);
                 args.push(words.len().to_string().into_bytes());
