@@ -134,12 +134,16 @@ pub const STEP_WORK: usize = 1000;
 /// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
 pub const STEP_ENTRIES: usize = 64;
 /// The most work one step of a write batch does, in [`STEP_WORK`] units, by construction: a
-/// step of more than one entry does at most [`STEP_WORK`] (what its entries were planned to cost
-/// and the copies and cut-backs its script counts before writing, else it is sent again in
-/// smaller steps); a step of one entry may pass that by the copies of making the dictionary
+/// step of more than one entry does at most [`STEP_WORK`] and [`CUT_RESERVE`] (what its entries
+/// were planned to cost and the copies and cut-backs its script counts before writing, else it
+/// is sent again in smaller steps); a step of one entry may pass that by the copies of making the dictionary
 /// ranked (4 per term, at most [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The
 /// scripts return the work they did, and [`heaviest_step`] keeps the most seen.
-pub const MAX_STEP_WORK: usize = STEP_WORK + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
+pub const MAX_STEP_WORK: usize = STEP_WORK + CUT_RESERVE + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
+/// Work a step keeps beyond [`STEP_WORK`] for two cut-backs (of a deep set and of `top`, at most
+/// [`DEEP_RANKED`] / 2 members and a read each), so that a set that needs one does not send
+/// the step back to be halved.
+pub const CUT_RESERVE: usize = 2 * (DEEP_RANKED / 2 + 1);
 /// Lex sets there can be: one per ASCII byte but 0, and per first byte of a multi-byte
 /// character (0xC2 to 0xF4).
 const FIRST_BYTES: usize = 127 + (0xF4 - 0xC2 + 1);
@@ -392,7 +396,7 @@ impl<'a> AddBatch<'a> {
             fingerprint: self.fingerprint.as_deref().unwrap_or(""),
             first: at,
             memory_ms: self.memory_ms,
-            room: STEP_WORK.saturating_sub(planned),
+            room: (STEP_WORK + CUT_RESERVE).saturating_sub(planned),
         }
         .invocation(
             script,
