@@ -128,10 +128,10 @@ pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// The work one step of a write batch may do, in units of one member or field read or written
 /// by a script (planned as 12 per entry, 4 per word, 4 per ranked set and for the deep and top
 /// sets, 1 per gram of a word): a step is one script call, and this keeps each call to about
-/// 2 ms of Redis time on a quiet 2-core machine (the step sizes of the earlier 1000 units of a
-/// coarser plan), so that a large batch neither runs into Baton's command timeout nor holds up
-/// the other clients of the Redis.
-pub const STEP_WORK: usize = 1200;
+/// 2 ms of Redis time on a 2-core machine (a gram set created costs more than other units: a
+/// step of one 256-byte term of fresh words, about 530 units, takes 2 to 5 ms), so that a large
+/// batch neither runs into Baton's command timeout nor holds up the other clients of the Redis.
+pub const STEP_WORK: usize = 1000;
 /// Most entries in one step of a write batch, which also bounds what a step copies when it
 /// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
 pub const STEP_ENTRIES: usize = 64;
@@ -1994,7 +1994,7 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(next_step(&planned(&[500, 500, 500]), 64), 2);
+        assert_eq!(next_step(&planned(&[400, 400, 400]), 64), 2);
         assert_eq!(next_step(&planned(&[5000, 1]), 64), 1);
         assert_eq!(next_step(&planned(&[10; 100]), 64), 64);
         assert_eq!(next_step(&planned(&[10; 100]), 3), 3);
