@@ -2021,6 +2021,11 @@ async fn largest_add_runs_in_short_script_calls() {
     assert_eq!(added.added, 1000);
     assert_eq!(added.term_count, 1000);
     assert!(added.scores.iter().all(|s| *s == 1.0), "{:?}", added.scores);
+    let heaviest = baton::autocomplete::heaviest_step();
+    assert!(
+        heaviest <= baton::autocomplete::MAX_STEP_WORK as u64,
+        "a write step did {heaviest} units of work"
+    );
     assert!(
         average < timeout / 8,
         "script calls took {average:?} on average, more than {:?}",
@@ -2047,6 +2052,135 @@ async fn largest_add_runs_in_short_script_calls() {
         assert_eq!(hit.score, 1.0);
         assert_eq!(hit.payload.len(), 1024);
     }
+}
+
+/// No write step does more work than its budget, whatever the batch: the largest ones (1000
+/// terms, payloads, increments) into one prefix, across the creation of its ranked and deep sets
+/// and the dictionary's, through many cut-backs of the deep set and of `top`, then `Remove`s of
+/// nearly every term (dropping those sets) and a change of features. Each write script reports
+/// the work it did (members and fields read or written, copies and cut-backs included), which is
+/// deterministic; the longest script calls by `SLOWLOG` are printed, and checked only against a
+/// margin a busy machine keeps.
+#[tokio::test]
+async fn write_steps_stay_within_their_work_budget() {
+    use baton::autocomplete::{MAX_STEP_WORK, STEP_WORK, heaviest_step};
+    // Reads and resets node-wide logs.
+    let redis = RedisServer::start_private().await;
+    let baton = start_baton(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let mut conn = redis.conn().await;
+    for (name, value) in [
+        ("slowlog-log-slower-than", "5000"),
+        ("slowlog-max-len", "10000"),
+    ] {
+        let _: Vec<()> = conn
+            .on_every_node(redis::cmd("CONFIG").arg("SET").arg(name).arg(value))
+            .await;
+    }
+    let _: Vec<()> = conn.on_every_node(redis::cmd("SLOWLOG").arg("RESET")).await;
+    conn.reset_stats().await;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    // 9000 terms of one prefix "abc", with fresh words up to 256 bytes, in batches of 1000:
+    // the dictionary, "ab" and "abc" pass 256 terms within the first batch, and random scores
+    // keep terms joining the deep set of "abc" and top past twice their size.
+    let mut displays = Vec::new();
+    for batch in 0..9 {
+        let terms: Vec<pb::AutocompleteTerm> = (0..1000)
+            .map(|i| {
+                let mut d = format!("abc{batch}{i:03}");
+                let len = if i % 50 == 0 { 256 } else { 40 };
+                while d.len() < len {
+                    d.push(' ');
+                    for _ in 0..(1 + next() % 12) {
+                        d.push(char::from(b'a' + (next() % 26) as u8));
+                    }
+                }
+                d.truncate(len);
+                let d = d.trim_end().to_owned();
+                displays.push(d.clone());
+                pb::AutocompleteTerm {
+                    display: d,
+                    score: Some((next() % 1_000_000) as f64),
+                    increment: i % 3 == 0,
+                    payload: Some(vec![b'p'; 1024]),
+                }
+            })
+            .collect();
+        within(
+            Duration::from_secs(120),
+            client.add(pb::AutocompleteServiceAddRequest {
+                dictionary: "budget".into(),
+                terms,
+                ..Default::default()
+            }),
+            "an Add",
+        )
+        .await
+        .unwrap_or_else(|s| panic!("Add failed: {s:?}"));
+    }
+    assert_eq!(count(&mut client, "budget").await, 9000);
+    let mut key_kinds = HashSet::new();
+    let keys: Vec<String> = conn
+        .on_every_node::<Vec<String>>(redis::cmd("KEYS").arg("*budget*"))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    for k in &keys {
+        key_kinds.extend(
+            ["r:ab", "t:abc", ":top", ":b:61"]
+                .into_iter()
+                .filter(|p| k.ends_with(p)),
+        );
+    }
+    assert_eq!(
+        key_kinds.len(),
+        4,
+        "the ranked sets were not all made: {keys:?}"
+    );
+    let after_adds = heaviest_step();
+    // Nearly every term goes, 1000 at a time: the deep set, the prefix's and the first-byte sets
+    // and top are dropped on the way.
+    for chunk in displays[..8900].chunks(1000) {
+        let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        remove(&mut client, "budget", &chunk).await;
+    }
+    assert_eq!(count(&mut client, "budget").await, 100);
+    configure(&mut client, "budget", &[Feature::Ranked])
+        .await
+        .expect("Configure");
+    until_changed(&mut client, "budget").await;
+    let heaviest = heaviest_step();
+    let slow = slow_scripts(&mut conn).await;
+    let (calls, total) = script_stats(&mut conn).await;
+    eprintln!(
+        "heaviest write step: {after_adds} units after the Adds, {heaviest} in all (budget \
+         {STEP_WORK}, at most {MAX_STEP_WORK}); {calls} script calls, {total:?} of Redis time; \
+         the longest {:?}",
+        &slow[..slow.len().min(5)]
+    );
+    // (Steps of every test of this process count: all are bound alike.)
+    assert!(
+        heaviest <= MAX_STEP_WORK as u64,
+        "a write step did {heaviest} units of work, more than {MAX_STEP_WORK}"
+    );
+    assert!(
+        after_adds >= STEP_WORK as u64 / 2,
+        "the Adds never came near the budget ({after_adds}): the test lost its point"
+    );
+    let timeout = baton::config::DEFAULT_REDIS_COMMAND_TIMEOUT;
+    let long = slow.iter().filter(|d| **d >= timeout / 4).count();
+    assert!(
+        long as u64 <= calls / 100,
+        "{long} of {calls} script calls held Redis for more than {:?}: {slow:?}",
+        timeout / 4
+    );
 }
 
 /// The `request_id` a failed Add's status names (its `ErrorInfo` detail), if any.

@@ -50,17 +50,25 @@
 -- ARGV[8] the batch's fingerprint when it is recorded (KEYS[6]), else ''
 -- ARGV[9] the batch position of the step's first entry (0 for the first)
 -- ARGV[10] how long the record is kept after its last step (ms)
--- ARGV[11] the most members a step of more than one entry may copy into ranked sets it creates
+-- ARGV[11] room: the work (write.lua's units) the step may do beyond its entries' own (which
+--          Baton counted when it cut the step): copying terms into the ranked sets it creates (4
+--          units a term for a first-byte set and top, 3 for another) and cutting back deep sets
+--          and top (at most `deep` / 2 members a set and step, so that no step removes many).
+--          A step of more than one entry that would pass it changes nothing and answers {3}; a
+--          step of one entry makes the dictionary ranked and cuts back whatever it costs (at
+--          most 4 * (heavy + 1) + 178) and 2 cut-backs, and creates a prefix's ranked or deep
+--          set only within room + 4 * (heavy + 1) + 178 less 2 cut-backs: a set it cannot afford is created by a later step
+--          of its prefix (readers walk the parent's set meanwhile, as for any prefix without one).
 -- ARGV[12..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
 --
 -- Returns
---   {0, term count, then per entry of the step 'a' or 'u' (added or updated) and the score
---   after it}: applied (entries the record shows as applied already are not applied again:
+--   {0, term count, work done (units as in ARGV[11]), then per entry of the step 'a' or 'u'
+--   (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
 --   their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
---   {3}: the step would copy more than ARGV[11] members: send fewer entries
+--   {3}: the step would do more work than ARGV[11] allows: send fewer entries
 --   {4, n}: the record shows the batch's first n entries applied, fewer than the step's
 --   position: send the entries from n on
 --   {5}: the record belongs to another batch
@@ -69,7 +77,9 @@ local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
 local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 local wide, fingerprint, first = argv[7] == '1', argv[8], tonumber(argv[9])
-local record_ttl, copy_budget = argv[10], tonumber(argv[11])
+local record_ttl, room = argv[10], tonumber(argv[11])
+-- The most members one cut-back removes from a deep set or top.
+local cut_most = math.floor(deep_size / 2)
 local record = fingerprint ~= '' and KEYS[6]
 local fstate = write_state(KEYS[5])
 local ranked_on = has_feature(fstate.served, 'r')
@@ -101,6 +111,7 @@ if record then
     local skip = math.min(n - 1 - first, #entries)
     if skip > 0 then
       done_before = call('LRANGE', record, first + 1, first + skip)
+      work = work + skip
     end
   end
 end
@@ -116,7 +127,7 @@ for e = skip + 1, #entries do
   end
 end
 if #terms == 0 then
-  local reply = { 0, call('HLEN', data) }
+  local reply = { 0, call('HLEN', data), work }
   for i = 1, #done_before do
     reply[#reply + 1] = done_before[i]
   end
@@ -259,6 +270,7 @@ local new_words, gram_order, gram_words = {}, {}, {}
 for first_word = 1, #word_order, CHUNK do
   local last = math.min(first_word + CHUNK - 1, #word_order)
   local known = call('ZMSCORE', vocab, unpack(word_order, first_word, last))
+  work = work + last - first_word + 1
   for i = first_word, last do
     if not known[i - first_word + 1] then
       local word = word_order[i]
@@ -296,15 +308,42 @@ end
 local has = hash_values(heavy_set, fields)
 local count = call('HLEN', data) + new_terms
 local ranks = levels[1] and not has[''] and count > heavy
-local created, copies = {}, 0
+local created, extra = {}, 0
+local single = #entries - skip == 1
+-- What a step of one entry may do beyond its room: make the dictionary ranked (4 units a term,
+-- at most heavy + 1 terms, and a field per possible lex set). Its other creations leave room
+-- for two cut-backs.
+local allowance = 4 * (heavy + 1) + #(all_first_byte_names())
+local reserve = 2 * (cut_most + 1)
+-- Counts `cost` units of work beyond the entries' own; false when the step cannot afford it.
+-- A cost that must be paid (`must`) is refused only to a step of more than one entry; an
+-- optional one (a set's creation) in a step of one entry leaves room for two cut-backs.
+local function afford(cost, must)
+  local fits
+  if not single then
+    fits = extra + cost <= room
+  else
+    fits = must or extra + cost + reserve <= room + allowance
+  end
+  if fits then
+    extra = extra + cost
+  end
+  return fits
+end
+local too_much = false
 local first_bytes
 if ranks then
   if not wide then
     return { 2 }
   end
-  -- Every lex set there is (or this step creates) is copied into its first byte's ranked set.
+  -- Every lex set there is (or this step creates) is copied into its first byte's ranked set,
+  -- and into the top set: 4 units a term (count, this step's new ones included).
   local lex_names, ranked_names = all_first_byte_names()
+  if not afford(4 * count + #lex_names, true) then
+    return { 3 }
+  end
   local exists = call('HMGET', heavy_set, unpack(lex_names))
+  work = work + #lex_names
   first_bytes = {}
   for i, name in ipairs(lex_names) do
     if exists[i] or lex_members[name] then
@@ -318,6 +357,7 @@ if ranks then
 end
 -- The terms of prefix p (in its lex set) once this step's new terms are in.
 local function prefix_count(p, new)
+  work = work + 1
   return call('ZLEXCOUNT', lex_key(lex_name(p)), '[' .. p, '(' .. p .. '\255') + new
 end
 for l, level in ipairs(levels) do
@@ -327,8 +367,11 @@ for l, level in ipairs(levels) do
       -- parent had at most `heavy` terms and so had the prefix): it may pass it now.
       local n = prefix_count(g.prefix, g.new)
       if n > heavy then
-        g.create, created[g.prefix] = true, true
-        copies = copies + n
+        if afford(3 * n) then
+          g.create, created[g.prefix] = true, true
+        else
+          too_much = true
+        end
       end
     end
   end
@@ -337,15 +380,63 @@ for _, d in ipairs(deep_order) do
   if not has[d.name] and (has[groups[d.parent].name] or created[d.parent]) then
     local n = prefix_count(d.prefix, d.new)
     if n > heavy then
-      d.create = true
-      copies = copies + n
+      -- (Created with more than twice `deep` members, it is cut back at once.)
+      if afford(3 * n + cut_most + 1) then
+        d.create = true
+      else
+        too_much = true
+      end
+    end
+  elseif has[d.name] then
+    -- The terms that join the deep set (ranked before its bound) and leave it; a set that
+    -- would pass twice `deep` members is cut back, at most `cut_most` of them.
+    local bound = has[d.name]
+    d.joins, d.leaves = {}, {}
+    for _, r in ipairs(d.removes) do
+      if not lt(bound, r) then
+        d.leaves[#d.leaves + 1] = r
+      end
+    end
+    for _, r in ipairs(d.adds) do
+      if lt(r, bound) then
+        d.joins[#d.joins + 1] = '0'
+        d.joins[#d.joins + 1] = r
+      end
+    end
+    if #d.joins > 0 then
+      d.card = call('ZCARD', d.key)
+      work = work + 1
+      if d.card + #d.joins / 2 > 2 * deep_size and not afford(cut_most + 1, true) then
+        too_much = true
+      end
     end
   end
 end
-if copies > copy_budget and #entries - skip > 1 then
+-- The same for the top set.
+local last_top = ranked_on and has[''] and call('ZRANGE', top, -1, -1)[1]
+local top_joins, top_leaves, top_card = {}, {}, nil
+if last_top then
+  work = work + 1
+  for _, move in ipairs(moves) do
+    if move[2] and not lt(last_top, move[2]) then
+      top_leaves[#top_leaves + 1] = move[2]
+    end
+    if lt(move[1], last_top) then
+      top_joins[#top_joins + 1] = '0'
+      top_joins[#top_joins + 1] = move[1]
+    end
+  end
+  if #top_joins > 0 then
+    top_card = call('ZCARD', top)
+    work = work + 1
+    if top_card + #top_joins / 2 > 2 * top_size and not afford(cut_most + 1, true) then
+      too_much = true
+    end
+  end
+end
+if too_much and not single then
   return { 3 }
 end
-local last_top = ranked_on and has[''] and call('ZRANGE', top, -1, -1)[1]
 check_declared()
 
 -- Writes.
@@ -380,6 +471,7 @@ local function copy_ranked(members, key, and_top)
     return
   end
   local ids = {}
+  work = work + #members
   for i = 1, #members do
     ids[i] = id_of(members[i])
   end
@@ -410,44 +502,37 @@ if first_bytes then
   mark('')
 end
 
+-- Cuts the partial ranked set `key` of `size` members, which holds every term ranked at or
+-- before its last member, back towards `keep` members: its last members go, at most `cut_most`
+-- of them, so that a cut-back is no more work than its step can afford. Returns its new last
+-- member.
+local function cut_back(key, size, keep)
+  local n = math.min(size - keep, cut_most)
+  call('ZREMRANGEBYRANK', key, -n, -1)
+  work = work + n + 1
+  return call('ZRANGE', key, -1, -1)[1]
+end
+
 -- Deep sets: every term of their prefix ranked at or before their bound. One is created (with
--- every term of its prefix, at most `heavy` + a step) when its prefix passes `heavy` terms.
+-- every term of its prefix, usually `heavy` + a step) when its prefix passes `heavy` terms.
 for _, d in ipairs(deep_order) do
-  local bound = has[d.name]
-  if bound then
-    local joins, leaves = {}, {}
-    for _, r in ipairs(d.removes) do
-      if not lt(bound, r) then
-        leaves[#leaves + 1] = r
-      end
-    end
-    for _, r in ipairs(d.adds) do
-      if lt(r, bound) then
-        joins[#joins + 1] = '0'
-        joins[#joins + 1] = r
-      end
-    end
+  if d.joins then
     local size
-    if #joins > 0 then
-      batched('ZADD', d.key, joins, 2)
-      size = call('ZCARD', d.key)
+    if #d.joins > 0 then
+      size = d.card + batched('ZADD', d.key, d.joins, 2)
     end
-    if #leaves > 0 then
-      local removed = batched('ZREM', d.key, leaves, 1)
+    if #d.leaves > 0 then
+      local removed = batched('ZREM', d.key, d.leaves, 1)
       size = size and size - removed
     end
     if size and size > 2 * deep_size then
-      local cut = call('ZRANGE', d.key, deep_size - 1, deep_size - 1)[1]
-      call('ZREMRANGEBYLEX', d.key, '(' .. cut, '+')
-      mark(d.name, cut)
+      mark(d.name, cut_back(d.key, size, deep_size))
     end
   elseif d.create then
     local members = prefix_members(d.prefix)
     copy_ranked(members, d.key)
     if #members > 2 * deep_size then
-      local cut = call('ZRANGE', d.key, deep_size - 1, deep_size - 1)[1]
-      call('ZREMRANGEBYLEX', d.key, '(' .. cut, '+')
-      mark(d.name, cut)
+      mark(d.name, cut_back(d.key, #members, deep_size))
     else
       mark(d.name, '\255')
     end
@@ -457,28 +542,16 @@ end
 if last_top then
   -- The top set holds every term ranked at or before its last member: a term joins it when
   -- ranked before that, leaves it when it goes or moves past it.
-  local joins, leaves = {}, {}
-  for _, move in ipairs(moves) do
-    if move[2] and not lt(last_top, move[2]) then
-      leaves[#leaves + 1] = move[2]
-    end
-    if lt(move[1], last_top) then
-      joins[#joins + 1] = '0'
-      joins[#joins + 1] = move[1]
-    end
-  end
-  if #joins > 0 then
-    batched('ZADD', top, joins, 2)
-    local size = call('ZCARD', top)
-    if #leaves > 0 then
-      size = size - batched('ZREM', top, leaves, 1)
+  if #top_joins > 0 then
+    local size = top_card + batched('ZADD', top, top_joins, 2)
+    if #top_leaves > 0 then
+      size = size - batched('ZREM', top, top_leaves, 1)
     end
     if size > 2 * top_size then
-      local cut = call('ZRANGE', top, top_size - 1, top_size - 1)[1]
-      call('ZREMRANGEBYLEX', top, '(' .. cut, '+')
+      cut_back(top, size, top_size)
     end
-  elseif #leaves > 0 then
-    batched('ZREM', top, leaves, 1)
+  elseif #top_leaves > 0 then
+    batched('ZREM', top, top_leaves, 1)
   end
 end
 
@@ -506,7 +579,7 @@ if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)
 end
 
-local reply = { 0, count }
+local reply = { 0, count, work }
 for i = 1, #done_before do
   reply[#reply + 1] = done_before[i]
 end

@@ -19,8 +19,8 @@
 //! | `PREFIX{ac:NAME}:data` | hash | id → score, display text (when not the id), payload | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:h` | hash | `l:XX`, `b:XX` or `r:P` → 1 for every lex and ranked set there is, `t:P` → the deep set's bound; `""` → 1 while the first-byte ranked sets exist | while one does |
 //! | `PREFIX{ac:NAME}:b:XX` | sorted set (scores 0) | ranked members of every term whose matching form starts with byte `XX` (hex) | while the dictionary has more than [`LIGHT_PREFIX`] terms; created past [`HEAVY_PREFIX`] |
-//! | `PREFIX{ac:NAME}:t:P` | sorted set (scores 0) | ranked members of the best-ranked terms starting with `P` ([`MAX_RANKED_DEPTH`] + 1 characters): every such term ranked at or before the set's bound (in `h`); [`DEEP_RANKED`] to twice that | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
-//! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; [`TOP_RANKED`] to twice that | as the first-byte ranked sets |
+//! | `PREFIX{ac:NAME}:t:P` | sorted set (scores 0) | ranked members of the best-ranked terms starting with `P` ([`MAX_RANKED_DEPTH`] + 1 characters): every such term ranked at or before the set's bound (in `h`); up to twice [`DEEP_RANKED`] (and a step's) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
+//! | `PREFIX{ac:NAME}:top` | sorted set (scores 0) | ranked members of the best-ranked terms: every term ranked at or before its last member; up to twice [`TOP_RANKED`] (and a step's) | as the first-byte ranked sets |
 //! | `PREFIX{ac:NAME}:r:P` | sorted set (scores 0) | ranked members of every term starting with `P`, of 1 to [`MAX_RANKED_DEPTH`] characters (one character only when it takes several bytes: an ASCII character's set is its `b:XX`) | while more than [`LIGHT_PREFIX`] terms start with `P`; created past [`HEAVY_PREFIX`] |
 //! | `PREFIX{ac:NAME}:w:W` | sorted set (scores 0) | lex members of the terms having word `W` | while a term has `W` |
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
@@ -91,12 +91,12 @@ const _: () = assert!(HEAVY_PREFIX <= GATHER, "light prefixes are gathered whole
 /// walks the ranked set of its longest shorter prefix that has one.
 pub const MAX_RANKED_DEPTH: usize = 2;
 /// A prefix of [`MAX_RANKED_DEPTH`] + 1 characters with more than [`HEAVY_PREFIX`] terms keeps
-/// its best-ranked terms in a *deep set*, cut back to this many when it passes twice that:
-/// score-ordered prefix completion of longer queries reads it before it walks the ranked set of
+/// its best-ranked terms in a *deep set*, cut back towards this many when it passes twice that
+/// (at most half this many members a step, so that no step removes many): score-ordered prefix completion of longer queries reads it before it walks the ranked set of
 /// the shorter prefix.
 pub const DEEP_RANKED: usize = 256;
-/// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back to this many
-/// when it passes twice that: score-ordered walks of the whole dictionary start there, in one
+/// A ranked dictionary keeps its best-ranked terms in one more ranked set, cut back towards this
+/// many when it passes twice that (at most [`DEEP_RANKED`] / 2 members a step): score-ordered walks of the whole dictionary start there, in one
 /// set, before they merge the sets of every first byte.
 pub const TOP_RANKED: usize = 2048;
 /// The most index entries one `Complete` call looks at.
@@ -125,17 +125,30 @@ pub const DEFAULT_RECENT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 pub const MIN_RECENT_TTL: Duration = Duration::from_secs(1);
 /// Longest recent list ttl.
 pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
-/// The work one step of a write batch may do, in units of about one member written or read by
-/// a script (12 per entry, 4 per word, 3 per ranked set, 1 per gram of a word): a step is one
-/// script call, and this keeps each call to a few milliseconds of Redis time, so that a large
+/// The work one step of a write batch may do, in units of one member or field read or written
+/// by a script (planned as 12 per entry, 4 per word, 4 per ranked set and for the deep and top
+/// sets, 1 per gram of a word): a step is one script call, and this keeps each call to about
+/// 2 ms of Redis time on a 2-core machine (a gram set created costs more than other units: a
+/// step of one 256-byte term of fresh words, about 530 units, takes 2 to 5 ms), so that a large
 /// batch neither runs into Baton's command timeout nor holds up the other clients of the Redis.
 pub const STEP_WORK: usize = 1000;
 /// Most entries in one step of a write batch, which also bounds what a step copies when it
 /// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
 pub const STEP_ENTRIES: usize = 64;
-/// Most members a step of more than one entry may copy into the ranked sets it creates; a step
-/// that would copy more is sent again in smaller steps.
-pub const STEP_COPIES: usize = 4 * HEAVY_PREFIX;
+/// The most work one step of a write batch does, in [`STEP_WORK`] units, by construction: a
+/// step of more than one entry does at most [`STEP_WORK`] and [`CUT_RESERVE`] (what its entries
+/// were planned to cost and the copies and cut-backs its script counts before writing, else it
+/// is sent again in smaller steps); a step of one entry may pass that by the copies of making the dictionary
+/// ranked (4 per term, at most [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The
+/// scripts return the work they did, and [`heaviest_step`] keeps the most seen.
+pub const MAX_STEP_WORK: usize = STEP_WORK + CUT_RESERVE + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
+/// Work a step keeps beyond [`STEP_WORK`] for two cut-backs (of a deep set and of `top`, at most
+/// [`DEEP_RANKED`] / 2 members and a read each), so that a set that needs one does not send
+/// the step back to be halved.
+pub const CUT_RESERVE: usize = 2 * (DEEP_RANKED / 2 + 1);
+/// Lex sets there can be: one per ASCII byte but 0, and per first byte of a multi-byte
+/// character (0xC2 to 0xF4).
+const FIRST_BYTES: usize = 127 + (0xF4 - 0xC2 + 1);
 /// Longest request id, in bytes.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 /// How long Redis remembers what an `Add` with a client's request id did.
@@ -376,6 +389,7 @@ impl<'a> AddBatch<'a> {
         let keys = &self.keys;
         let wide_sets = wide.then(|| keys.first_byte_sets());
         let touched = declared(&self.planned[at..end], wide_sets.as_deref());
+        let planned: usize = self.planned[at..end].iter().map(|p| p.work).sum();
         scripts::Add {
             keys,
             record: self.record_key.as_deref(),
@@ -384,6 +398,7 @@ impl<'a> AddBatch<'a> {
             fingerprint: self.fingerprint.as_deref().unwrap_or(""),
             first: at,
             memory_ms: self.memory_ms,
+            room: (STEP_WORK + CUT_RESERVE).saturating_sub(planned),
         }
         .invocation(
             script,
@@ -432,11 +447,44 @@ impl Planned {
     }
 }
 
-/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units: reading and
-/// writing its data, lex, ranked and deep members (a few units each), its words' postings and
-/// vocabulary entries, and, for a word new to the vocabulary, one set per gram.
+/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units (a member or
+/// field read or written, as the scripts count them): its data, lex member and record (12), its
+/// words' postings and vocabulary entries (4 a word), for a word new to the vocabulary one set
+/// per gram, and per ranked set (and its deep set and the top set) its field in `h`, a count, a
+/// member added and one removed (4 each). Copies into ranked sets a step creates and cut-backs
+/// are counted by the script, within the room the step leaves ([`MAX_STEP_WORK`]).
 fn entry_work(words: usize, grams: usize, ranked_sets: usize) -> usize {
-    12 + 4 * words + grams + 3 * ranked_sets
+    12 + 4 * words + grams + 4 * (ranked_sets + 2)
+}
+
+/// How many of the items of these work costs (at least one) one step takes within [`STEP_WORK`].
+fn within_work(costs: impl Iterator<Item = usize>) -> usize {
+    let (mut work, mut n) = (0, 0);
+    for cost in costs {
+        work += cost;
+        if work > STEP_WORK {
+            return n.max(1);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// The most work any write step of this process did (units of [`STEP_WORK`]).
+static HEAVIEST_STEP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most work one write step (`Add` or `Remove`) of this process did, as its script counted
+/// it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`], which tests check.
+pub fn heaviest_step() -> u64 {
+    HEAVIEST_STEP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes the work a write step's script reports doing.
+fn note_step_work(v: &Value) -> Result<(), Error> {
+    let work = count_u64(v)?;
+    HEAVIEST_STEP.fetch_max(work, std::sync::atomic::Ordering::Relaxed);
+    tracing::trace!(work, "autocomplete write step");
+    Ok(())
 }
 
 /// How many of `planned` (at least one) the next step takes: at most `most`, within
@@ -621,7 +669,8 @@ pub struct FeatureChange {
 /// How long a Baton driving a change of features holds its lease without a step: another Baton
 /// takes the change over once it lapses (a Baton that died mid-change).
 pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
-/// Terms, words or sets one step of a change of features covers.
+/// Terms, words or sets one step of a change of features covers at most (fewer when their
+/// postings or gram sets would pass [`STEP_WORK`]).
 pub const CHANGE_STEP: usize = 64;
 
 /// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
@@ -938,8 +987,9 @@ impl Autocomplete {
                 return Err(unexpected("add reply"));
             };
             match (int(status)?, rest) {
-                (0, [count, results @ ..]) if results.len() == end - at => {
+                (0, [count, work, results @ ..]) if results.len() == end - at => {
                     term_count = count_u64(count)?;
+                    note_step_work(work)?;
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
@@ -1096,7 +1146,8 @@ impl Autocomplete {
             );
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.as_slice() {
-                [status, gone, count] if int(status)? == 0 => {
+                [status, gone, count, work] if int(status)? == 0 => {
+                    note_step_work(work)?;
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);
@@ -1263,6 +1314,11 @@ impl Autocomplete {
                         .arg(CHANGE_STEP - 1),
                 )
                 .await?;
+            let mut words = words;
+            if dropping.contains(&b's') {
+                // Each word's gram sets go with it: as many words as fit a step's work.
+                words.truncate(within_work(words.iter().map(|w| 2 + text::grams(w).len())));
+            }
             args.push(b"drop-w".to_vec());
             args.push(words.len().to_string().into_bytes());
             for w in &words {
@@ -1274,10 +1330,13 @@ impl Autocomplete {
             }
         } else if dropping.contains(&b's') {
             let from = field(4).unwrap_or_default();
-            let words = self.words_after(keys, &from).await?;
+            let mut words = self.words_after(keys, &from).await?;
+            let fit = within_work(words.iter().map(|w| 1 + text::grams(w).len()));
+            let all = words.len() < CHANGE_STEP && fit == words.len();
+            words.truncate(fit);
             args.push(b"drop-s".to_vec());
             args.push(from);
-            args.push(if words.len() < CHANGE_STEP {
+            args.push(if all {
                 Vec::new()
             } else {
                 words
@@ -1302,6 +1361,12 @@ impl Autocomplete {
                             .arg(CHANGE_STEP),
                     )
                     .await?;
+                // As many terms as fit a step's work: a posting and a vocabulary entry a word.
+                let mut members = members;
+                members.truncate(within_work(members.iter().map(|m| {
+                    let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
+                    1 + 2 * text::words(&String::from_utf8_lossy(&m[..key_end])).len()
+                })));
                 touched.push(lex);
                 args.push(b"build-w".to_vec());
                 args.push(cursor);
@@ -1318,7 +1383,9 @@ impl Autocomplete {
                     }
                 }
             } else {
-                let words = self.words_after(keys, &cursor).await?;
+                let mut words = self.words_after(keys, &cursor).await?;
+                // As many words as fit a step's work: a gram set a gram.
+                words.truncate(within_work(words.iter().map(|w| 1 + text::grams(w).len())));
                 args.push(b"build-s".to_vec());
                 args.push(cursor);
                 args.push(words.len().to_string().into_bytes());

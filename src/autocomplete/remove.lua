@@ -16,7 +16,7 @@
 -- ARGV[4] '1' when every lex set and first-byte ranked set is declared, else ''
 -- ARGV[5..] per term: id, key, word count, the words
 --
--- Returns {0, removed, term count}, or {2} (nothing removed) when the step would leave the
+-- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11])}, or {2} (nothing removed) when the step would leave the
 -- dictionary with `low` terms or fewer while it is ranked: send it again with every first-byte
 -- set declared.
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -45,6 +45,7 @@ local old = {}
 for first = 1, #ids, CHUNK do
   local last = math.min(first + CHUNK - 1, #ids)
   local got = redis.call('HMGET', data, unpack(ids, first, last))
+  work = work + last - first + 1
   for i = first, last do
     old[i] = got[i - first + 1]
   end
@@ -90,7 +91,7 @@ for i, at in ipairs(terms) do
   end
 end
 if #gone_ids == 0 then
-  return { 0, 0, redis.call('HLEN', data) }
+  return { 0, 0, redis.call('HLEN', data), work }
 end
 local lex_keys, word_keys = {}, {}
 for _, name in ipairs(lex_order) do
@@ -128,6 +129,7 @@ for _, d in ipairs(deep_order) do
     local p = d.prefix
     local lex = lex_keys[lex_name(p)]
     d.left = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') - #d.members
+    work = work + 1
   end
 end
 local last_top = ranked_on and has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
@@ -135,6 +137,7 @@ local first_byte_sets
 if unranks then
   local _, names = all_first_byte_names()
   local exists = redis.call('HMGET', heavy_set, unpack(names))
+  work = work + #names
   first_byte_sets = {}
   for i, name in ipairs(names) do
     if exists[i] then
@@ -192,7 +195,8 @@ for l, level in ipairs(levels) do
         unmark[#unmark + 1] = g.name
         gone[g.name] = true
       elseif l > 1 and left <= low then
-        redis.call('DEL', g.key)
+        redis.call('UNLINK', g.key)
+        work = work + 1
         unmark[#unmark + 1] = g.name
         gone[g.name] = true
       end
@@ -204,7 +208,9 @@ end
 for _, d in ipairs(deep_order) do
   if d.left then
     if d.left <= low then
-      redis.call('DEL', d.key)
+      -- (UNLINK: Redis frees a large set off its main thread.)
+      redis.call('UNLINK', d.key)
+      work = work + 1
       unmark[#unmark + 1] = d.name
     else
       local bound = has[d.name]
@@ -234,11 +240,13 @@ if last_top then
 elseif unranks then
   -- Few terms left: no more first-byte ranked sets nor top set (the other ranked sets go as
   -- their prefixes shrink).
-  redis.call('DEL', top)
+  redis.call('UNLINK', top)
+  work = work + 1
   unmark[#unmark + 1] = ''
   for _, name in ipairs(first_byte_sets) do
     if not gone[name] then
-      redis.call('DEL', base .. ':' .. name)
+      redis.call('UNLINK', base .. ':' .. name)
+      work = work + 1
       unmark[#unmark + 1] = name
     end
   end
@@ -246,4 +254,4 @@ end
 if #unmark > 0 then
   batched('HDEL', heavy_set, unmark)
 end
-return { 0, #gone_ids, count }
+return { 0, #gone_ids, count, work }

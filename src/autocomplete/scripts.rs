@@ -13,7 +13,7 @@ use super::{
     BUDGET, DictionaryKeys, FUZZY_CALLS, FUZZY_ENTRIES, GATHER, HEAVY_PREFIX, MAX_RANKED_DEPTH,
     RecentKeys, text,
 };
-use super::{DEEP_RANKED, LIGHT_PREFIX, MAX_ABS_SCORE, STEP_COPIES, ScoreChange, TOP_RANKED};
+use super::{DEEP_RANKED, LIGHT_PREFIX, MAX_ABS_SCORE, ScoreChange, TOP_RANKED};
 
 /// `add.lua`: add or update a step of an `Add` batch.
 pub const ADD: &str = concat!(
@@ -198,6 +198,9 @@ pub struct Add<'a> {
     pub first: usize,
     /// How long the record is kept after the step, in milliseconds.
     pub memory_ms: u64,
+    /// The work the step may do beyond its entries' planned work ([`STEP_WORK`](super::STEP_WORK) less that):
+    /// copies into the ranked sets it creates and cut-backs.
+    pub room: usize,
 }
 
 impl Add<'_> {
@@ -222,7 +225,7 @@ impl Add<'_> {
             .arg(self.fingerprint)
             .arg(self.first)
             .arg(self.memory_ms)
-            .arg(STEP_COPIES);
+            .arg(self.room);
         for entry in entries {
             let (op, value) = score_op(entry.score);
             invocation

@@ -15,10 +15,17 @@
 -- Arguments per command at most (Lua's unpack and Redis's argument vector stay small).
 local CHUNK = 1000
 
+-- The work this call did, in the units of Baton's step budget (`STEP_WORK`): one per member or
+-- field read or written (each counted where it is read or written, `batched` and `hash_values`
+-- below among them). The scripts return it, so that the budget is checked against what a step
+-- really did.
+local work = 0
+
 -- Runs `cmd key args...` in chunks (args holds `width`-argument groups, 1 when not given);
 -- returns the sum of the integer replies.
 local function batched(cmd, key, args, width)
   local step, sum = CHUNK * (width or 1), 0
+  work = work + #args / (width or 1)
   for first = 1, #args, step do
     sum = sum + redis.call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
   end
@@ -28,6 +35,7 @@ end
 -- The values of `fields` in hash `key`, as a table field -> value (false when missing).
 local function hash_values(key, fields)
   local values = {}
+  work = work + #fields
   for first = 1, #fields, CHUNK do
     local last = math.min(first + CHUNK - 1, #fields)
     local got = redis.call('HMGET', key, unpack(fields, first, last))

@@ -217,7 +217,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let memory_before = probe::used_memory(&mut probe.admin).await;
     let mark = probe.mark().await;
-    let took = load_terms(&channels, DICTIONARY, &terms).await;
+    let (took, retried) = load_terms(&channels, &mut probe.admin, DICTIONARY, &terms).await;
     let mut load = Record {
         scenario: Scenario::Autocomplete.name().to_owned(),
         case: "load".to_owned(),
@@ -235,6 +235,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         slowest.max_us, slowest.command, slowest.over_1ms, slowest.over_5ms, slowest.full_logs
     );
     load.set(SLOW_FULL, slowest.full_logs as f64);
+    load.set(ADD_RETRIED, retried as f64);
     let count = AutocompleteServiceClient::new(channels[0].clone())
         .describe(pb::AutocompleteServiceDescribeRequest {
             dictionary: DICTIONARY.to_owned(),
@@ -324,7 +325,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
             .await
             .expect("Configure");
         let before = probe::used_memory(&mut probe.admin).await;
-        let took = load_terms(&channels, &dictionary, &terms).await;
+        let (took, retried) = load_terms(&channels, &mut probe.admin, &dictionary, &terms).await;
         let grown = probe::used_memory(&mut probe.admin)
             .await
             .saturating_sub(before);
@@ -337,6 +338,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         r.set(names::TERMS, terms.len() as f64);
         r.set(names::TOOK, took.as_secs_f64());
         r.set(names::MEMORY, grown as f64);
+        r.set(ADD_RETRIED, retried as f64);
         let keys = DictionaryKeys::new(BATON_PREFIX, &dictionary);
         let mut total = 0;
         for (kind, (bytes, n)) in index_memory(&mut probe.admin, &keys.base).await {
@@ -402,13 +404,20 @@ pub const FEATURE_SETS: [(&str, &[pb::AutocompleteFeature]); 4] = [
     ),
 ];
 
+/// Times one `Add` of a load is sent again after it failed `UNAVAILABLE`.
+const ADD_RETRIES: u32 = 20;
+
 /// Loads `terms` into `dictionary` through `Add` (batches of [`BATCH`], [`LOADERS`] in flight);
-/// returns how long it took.
+/// returns how long it took and how many `Add`s were sent again. Each batch carries a
+/// `request_id`; one that fails `UNAVAILABLE` (Redis slow to answer under load) is sent again
+/// with the same id, the documented way for a partly applied batch to converge. The batches'
+/// records are deleted once the load is done, so that memory figures count the indexes only.
 async fn load_terms(
     channels: &[Channel],
+    admin: &mut MultiplexedConnection,
     dictionary: &str,
     terms: &Arc<Vec<GeneratedTerm>>,
-) -> Duration {
+) -> (Duration, u64) {
     let started = Instant::now();
     let mut loaders = JoinSet::new();
     for l in 0..LOADERS {
@@ -416,10 +425,11 @@ async fn load_terms(
         let terms = Arc::clone(terms);
         let dictionary = dictionary.to_owned();
         loaders.spawn(async move {
+            let mut retries = 0u64;
             let mut at = l * BATCH;
             while at < terms.len() {
                 let chunk = &terms[at..(at + BATCH).min(terms.len())];
-                api.add(pb::AutocompleteServiceAddRequest {
+                let request = pb::AutocompleteServiceAddRequest {
                     dictionary: dictionary.clone(),
                     terms: chunk
                         .iter()
@@ -430,20 +440,44 @@ async fn load_terms(
                             payload: t.payload.clone(),
                         })
                         .collect(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|s| panic!("Add: {s:?}"));
+                    request_id: format!("load-{at}"),
+                };
+                let mut tries = 0;
+                loop {
+                    match api.add(request.clone()).await {
+                        Ok(_) => break,
+                        Err(s) if s.code() == tonic::Code::Unavailable && tries < ADD_RETRIES => {
+                            tries += 1;
+                            retries += 1;
+                            eprintln!("autocomplete: Add sent again ({tries}): {}", s.message());
+                        }
+                        Err(s) => panic!("Add: {s:?}"),
+                    }
+                }
                 at += BATCH * LOADERS;
             }
+            retries
         });
     }
     let limit = Duration::from_secs(600);
+    let mut retries = 0;
     while let Some(done) = within(limit, loaders.join_next(), "the dictionary to load").await {
-        done.expect("a loader task");
+        retries += done.expect("a loader task");
     }
-    started.elapsed()
+    let took = started.elapsed();
+    let keys = DictionaryKeys::new(BATON_PREFIX, dictionary);
+    for at in (0..terms.len()).step_by(BATCH) {
+        let _: u64 = redis::cmd("UNLINK")
+            .arg(keys.record(&format!("load-{at}")))
+            .query_async(admin)
+            .await
+            .expect("UNLINK of a batch's record");
+    }
+    (took, retries)
 }
+
+/// `Add`s of a load sent again after they failed `UNAVAILABLE`.
+pub const ADD_RETRIED: &str = "adds_retried";
 
 /// The longest script call while loading (µs), by `SLOWLOG`.
 pub const SCRIPT_MAX: &str = "script_max_us";
