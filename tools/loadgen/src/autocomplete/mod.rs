@@ -217,7 +217,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
     let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let memory_before = probe::used_memory(&mut probe.admin).await;
     let mark = probe.mark().await;
-    let (took, retried) = load_terms(&channels, &mut probe.admin, DICTIONARY, &terms).await;
+    let (took, retried) = load_terms(&channels, DICTIONARY, &terms).await;
     let mut load = Record {
         scenario: Scenario::Autocomplete.name().to_owned(),
         case: "load".to_owned(),
@@ -325,7 +325,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
             .await
             .expect("Configure");
         let before = probe::used_memory(&mut probe.admin).await;
-        let (took, retried) = load_terms(&channels, &mut probe.admin, &dictionary, &terms).await;
+        let (took, retried) = load_terms(&channels, &dictionary, &terms).await;
         let grown = probe::used_memory(&mut probe.admin)
             .await
             .saturating_sub(before);
@@ -408,13 +408,13 @@ pub const FEATURE_SETS: [(&str, &[pb::AutocompleteFeature]); 4] = [
 const ADD_RETRIES: u32 = 20;
 
 /// Loads `terms` into `dictionary` through `Add` (batches of [`BATCH`], [`LOADERS`] in flight);
-/// returns how long it took and how many `Add`s were sent again. Each batch carries a
-/// `request_id`; one that fails `UNAVAILABLE` (Redis slow to answer under load) is sent again
-/// with the same id, the documented way for a partly applied batch to converge. The batches'
-/// records are deleted once the load is done, so that memory figures count the indexes only.
+/// returns how long it took and how many `Add`s were sent again. A batch that fails
+/// `UNAVAILABLE` (Redis slow to answer under load) is sent again as it is: its terms set their
+/// scores (no increment), so a partly applied batch sent again ends with the same terms, the
+/// documented way to converge without a request id (whose records would cost Redis work per
+/// entry that a file load does not pay either).
 async fn load_terms(
     channels: &[Channel],
-    admin: &mut MultiplexedConnection,
     dictionary: &str,
     terms: &Arc<Vec<GeneratedTerm>>,
 ) -> (Duration, u64) {
@@ -440,7 +440,7 @@ async fn load_terms(
                             payload: t.payload.clone(),
                         })
                         .collect(),
-                    request_id: format!("load-{at}"),
+                    request_id: String::new(),
                 };
                 let mut tries = 0;
                 loop {
@@ -464,16 +464,7 @@ async fn load_terms(
     while let Some(done) = within(limit, loaders.join_next(), "the dictionary to load").await {
         retries += done.expect("a loader task");
     }
-    let took = started.elapsed();
-    let keys = DictionaryKeys::new(BATON_PREFIX, dictionary);
-    for at in (0..terms.len()).step_by(BATCH) {
-        let _: u64 = redis::cmd("UNLINK")
-            .arg(keys.record(&format!("load-{at}")))
-            .query_async(admin)
-            .await
-            .expect("UNLINK of a batch's record");
-    }
-    (took, retries)
+    (started.elapsed(), retries)
 }
 
 /// `Add`s of a load sent again after they failed `UNAVAILABLE`.
