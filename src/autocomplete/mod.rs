@@ -1159,11 +1159,6 @@ impl Autocomplete {
         Ok((removed, term_count))
     }
 
-    /// The number of terms in a dictionary (0 when it does not exist).
-    pub async fn term_count(&self, dictionary: &str) -> Result<u64, Error> {
-        Ok(self.describe(dictionary).await?.term_count)
-    }
-
     /// A dictionary's size and features.
     pub async fn describe(&self, dictionary: &str) -> Result<Description, Error> {
         let keys = self.dictionary_keys(dictionary);
