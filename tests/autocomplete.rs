@@ -3112,6 +3112,82 @@ async fn fuzzy_agrees_with_the_reference_model() {
     assert!(matched >= 300, "only {matched} of 600 answers had a match");
 }
 
+/// One typo in a dictionary whose first two characters take every value: the walk looks up only
+/// the children that can stay within the query's edits once none is left, so a query of 3 to 6
+/// characters is answered whole, in either order, within the budget (looking up every child of
+/// every node within one edit of the query costs more than 1,300 reads here, past the budget).
+#[tokio::test]
+async fn fuzzy_answers_one_typo_whole_in_a_dense_dictionary() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (_redis, _baton, mut client) = setup().await;
+    // No index but the lex sets: fuzzy mode needs nothing else, and the load stays quick.
+    configure(&mut client, "dense", &[]).await.unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1919);
+    let letters: Vec<char> = ('a'..='z').collect();
+    let mut terms: Vec<ModelTerm> = Vec::new();
+    let mut seen = HashSet::new();
+    while terms.len() < 12_000 {
+        let display: String = (0..rng.random_range(6..11))
+            .map(|_| letters[rng.random_range(0..26)])
+            .collect();
+        if seen.insert(display.clone()) {
+            terms.push(ModelTerm {
+                key: lex_key(&display),
+                display,
+                score: f64::from(rng.random_range(0..1000u32)),
+            });
+        }
+    }
+    for chunk in terms.chunks(1000) {
+        add(
+            &mut client,
+            "dense",
+            chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
+        )
+        .await;
+    }
+    for round in 0..40 {
+        // A prefix of 4 to 6 letters of a term, with one edit, keeping 3 to 6 letters.
+        let t: Vec<char> = terms[rng.random_range(0..terms.len())]
+            .display
+            .chars()
+            .collect();
+        let mut q = t[..rng.random_range(4..=6)].to_vec();
+        let (i, c) = (
+            rng.random_range(0..q.len() - 1),
+            letters[rng.random_range(0..26)],
+        );
+        match round % 4 {
+            0 => q[i] = c,
+            1 if q.len() < 6 => q.insert(i, c),
+            2 => {
+                q.remove(i);
+            }
+            _ => q.swap(i, i + 1),
+        }
+        let query: String = q.iter().collect();
+        assert_eq!(allowed_edits(q.len()), 1);
+        for order in [Order::Lexicographic, Order::Score] {
+            let r = page(&mut client, fuzzy("dense", &query, order, 10)).await;
+            assert!(
+                !r.incomplete,
+                "{query:?} ({order:?}) ran out of budget on one typo"
+            );
+            let got: Vec<(usize, &str)> = r
+                .suggestions
+                .iter()
+                .map(|s| (s.edit_distance as usize, s.display.as_str()))
+                .collect();
+            let want: Vec<(usize, &str)> = fuzzy_model(&terms, &query, 1, order)
+                .into_iter()
+                .take(10)
+                .map(|(d, i)| (d, terms[i].display.as_str()))
+                .collect();
+            assert_eq!(got, want, "{query:?}, {order:?}");
+        }
+    }
+}
+
 /// The work budget: a typo's range too large to rank whole by score says `incomplete`, with
 /// results still at their true distance; in lexicographic order the first page is complete.
 #[tokio::test]

@@ -124,10 +124,42 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
   if hit < t then
     return -- every term below has a distance below t: an earlier group's
   end
-  if depth >= n + t or least > t then
-    -- No longer prefix comes closer than t: the whole range is at distance hit.
+  if depth >= n + t or least > t or (least == t and hit == t) then
+    -- No longer prefix comes closer than t (no cell of a descendant's row is below the least
+    -- of this row or of its parent's less one): the whole range is at distance hit.
     if hit == t then
       take(found, set, '[' .. p, '(' .. p .. '\255')
+    end
+    return
+  end
+  if least == t then
+    -- No edit left and none made yet within t: only a child that continues the query (or
+    -- transposes its last two characters) keeps a cell at t, so only those are looked up.
+    local cs, seen = {}, {}
+    for j = 1, n do
+      local c
+      if row[j - 1] == t then
+        c = q[j]
+      end
+      if c ~= nil and not seen[c] then
+        seen[c] = true
+        cs[#cs + 1] = c
+      end
+      if j > 1 and prow ~= nil and last == q[j] and prow[j - 2] + 1 <= t and not seen[q[j - 1]] then
+        seen[q[j - 1]] = true
+        cs[#cs + 1] = q[j - 1]
+      end
+    end
+    table.sort(cs, lt)
+    for _, c in ipairs(cs) do
+      if exhausted or full(found) then
+        return
+      end
+      local pc = p .. c
+      if next_member(set, '[' .. pc, '(' .. pc .. '\255') ~= nil then
+        local crow, cleast = next_row(row, prow, c, last)
+        visit(found, t, set, pc, depth + 1, crow, cleast, row, c, hit)
+      end
     end
     return
   end
