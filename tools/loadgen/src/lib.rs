@@ -244,6 +244,10 @@ pub struct Options {
     pub autocomplete_clients: usize,
     /// Measured time per query kind in [`Scenario::Autocomplete`].
     pub autocomplete_window: Duration,
+    /// The query kinds [`Scenario::Autocomplete`] measures, by name (every one when empty). A run
+    /// naming some declares the dictionary with only the features they need, and skips the
+    /// dictionaries of other feature sets and the RediSearch baseline.
+    pub autocomplete_cases: Vec<String>,
     /// Failovers per Sentinel timing in [`Scenario::RedisFailover`] (and Cluster failovers: at
     /// most 3).
     pub failovers: usize,
@@ -271,6 +275,7 @@ impl Options {
             terms: 1_000_000,
             autocomplete_clients: 16,
             autocomplete_window: Duration::from_secs(10),
+            autocomplete_cases: Vec::new(),
             failovers: 5,
             builds: Vec::new(),
         }
@@ -295,6 +300,7 @@ impl Options {
             terms: 2000,
             autocomplete_clients: 2,
             autocomplete_window: Duration::from_millis(100),
+            autocomplete_cases: Vec::new(),
             failovers: 1,
             builds: Vec::new(),
         }
@@ -384,6 +390,9 @@ impl Options {
             "autocomplete_window_s",
             self.autocomplete_window.as_secs_f64().to_string(),
         );
+        if !self.autocomplete_cases.is_empty() {
+            put("autocomplete_cases", self.autocomplete_cases.join(","));
+        }
         put("failovers", self.failovers.to_string());
         m
     }

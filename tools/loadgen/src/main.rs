@@ -101,6 +101,12 @@ struct RunArgs {
     /// Seconds per autocomplete query kind (10).
     #[arg(long)]
     autocomplete_seconds: Option<f64>,
+    /// Autocomplete query kinds, comma-separated: prefix-lex, health, prefix-score, automatic,
+    /// word-prefix, contains-lex, contains-score, fuzzy-lex, fuzzy-score (all when not given;
+    /// naming some loads the dictionary with only the features they need, and skips the other
+    /// feature sets' dictionaries and RediSearch).
+    #[arg(long, value_delimiter = ',')]
+    autocomplete_cases: Vec<String>,
     /// Failovers per Sentinel timing in redis-failover (5; Cluster: at most 3).
     #[arg(long)]
     failovers: Option<usize>,
@@ -189,6 +195,15 @@ fn options(args: &RunArgs) -> Result<Options, String> {
     if let Some(s) = args.autocomplete_seconds {
         o.autocomplete_window = secs(s, "--autocomplete-seconds")?;
     }
+    for name in &args.autocomplete_cases {
+        if !loadgen::autocomplete::Case::ALL
+            .iter()
+            .any(|c| c.name() == name)
+        {
+            return Err(format!("unknown autocomplete query kind {name:?}"));
+        }
+    }
+    o.autocomplete_cases.clone_from(&args.autocomplete_cases);
     if let Some(n) = args.failovers {
         o.failovers = n.max(1);
     }

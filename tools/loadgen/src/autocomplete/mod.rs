@@ -107,6 +107,18 @@ impl Case {
         }
     }
 
+    /// The features of the dictionary its queries need.
+    pub fn features(self) -> &'static [pb::AutocompleteFeature] {
+        use pb::AutocompleteFeature as F;
+        match self {
+            Case::PrefixLex | Case::FuzzyLex | Case::FuzzyScore | Case::Health => &[],
+            Case::PrefixScore => &[F::Ranked],
+            Case::Word => &[F::Words],
+            Case::ContainsLex => &[F::Words, F::Substring],
+            Case::Automatic | Case::ContainsScore => &[F::Ranked, F::Words, F::Substring],
+        }
+    }
+
     fn mode_order(self) -> (M, O) {
         match self {
             Case::PrefixLex => (M::Prefix, O::Lexicographic),
@@ -214,6 +226,31 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         bare.bytes as f64 / terms.len().max(1) as f64
     );
     records.push(baseline_record("zadd", terms.len(), &bare));
+    // The query kinds measured: every one, or those the options name, on a dictionary declared
+    // with only the features they need.
+    let cases: Vec<Case> = Case::ALL
+        .into_iter()
+        .filter(|c| {
+            options.autocomplete_cases.is_empty()
+                || options.autocomplete_cases.iter().any(|n| n == c.name())
+        })
+        .collect();
+    let focused = !options.autocomplete_cases.is_empty();
+    if focused {
+        let mut features: Vec<i32> = cases
+            .iter()
+            .flat_map(|c| c.features().iter().map(|f| *f as i32))
+            .collect();
+        features.sort_unstable();
+        features.dedup();
+        AutocompleteServiceClient::new(channels[0].clone())
+            .configure(pb::AutocompleteServiceConfigureRequest {
+                dictionary: DICTIONARY.to_owned(),
+                features,
+            })
+            .await
+            .expect("Configure");
+    }
     let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let memory_before = probe::used_memory(&mut probe.admin).await;
     let mark = probe.mark().await;
@@ -265,7 +302,7 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         conns.push(stage.redis.client().await);
     }
     let scripts = Arc::new((Script::new(scripts::PREFIX), Script::new(scripts::RANKED)));
-    for case in Case::ALL {
+    for case in cases {
         let mut sides = vec!["baton-tcp"];
         if matches!(case, Case::PrefixLex | Case::PrefixScore) {
             sides.push("direct");
@@ -312,6 +349,9 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         memory.set(&format!("keys:{kind}"), keys as f64);
     }
     records.push(memory);
+    if focused {
+        return;
+    }
 
     // The same terms in dictionaries declared with fewer features, each loaded and measured on
     // its own: what a dictionary serving only some modes costs.
