@@ -3997,3 +3997,115 @@ async fn a_change_whose_driver_died_is_finished_by_another_baton() {
         terms.iter().filter(|t| t.contains("smith")).count()
     );
 }
+
+/// The keys every `Add` step (EVALSHA) in the slow log declared, most first: the log keeps every
+/// call once `slowlog-log-slower-than` is 0.
+async fn declared_keys_per_step(conn: &mut support::RedisConn) -> Vec<u64> {
+    let logs: Vec<Vec<redis::Value>> = conn
+        .on_every_node(redis::cmd("SLOWLOG").arg("GET").arg(-1))
+        .await;
+    let mut counts = Vec::new();
+    for entry in logs.into_iter().flatten() {
+        let redis::Value::Array(fields) = entry else {
+            panic!("a SLOWLOG entry: {entry:?}");
+        };
+        let args: Vec<Vec<u8>> = redis::from_redis_value_ref(&fields[3]).expect("arguments");
+        if args[0].eq_ignore_ascii_case(b"evalsha") {
+            counts.push(
+                String::from_utf8_lossy(&args[2])
+                    .parse::<u64>()
+                    .expect("numkeys"),
+            );
+        }
+    }
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts
+}
+
+/// Writes declare (and Baton computes) only the keys of the features a dictionary has: a
+/// dictionary without features gets steps of its lex sets and fixed keys, not the hundreds of
+/// posting, gram and ranked-set keys of the same terms with every feature. Baton learns a
+/// dictionary's features from its write steps' answers; when they grew since (a `Configure`),
+/// the next step planned for fewer changes nothing, says so, and is planned again, for `Add` and
+/// for `Remove`: every index stays exact.
+#[tokio::test]
+async fn writes_declare_only_the_keys_of_the_features_they_need() {
+    // Reads and resets node-wide logs.
+    let redis = RedisServer::start_private().await;
+    let baton = start_baton(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let mut conn = redis.conn().await;
+    let names = change_terms(60, 1);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    configure(&mut client, "lean", &[]).await.unwrap();
+    add_all(&mut client, "lean", &refs[..30]).await;
+    add_all(&mut client, "full", &refs[..30]).await;
+    let _: Vec<()> = conn
+        .on_every_node(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("slowlog-log-slower-than")
+                .arg(0),
+        )
+        .await;
+    let mut reset = redis::cmd("SLOWLOG");
+    reset.arg("RESET");
+    let _: Vec<String> = conn.on_every_node(&reset).await;
+    add_all(&mut client, "lean", &refs[30..]).await;
+    let lean = declared_keys_per_step(&mut conn).await;
+    let _: Vec<String> = conn.on_every_node(&reset).await;
+    add_all(&mut client, "full", &refs[30..]).await;
+    let full = declared_keys_per_step(&mut conn).await;
+    assert!(!lean.is_empty() && !full.is_empty());
+    // Five fixed keys and a lex set per first byte (9 words start the terms).
+    assert!(
+        lean[0] <= 14,
+        "a step without features declared {lean:?} keys"
+    );
+    assert!(
+        full[0] > 100,
+        "a step with every feature declared {full:?} keys"
+    );
+
+    // The features grew behind Baton's back: the next steps are planned again.
+    remove(&mut client, "lean", &refs).await;
+    configure(
+        &mut client,
+        "lean",
+        &[Feature::Ranked, Feature::Words, Feature::Substring],
+    )
+    .await
+    .unwrap();
+    let many = change_terms(400, 3);
+    let many_refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    add_all(&mut client, "lean", &many_refs).await;
+    add_all(&mut client, "model", &many_refs).await;
+    for (query, mode, order) in [
+        ("smi", Mode::WordPrefix, Order::Lexicographic),
+        ("ller", Mode::Contains, Order::Score),
+        ("an", Mode::Prefix, Order::Score),
+        ("zoë s", Mode::Automatic, Order::Lexicographic),
+    ] {
+        let got = all_pages(&mut client, request("lean", query, mode, order, 50)).await;
+        let want = all_pages(&mut client, request("model", query, mode, order, 50)).await;
+        assert!(!want.is_empty(), "{query:?} {mode:?}");
+        assert_eq!(
+            displays(&got),
+            displays(&want),
+            "{query:?} {mode:?} {order:?}"
+        );
+    }
+
+    // Removes too: a dictionary Baton last wrote without features gets WORDS, then loses its
+    // terms; no posting or vocabulary entry of theirs is left.
+    configure(&mut client, "lean2", &[]).await.unwrap();
+    add_all(&mut client, "lean2", &refs).await;
+    configure(&mut client, "lean2", &[Feature::Words])
+        .await
+        .unwrap();
+    let (d, _) = until_changed(&mut client, "lean2").await;
+    assert_eq!(d.features, vec![Feature::Words as i32]);
+    remove(&mut client, "lean2", &refs).await;
+    let left = key_kinds(&mut conn, baton.prefix(), "lean2").await;
+    assert_eq!(left, HashSet::from(["f".to_owned()]), "keys left: {left:?}");
+}

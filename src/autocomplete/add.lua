@@ -59,12 +59,14 @@
 --          most 4 * (heavy + 1) + 178) and 2 cut-backs, and creates a prefix's ranked or deep
 --          set only within room + 4 * (heavy + 1) + 178 less 2 cut-backs: a set it cannot afford is created by a later step
 --          of its prefix (readers walk the parent's set meanwhile, as for any prefix without one).
--- ARGV[12..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
+-- ARGV[12] the features Baton planned the step for (letters, features.lua): it declared the keys
+--          of those only, and sends the words of the entries only with 'w'
+-- ARGV[13..] per entry: id, key, display ('' when equal to id), score op ('' keep, 's' set,
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
 --
 -- Returns
---   {0, term count, work done (units as in ARGV[11]), then per entry of the step 'a' or 'u'
---   (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
+--   {0, term count, work done (units as in ARGV[11]), the features a write needs (write_needs),
+--   then per entry of the step 'a' or 'u' (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
 --   their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
@@ -72,6 +74,7 @@
 --   {4, n}: the record shows the batch's first n entries applied, fewer than the step's
 --   position: send the entries from n on
 --   {5}: the record belongs to another batch
+--   {6, features}: the step needs the keys of features ARGV[12] lacks: plan it for these
 local argv, call = ARGV, redis.call
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
@@ -83,10 +86,14 @@ local cut_most = math.floor(deep_size / 2)
 local record = fingerprint ~= '' and KEYS[6]
 local fstate = write_state(KEYS[5])
 local ranked_on = has_feature(fstate.served, 'r')
+local needs = write_needs(fstate)
+if missing_feature(argv[12], needs) then
+  return { 6, needs }
+end
 
 -- The entries (their first argument's index).
 local entries = {}
-local at = 12
+local at = 13
 while at <= #argv do
   entries[#entries + 1] = at
   at = at + 7 + tonumber(argv[at + 6])
@@ -127,7 +134,7 @@ for e = skip + 1, #entries do
   end
 end
 if #terms == 0 then
-  local reply = { 0, call('HLEN', data), work }
+  local reply = { 0, call('HLEN', data), work, needs }
   for i = 1, #done_before do
     reply[#reply + 1] = done_before[i]
   end
@@ -579,7 +586,7 @@ if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)
 end
 
-local reply = { 0, count, work }
+local reply = { 0, count, work, needs }
 for i = 1, #done_before do
   reply[#reply + 1] = done_before[i]
 end

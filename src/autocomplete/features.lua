@@ -48,6 +48,19 @@ local function write_state(key)
   return { served = v[1] or ALL_FEATURES, building = v[2], cursor = v[3], dropping = v[4] or '' }
 end
 
+-- The features whose keys a write may touch, as letters in the order 'rws': those served, the
+-- one being built and those being dropped. Baton declares the keys of the features it planned a
+-- step for; a step planned for fewer changes nothing and answers with these (send it again).
+local function write_needs(state)
+  local s = ''
+  for _, f in ipairs({ 'r', 'w', 's' }) do
+    if has_feature(state.served, f) or state.building == f or has_feature(state.dropping, f) then
+      s = s .. f
+    end
+  end
+  return s
+end
+
 -- Whether a write maintains feature `f` for the item (a lex member for 'w', a word for 's')
 -- `item`: the feature is served, or being built and the build's cursor is at or past the item.
 local function maintains(state, f, item)

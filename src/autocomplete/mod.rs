@@ -149,6 +149,9 @@ pub const CUT_RESERVE: usize = 2 * (DEEP_RANKED / 2 + 1);
 /// Lex sets there can be: one per ASCII byte but 0, and per first byte of a multi-byte
 /// character (0xC2 to 0xF4).
 const FIRST_BYTES: usize = 127 + (0xF4 - 0xC2 + 1);
+/// Dictionaries whose write features one Baton remembers (the hints are forgotten all at once
+/// past this many, and learnt again from the next step of each).
+const WRITE_HINTS: usize = 4096;
 /// Longest request id, in bytes.
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 /// How long Redis remembers what an `Add` with a client's request id did.
@@ -351,6 +354,8 @@ struct AddBatch<'a> {
     keys: DictionaryKeys,
     terms: &'a [NewTerm],
     words: Vec<Vec<&'a str>>,
+    /// The features the steps are planned for: their keys are declared, the rest not.
+    features: Features,
     planned: Vec<Planned>,
     record_key: Option<String>,
     fingerprint: Option<String>,
@@ -358,13 +363,19 @@ struct AddBatch<'a> {
 }
 
 impl<'a> AddBatch<'a> {
-    fn new(keys: DictionaryKeys, terms: &'a [NewTerm], record: Option<&Record>) -> Self {
+    fn new(
+        keys: DictionaryKeys,
+        terms: &'a [NewTerm],
+        record: Option<&Record>,
+        features: Features,
+    ) -> Self {
         let words: Vec<Vec<&str>> = terms.iter().map(|t| text::words(&t.text.key)).collect();
-        let planned = terms
-            .iter()
-            .zip(&words)
-            .map(|(t, w)| Planned::new(&keys, &t.text.key, w))
-            .collect();
+        let planned = plan(
+            &keys,
+            terms.iter().map(|t| t.text.key.as_str()),
+            &words,
+            features,
+        );
         Self {
             record_key: record.map(|r| keys.record(&r.id)),
             fingerprint: record.map(|_| batch_fingerprint(terms)),
@@ -374,8 +385,18 @@ impl<'a> AddBatch<'a> {
             keys,
             terms,
             words,
+            features,
             planned,
         }
+    }
+
+    /// Plans the entries from `at` on for `features` (a step answered that it needs them).
+    fn replan(&mut self, at: usize, features: Features) {
+        let keys = self.terms[at..].iter().map(|t| t.text.key.as_str());
+        let planned = plan(&self.keys, keys, &self.words[at..], features);
+        self.planned.truncate(at);
+        self.planned.extend(planned);
+        self.features = features;
     }
 
     /// The call of add.lua for the entries `at..end`, declaring every first-byte set when `wide`.
@@ -399,6 +420,7 @@ impl<'a> AddBatch<'a> {
             first: at,
             memory_ms: self.memory_ms,
             room: (STEP_WORK + CUT_RESERVE).saturating_sub(planned),
+            features: &self.features.letters(),
         }
         .invocation(
             script,
@@ -411,7 +433,8 @@ impl<'a> AddBatch<'a> {
                     display: term.text.stored_display(),
                     score: term.score,
                     payload: term.payload.as_deref(),
-                    words,
+                    // Words serve only the word and gram indexes.
+                    words: if self.features.words { words } else { &[] },
                 }),
         )
     }
@@ -424,37 +447,59 @@ struct Planned {
 }
 
 impl Planned {
-    /// The plan of a term with matching form `key` and words `words` in the dictionary `keys`.
-    fn new(keys: &DictionaryKeys, key: &str, words: &[&str]) -> Self {
+    /// The plan of a term with matching form `key` and words `words` in the dictionary `keys`
+    /// with `features`: the keys of those features only, and their work.
+    fn new(keys: &DictionaryKeys, key: &str, words: &[&str], features: Features) -> Self {
         let mut planned = Vec::with_capacity(4 + 2 * words.len());
         planned.push(keys.lex_of(key));
-        let mut grams = 0;
-        for word in words {
-            planned.push(keys.word(word));
-            for gram in text::grams(word) {
-                planned.push(keys.vocab_gram(gram));
-                grams += 1;
+        let (mut grams, mut word_count, mut sets) = (0, 0, None);
+        if features.words {
+            word_count = words.len();
+            for word in words {
+                planned.push(keys.word(word));
+                if features.substring {
+                    for gram in text::grams(word) {
+                        planned.push(keys.vocab_gram(gram));
+                        grams += 1;
+                    }
+                }
             }
         }
-        let ranked = keys.ranked_sets_of(key);
-        let sets = ranked.len();
-        planned.extend(ranked);
-        planned.extend(keys.deep_set_of(key));
+        if features.ranked {
+            let ranked = keys.ranked_sets_of(key);
+            sets = Some(ranked.len());
+            planned.extend(ranked);
+            planned.extend(keys.deep_set_of(key));
+        }
         Self {
             keys: planned,
-            work: entry_work(words.len(), grams, sets),
+            work: entry_work(word_count, grams, sets),
         }
     }
+}
+
+/// The plans of the terms with matching forms `forms` and words `words` for `features`.
+fn plan<'k>(
+    keys: &DictionaryKeys,
+    forms: impl Iterator<Item = &'k str>,
+    words: &[Vec<&str>],
+    features: Features,
+) -> Vec<Planned> {
+    forms
+        .zip(words)
+        .map(|(form, w)| Planned::new(keys, form, w, features))
+        .collect()
 }
 
 /// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units (a member or
 /// field read or written, as the scripts count them): its data, lex member and record (12), its
 /// words' postings and vocabulary entries (4 a word), for a word new to the vocabulary one set
-/// per gram, and per ranked set (and its deep set and the top set) its field in `h`, a count, a
-/// member added and one removed (4 each). Copies into ranked sets a step creates and cut-backs
-/// are counted by the script, within the room the step leaves ([`MAX_STEP_WORK`]).
-fn entry_work(words: usize, grams: usize, ranked_sets: usize) -> usize {
-    12 + 4 * words + grams + 4 * (ranked_sets + 2)
+/// per gram, and, in a ranked dictionary (`ranked_sets` given), per ranked set (and its deep set
+/// and the top set) its field in `h`, a count, a member added and one removed (4 each). Copies
+/// into ranked sets a step creates and cut-backs are counted by the script, within the room the
+/// step leaves ([`MAX_STEP_WORK`]).
+fn entry_work(words: usize, grams: usize, ranked_sets: Option<usize>) -> usize {
+    12 + 4 * words + grams + ranked_sets.map_or(0, |n| 4 * (n + 2))
 }
 
 /// How many of the items of these work costs (at least one) one step takes within [`STEP_WORK`].
@@ -901,6 +946,8 @@ pub struct Autocomplete {
 
 struct Inner {
     redis: Redis,
+    /// Per dictionary (its key base), the features its writes need, as the last write step said.
+    write_features: std::sync::Mutex<std::collections::HashMap<String, Features>>,
     add: Script,
     scores: Script,
     remove: Script,
@@ -922,6 +969,7 @@ impl Autocomplete {
         Self {
             inner: Arc::new(Inner {
                 redis,
+                write_features: std::sync::Mutex::default(),
                 add: Script::new(scripts::ADD),
                 scores: Script::new(scripts::SCORES),
                 remove: Script::new(scripts::REMOVE),
@@ -949,6 +997,33 @@ impl Autocomplete {
         RecentKeys::new(self.inner.redis.key_prefix(), name)
     }
 
+    /// The features the last write step to dictionary `keys` said its writes need (every one
+    /// when no step said): what the next batch is planned for. A hint only: a step planned for
+    /// fewer than Redis says changes nothing and is planned again.
+    fn write_features(&self, keys: &DictionaryKeys) -> Features {
+        let hints = self
+            .inner
+            .write_features
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hints.get(&keys.base).copied().unwrap_or(Features::ALL)
+    }
+
+    /// Notes the features a write step said writes to dictionary `keys` need, and returns them.
+    fn note_write_features(&self, keys: &DictionaryKeys, needs: &Value) -> Result<Features, Error> {
+        let needs = Features::from_letters(&bytes(needs)?);
+        let mut hints = self
+            .inner
+            .write_features
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if hints.len() >= WRITE_HINTS && !hints.contains_key(&keys.base) {
+            hints.clear();
+        }
+        hints.insert(keys.base.clone(), needs);
+        Ok(needs)
+    }
+
     /// Adds or updates `terms`, in order, in steps of a few entries ([`STEP_WORK`]), each one
     /// atomic script call. Nothing changes when one entry's resulting score would be out of range
     /// (`InvalidArgument` on `terms[i].score`), unless a concurrent change pushes it out of range
@@ -969,7 +1044,9 @@ impl Autocomplete {
         record: Option<&Record>,
         stop_by: Option<Instant>,
     ) -> Result<Added, Error> {
-        let batch = AddBatch::new(self.dictionary_keys(dictionary), terms, record);
+        let keys = self.dictionary_keys(dictionary);
+        let hint = self.write_features(&keys);
+        let mut batch = AddBatch::new(keys, terms, record, hint);
         if terms
             .iter()
             .any(|t| matches!(t.score, ScoreChange::Increment(_)))
@@ -987,13 +1064,21 @@ impl Autocomplete {
                 return Err(unexpected("add reply"));
             };
             match (int(status)?, rest) {
-                (0, [count, work, results @ ..]) if results.len() == end - at => {
+                (0, [count, work, needs, results @ ..]) if results.len() == end - at => {
                     term_count = count_u64(count)?;
                     note_step_work(work)?;
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
                     (at, most, wide) = (end, STEP_ENTRIES, false);
+                    let needs = self.note_write_features(&batch.keys, needs)?;
+                    if needs != batch.features && at < terms.len() {
+                        batch.replan(at, needs);
+                    }
+                }
+                (6, [needs]) => {
+                    let needs = self.note_write_features(&batch.keys, needs)?;
+                    batch.replan(at, needs);
                 }
                 (1, [entry]) => {
                     let i =
@@ -1117,11 +1202,9 @@ impl Autocomplete {
     pub async fn remove(&self, dictionary: &str, texts: &[Text]) -> Result<(u32, u64), Error> {
         let keys = self.dictionary_keys(dictionary);
         let words: Vec<Vec<&str>> = texts.iter().map(|t| text::words(&t.key)).collect();
-        let planned: Vec<Planned> = texts
-            .iter()
-            .zip(&words)
-            .map(|(t, w)| Planned::new(&keys, &t.key, w))
-            .collect();
+        let forms = || texts.iter().map(|t| t.key.as_str());
+        let mut features = self.write_features(&keys);
+        let mut planned = plan(&keys, forms(), &words, features);
         let (mut removed, mut term_count) = (0, 0);
         let (mut at, mut wide) = (0, false);
         while at < texts.len() {
@@ -1132,6 +1215,7 @@ impl Autocomplete {
                 keys: &keys,
                 touched: &touched,
                 wide,
+                features: &features.letters(),
             }
             .invocation(
                 &self.inner.remove,
@@ -1141,19 +1225,29 @@ impl Autocomplete {
                     .map(|(text, words)| scripts::RemoveEntry {
                         id: &text.id,
                         key: &text.key,
-                        words,
+                        words: if features.words { words } else { &[] },
                     }),
             );
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+            let mut needs = None;
             match reply.as_slice() {
-                [status, gone, count, work] if int(status)? == 0 => {
+                [status, gone, count, work, now] if int(status)? == 0 => {
                     note_step_work(work)?;
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);
+                    needs = Some(self.note_write_features(&keys, now)?);
                 }
                 [status] if int(status)? == 2 => wide = true,
+                [status, now] if int(status)? == 6 => {
+                    needs = Some(self.note_write_features(&keys, now)?);
+                }
                 _ => return Err(unexpected("remove reply")),
+            }
+            if let Some(needs) = needs.filter(|n| *n != features) {
+                features = needs;
+                planned.truncate(at);
+                planned.extend(plan(&keys, forms().skip(at), &words[at..], features));
             }
         }
         Ok((removed, term_count))
@@ -1986,7 +2080,12 @@ mod tests {
                 char::from(b'a' + u8::try_from((x >> 16) % 26).unwrap())
             })
             .collect();
-        let heaviest = Planned::new(&DictionaryKeys::new("p:", "d"), &long_word, &[&long_word]);
+        let heaviest = Planned::new(
+            &DictionaryKeys::new("p:", "d"),
+            &long_word,
+            &[&long_word],
+            Features::ALL,
+        );
         assert!(heaviest.work > 400, "{}", heaviest.work);
         assert!(
             heaviest.work <= STEP_WORK,

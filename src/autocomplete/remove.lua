@@ -14,15 +14,22 @@
 --         terms or fewer
 -- ARGV[3] max depth (as in add.lua)
 -- ARGV[4] '1' when every lex set and first-byte ranked set is declared, else ''
--- ARGV[5..] per term: id, key, word count, the words
+-- ARGV[5] the features Baton planned the step for (as add.lua's ARGV[12])
+-- ARGV[6..] per term: id, key, word count, the words
 --
--- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11])}, or {2} (nothing removed) when the step would leave the
--- dictionary with `low` terms or fewer while it is ranked: send it again with every first-byte
--- set declared.
+-- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11]), the features a
+-- write needs (write_needs)}; {2} (nothing removed) when the step would leave the dictionary
+-- with `low` terms or fewer while it is ranked: send it again with every first-byte set
+-- declared; {6, features} (nothing removed) when the step needs the keys of features ARGV[5]
+-- lacks: plan it for these.
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local fstate = write_state(KEYS[5])
 local ranked_on = has_feature(fstate.served, 'r')
+local needs = write_needs(fstate)
+if missing_feature(ARGV[5], needs) then
+  return { 6, needs }
+end
 -- Gram sets lose the words that leave the vocabulary also while they are being deleted, so that
 -- the deletion, which walks the vocabulary, finds every one.
 local function grams_on(word)
@@ -31,7 +38,7 @@ end
 
 -- The terms, each once, and the values of those there are.
 local terms, seen, ids = {}, {}, {}
-local at = 5
+local at = 6
 while at <= #ARGV do
   local id = ARGV[at]
   if not seen[id] then
@@ -91,7 +98,7 @@ for i, at in ipairs(terms) do
   end
 end
 if #gone_ids == 0 then
-  return { 0, 0, redis.call('HLEN', data), work }
+  return { 0, 0, redis.call('HLEN', data), work, needs }
 end
 local lex_keys, word_keys = {}, {}
 for _, name in ipairs(lex_order) do
@@ -254,4 +261,4 @@ end
 if #unmark > 0 then
   batched('HDEL', heavy_set, unmark)
 end
-return { 0, #gone_ids, count, work }
+return { 0, #gone_ids, count, work, needs }

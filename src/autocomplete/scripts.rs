@@ -201,6 +201,8 @@ pub struct Add<'a> {
     /// The work the step may do beyond its entries' planned work ([`STEP_WORK`](super::STEP_WORK) less that):
     /// copies into the ranked sets it creates and cut-backs.
     pub room: usize,
+    /// The features the step was planned for, as letters: it declares their keys only.
+    pub features: &'a str,
 }
 
 impl Add<'_> {
@@ -225,7 +227,8 @@ impl Add<'_> {
             .arg(self.fingerprint)
             .arg(self.first)
             .arg(self.memory_ms)
-            .arg(self.room);
+            .arg(self.room)
+            .arg(self.features);
         for entry in entries {
             let (op, value) = score_op(entry.score);
             invocation
@@ -294,6 +297,8 @@ pub struct Remove<'a> {
     pub touched: &'a [&'a str],
     /// The step declares every first-byte set (the script asked for it).
     pub wide: bool,
+    /// The features the step was planned for, as letters: it declares their keys only.
+    pub features: &'a str,
 }
 
 impl Remove<'_> {
@@ -311,7 +316,8 @@ impl Remove<'_> {
             .arg(&self.keys.base)
             .arg(LIGHT_PREFIX)
             .arg(MAX_RANKED_DEPTH)
-            .arg(if self.wide { "1" } else { "" });
+            .arg(if self.wide { "1" } else { "" })
+            .arg(self.features);
         for entry in entries {
             invocation
                 .arg(entry.id)
