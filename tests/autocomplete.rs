@@ -4072,7 +4072,8 @@ fn ranked_term(rng: &mut rand::rngs::Xoshiro256PlusPlus) -> String {
 /// Adds and removes random terms of the RANKED build tests to `dictionary` (and `model`) until
 /// no change of its features is under way, at least `rounds` times: new terms, scores set and
 /// incremented, terms removed, spread over the whole dictionary (before and after a build's
-/// cursor). Returns the rounds made while a build of RANKED was under way.
+/// cursor); each Add carries a request id and is sent twice. Returns the rounds made while a
+/// build of RANKED was under way.
 async fn write_until_changed(
     client: &mut Client,
     dictionary: &str,
@@ -4125,7 +4126,15 @@ async fn write_until_changed(
                 payload: None,
             });
         }
-        add(client, dictionary, batch).await;
+        // With a request id, sent twice (a retry): applied once, answered the same.
+        let request = pb::AutocompleteServiceAddRequest {
+            dictionary: dictionary.to_owned(),
+            terms: batch,
+            request_id: format!("build-{seed}-{round}"),
+        };
+        let first = client.add(request.clone()).await.expect("Add").into_inner();
+        let again = client.add(request).await.expect("Add again").into_inner();
+        assert_eq!(first, again, "a retry answers as the first application");
         let gone: Vec<String> = (0..25)
             .map(|_| existing[rng.random_range(0..existing.len())].clone())
             .collect();

@@ -681,7 +681,7 @@ pub struct FeatureChange {
 /// takes the change over once it lapses (a Baton that died mid-change).
 pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
 /// Terms, words or sets one step of a change of features covers at most (fewer when their
-/// postings or gram sets would pass [`STEP_WORK`]).
+/// postings, gram sets or ranked sets would pass [`STEP_WORK`]).
 pub const CHANGE_STEP: usize = 64;
 
 /// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
