@@ -4045,17 +4045,18 @@ async fn ranked_members(conn: &mut support::RedisConn, base: &str, set: &str) ->
 const HEAVY: usize = baton::autocomplete::HEAVY_PREFIX;
 
 /// A seeded random term for the RANKED build tests: lowercase words, many sharing the first 1, 2
-/// and 3 characters ("a", "an", "ana"), so that the build creates first-byte, prefix and deep
-/// sets, and cuts deep sets back.
+/// and 3 characters ("a", "an", "ana"; "ж", "жа"), so that the build creates first-byte, prefix
+/// and deep sets (of one-byte and two-byte characters), and cuts deep sets back.
 fn ranked_term(rng: &mut rand::rngs::Xoshiro256PlusPlus) -> String {
     use rand::RngExt;
     let syllables = ["ab", "ba", "ca", "bac", "nab", "cab", "zu", "mo"];
     let first = match rng.random_range(0..20) {
-        0..7 => "ana",
-        7..10 => "anb",
-        10..11 => ["anc", "anz"][rng.random_range(0..2)],
-        11..15 => "ab",
-        15..16 => ["am", "az"][rng.random_range(0..2)],
+        0..6 => "ana",
+        6..9 => "anb",
+        9..10 => ["anc", "anz"][rng.random_range(0..2)],
+        10..13 => "ab",
+        13..14 => ["am", "az"][rng.random_range(0..2)],
+        14..18 => ["жа", "жа", "жа", "жу", "王"][rng.random_range(0..5)],
         _ => ["b", "c", "m", "z", "9"][rng.random_range(0..5)],
     };
     let mut words = vec![format!(
@@ -4156,13 +4157,20 @@ async fn check_score_queries(
     every_mode: bool,
 ) {
     let terms: Vec<(String, f64)> = model.iter().map(|(d, s)| (d.clone(), *s)).collect();
-    let mut queries: Vec<(String, Mode)> = ["a", "an", "ana", "anab", "anaba", "b", "9", "anz"]
-        .iter()
-        .map(|q| (q.to_string(), Mode::Prefix))
-        .collect();
+    let mut queries: Vec<(String, Mode)> = [
+        "a", "an", "ana", "anab", "anaba", "b", "9", "anz", "ж", "жа", "жаb", "王",
+    ]
+    .iter()
+    .map(|q| (q.to_string(), Mode::Prefix))
+    .collect();
     for t in terms.iter().step_by(terms.len() / 3 + 1) {
         for n in 1..=5 {
-            let q = t.0[..n.min(t.0.len())].trim_end().to_owned();
+            let q: String =
+                t.0.chars()
+                    .take(n)
+                    .collect::<String>()
+                    .trim_end()
+                    .to_owned();
             queries.push((q, Mode::Prefix));
         }
     }
@@ -4257,7 +4265,7 @@ async fn ranked_added_to_a_dictionary_with_terms_is_built_exactly_under_writes()
     let mut conn = redis.conn().await;
     let (prefixes, deeps, cut) = check_ranked_sets(&mut conn, baton.prefix(), d, &model).await;
     assert!(
-        prefixes >= 2 && deeps >= 2 && cut,
+        prefixes >= 4 && deeps >= 2 && cut,
         "{prefixes} prefix sets, {deeps} deep sets, cut back: {cut}"
     );
     check_score_queries(&mut client, d, &model, true).await;
