@@ -13,7 +13,9 @@
 --                first-byte ranked sets exist (the dictionary is ranked)
 -- KEYS[4] top    (below)
 -- KEYS[5] features hash (features.lua): the step writes only the indexes of the dictionary's
---                features, read here, so a step never races a change of them
+--                features, read here, so a step never races a change of them; while RANKED is
+--                built, the ranked sets of the terms at or before the build's cursor only, and
+--                their count `n` (ranking.lua)
 -- KEYS[6] record list: the batch's fingerprint, then one item per entry applied so far, in
 --                batch order ('a' or 'u' for added or updated, then the score after it); only
 --                when ARGV[8] is not ''

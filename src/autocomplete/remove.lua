@@ -4,7 +4,8 @@
 -- Sizes are read before anything is removed (write.lua says why).
 --
 -- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   KEYS[5] features (as in add.lua:
---         only the indexes of the dictionary's features are touched)
+--         only the indexes of the dictionary's features are touched; while RANKED is built, the
+--         ranked sets of the terms at or before the build's cursor only, and their count `n`)
 -- KEYS[..] every other key the step may touch (as in add.lua: the terms' lex sets, words, grams
 --          of words, ranked and deep sets, and with ARGV[4] every first-byte ranked set)
 -- ARGV[1] base (as in add.lua)
