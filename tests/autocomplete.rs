@@ -3584,12 +3584,11 @@ async fn features_serve_their_modes_exactly_and_keep_only_their_indexes() {
     assert!(refused >= 250, "{refused} refusals");
 }
 
-/// RANKED is added only while a dictionary is empty: the same features again are accepted
-/// (idempotent), RANKED on a dictionary with terms refused FAILED_PRECONDITION with nothing
-/// changed; once its last term is removed the dictionary keeps its features (and only that key),
-/// and they can change at once again.
+/// Features of an empty dictionary change at once: the same features again are accepted
+/// (idempotent); once its last term is removed the dictionary keeps its features (and only that
+/// key), and they can change at once again.
 #[tokio::test]
-async fn ranked_is_added_only_while_the_dictionary_is_empty() {
+async fn features_of_an_empty_dictionary_change_at_once() {
     let (redis, baton, mut client) = setup().await;
     let d = "cfg";
     configure(&mut client, d, &[Feature::Ranked])
@@ -3605,12 +3604,7 @@ async fn ranked_is_added_only_while_the_dictionary_is_empty() {
     assert_eq!(again.features().collect::<Vec<_>>(), vec![Feature::Words]);
     assert_eq!(again.term_count, 2);
     assert!(again.change.is_none());
-    let status = configure(&mut client, d, &[Feature::Ranked, Feature::Words])
-        .await
-        .expect_err("non-empty");
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    assert!(status.message().contains("2 terms"), "{status:?}");
-    // Nothing changed: by word is served, by score is not.
+    // By word is served, by score is not.
     assert_eq!(
         complete(
             &mut client,
@@ -3916,8 +3910,8 @@ async fn features_added_to_a_dictionary_with_terms_are_built_exactly_under_write
 }
 
 /// A change whose driving Baton died (its lease taken, no step made) is taken over by another
-/// Baton's next Describe once the lease lapses, and finished; adding RANKED to a dictionary with
-/// terms, or other features during a change, is refused.
+/// Baton's next Describe once the lease lapses, and finished; other features during a change are
+/// refused.
 #[tokio::test]
 async fn a_change_whose_driver_died_is_finished_by_another_baton() {
     let (redis, baton, mut client) = setup().await;
@@ -3944,15 +3938,6 @@ async fn a_change_whose_driver_died_is_finished_by_another_baton() {
     let status = configure(&mut client, d, &[Feature::Words, Feature::Substring])
         .await
         .expect_err("another change");
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    let status = configure(&mut client, "ranked-later", &[])
-        .await
-        .map(|_| ());
-    assert!(status.is_ok());
-    add_all(&mut client, "ranked-later", &["alpha"]).await;
-    let status = configure(&mut client, "ranked-later", &[Feature::Ranked])
-        .await
-        .expect_err("RANKED on terms");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     // While the dead Baton's lease lasts nothing moves; another Baton's Describe then takes over.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -4108,4 +4093,490 @@ async fn writes_declare_only_the_keys_of_the_features_they_need() {
     remove(&mut client, "lean2", &refs).await;
     let left = key_kinds(&mut conn, baton.prefix(), "lean2").await;
     assert_eq!(left, HashSet::from(["f".to_owned()]), "keys left: {left:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// RANKED built in the background
+// ---------------------------------------------------------------------------------------------
+
+/// The 8 bytes that rank a score in a ranked set: they sort, byte by byte, by descending score.
+fn rank_bytes(score: f64) -> [u8; 8] {
+    let score = if score == 0.0 { 0.0 } else { score };
+    let mut b = score.to_bits().to_be_bytes();
+    if score >= 0.0 {
+        b[0] ^= 0x7F;
+        for x in &mut b[1..] {
+            *x ^= 0xFF;
+        }
+    }
+    b
+}
+
+/// What the ranked sets of dictionary `name` hold, checked against its terms (display → score)
+/// with the invariants readers rely on: once `h` has `""` (the dictionary passed 256 terms, as it
+/// must have when it has more), every first-byte set `b:XX` holds exactly the terms of its byte
+/// and `top` exactly the terms ranked at or before its last member; every `r:P` in `h` exactly
+/// the terms starting with `P`; every deep set `t:P` exactly those ranked at or before its bound;
+/// no ranked set exists that `h` does not list. Returns how many `r:` and `t:` sets there are and
+/// whether some deep set was cut back (its bound is a member).
+async fn check_ranked_sets(
+    conn: &mut support::RedisConn,
+    prefix: &str,
+    name: &str,
+    terms: &std::collections::BTreeMap<String, f64>,
+) -> (usize, usize, bool) {
+    let base = format!("{prefix}{{ac:{name}}}:");
+    // (matching form, ranked member) of every term.
+    let all: Vec<(String, Vec<u8>)> = terms
+        .iter()
+        .map(|(display, score)| {
+            let (key, id) = lex_key(display);
+            let mut member = rank_bytes(*score).to_vec();
+            member.extend_from_slice(key.as_bytes());
+            member.push(0);
+            member.extend_from_slice(id.as_bytes());
+            (key, member)
+        })
+        .collect();
+    let expect = |pred: &dyn Fn(&str, &[u8]) -> bool| -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = all
+            .iter()
+            .filter(|(k, m)| pred(k, m))
+            .map(|(_, m)| m.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    let h: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(format!("{base}h"))
+        .query_async(conn)
+        .await
+        .expect("HGETALL");
+    let ranked = h.contains_key("");
+    assert_eq!(
+        ranked,
+        terms.len() > HEAVY,
+        "{name}: ranked with {} terms",
+        terms.len()
+    );
+    let (mut prefixes, mut deeps, mut cut) = (0, 0, false);
+    for (field, value) in &h {
+        if let Some(hex) = field.strip_prefix("b:") {
+            let b = u8::from_str_radix(hex, 16).expect("hex");
+            assert!(ranked, "{name}: {field} while not ranked");
+            let want = expect(&|k, _| k.as_bytes()[0] == b);
+            assert_eq!(
+                ranked_members(conn, &base, field).await,
+                want,
+                "{name}: {field}"
+            );
+        } else if let Some(p) = field.strip_prefix("r:") {
+            prefixes += 1;
+            let want = expect(&|k, _| k.starts_with(p));
+            assert_eq!(
+                ranked_members(conn, &base, field).await,
+                want,
+                "{name}: {field}"
+            );
+        } else if let Some(p) = field.strip_prefix("t:") {
+            deeps += 1;
+            let bound = value.clone();
+            let want = if bound == b"\xff" {
+                expect(&|k, _| k.starts_with(p))
+            } else {
+                cut = true;
+                expect(&|k, m| k.starts_with(p) && m <= bound.as_slice())
+            };
+            assert_eq!(
+                ranked_members(conn, &base, field).await,
+                want,
+                "{name}: {field}"
+            );
+        }
+    }
+    if ranked {
+        let firsts: HashSet<u8> = all.iter().map(|(k, _)| k.as_bytes()[0]).collect();
+        for b in firsts {
+            assert!(h.contains_key(&format!("b:{b:02x}")), "{name}: b:{b:02x}");
+        }
+        let top = ranked_members(conn, &base, "top").await;
+        let last = top.last().expect("a top set").clone();
+        assert_eq!(top, expect(&|_, m| m <= last.as_slice()), "{name}: top");
+    }
+    for key in conn.keys(&format!("{base}*")).await {
+        let rest = &key[base.len()..];
+        if ["b:", "r:", "t:"].iter().any(|k| rest.starts_with(k)) {
+            assert!(
+                h.contains_key(rest),
+                "{name}: {rest} exists, not listed in h"
+            );
+        }
+        if rest == "top" {
+            assert!(ranked, "{name}: top while not ranked");
+        }
+    }
+    (prefixes, deeps, cut)
+}
+
+/// The members of sorted set `<base><set>`, in order.
+async fn ranked_members(conn: &mut support::RedisConn, base: &str, set: &str) -> Vec<Vec<u8>> {
+    redis::cmd("ZRANGE")
+        .arg(format!("{base}{set}"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+/// Dictionaries of more than this many terms (or prefixes) have ranked sets.
+const HEAVY: usize = baton::autocomplete::HEAVY_PREFIX;
+
+/// A seeded random term for the RANKED build tests: lowercase words, many sharing the first 1, 2
+/// and 3 characters ("a", "an", "ana"; "ж", "жа"), so that the build creates first-byte, prefix
+/// and deep sets (of one-byte and two-byte characters), and cuts deep sets back.
+fn ranked_term(rng: &mut rand::rngs::Xoshiro256PlusPlus) -> String {
+    use rand::RngExt;
+    let syllables = ["ab", "ba", "ca", "bac", "nab", "cab", "zu", "mo"];
+    let first = match rng.random_range(0..20) {
+        0..6 => "ana",
+        6..9 => "anb",
+        9..10 => ["anc", "anz"][rng.random_range(0..2)],
+        10..13 => "ab",
+        13..14 => ["am", "az"][rng.random_range(0..2)],
+        14..18 => ["жа", "жа", "жа", "жу", "王"][rng.random_range(0..5)],
+        _ => ["b", "c", "m", "z", "9"][rng.random_range(0..5)],
+    };
+    let mut words = vec![format!(
+        "{first}{}",
+        syllables[rng.random_range(0..syllables.len())]
+    )];
+    for _ in 0..rng.random_range(0..3) {
+        words.push(syllables[rng.random_range(0..syllables.len())].to_owned());
+    }
+    words.push(rng.random_range(0..100_000u32).to_string());
+    words.join(" ")
+}
+
+/// Adds and removes random terms of the RANKED build tests to `dictionary` (and `model`) until
+/// no change of its features is under way, at least `rounds` times: new terms, scores set and
+/// incremented, terms removed, spread over the whole dictionary (before and after a build's
+/// cursor); each Add carries a request id and is sent twice. Returns the rounds made while a
+/// build of RANKED was under way.
+async fn write_until_changed(
+    client: &mut Client,
+    dictionary: &str,
+    model: &mut std::collections::BTreeMap<String, f64>,
+    seed: u64,
+    rounds: usize,
+) -> usize {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let mut during = 0;
+    for round in 0.. {
+        let described = client
+            .describe(pb::AutocompleteServiceDescribeRequest {
+                dictionary: dictionary.to_owned(),
+            })
+            .await
+            .expect("Describe")
+            .into_inner();
+        match described.change {
+            None if round >= rounds => return during,
+            Some(c) if c.building == Feature::Ranked as i32 => during += 1,
+            _ => {}
+        }
+        let existing: Vec<String> = model.keys().cloned().collect();
+        let mut batch = Vec::new();
+        for i in 0..40 {
+            let (display, score, increment) = match i % 4 {
+                0 | 1 => (
+                    ranked_term(&mut rng),
+                    f64::from(rng.random_range(-20..60)),
+                    false,
+                ),
+                2 => (
+                    existing[rng.random_range(0..existing.len())].clone(),
+                    f64::from(rng.random_range(-20..60)),
+                    false,
+                ),
+                _ => (
+                    existing[rng.random_range(0..existing.len())].clone(),
+                    f64::from(rng.random_range(1..30)),
+                    true,
+                ),
+            };
+            let entry = model.entry(display.clone()).or_insert(0.0);
+            *entry = if increment { *entry + score } else { score };
+            batch.push(pb::AutocompleteTerm {
+                display,
+                score: Some(score),
+                increment,
+                payload: None,
+            });
+        }
+        // With a request id, sent twice (a retry): applied once, answered the same.
+        let request = pb::AutocompleteServiceAddRequest {
+            dictionary: dictionary.to_owned(),
+            terms: batch,
+            request_id: format!("build-{seed}-{round}"),
+        };
+        let first = client.add(request.clone()).await.expect("Add").into_inner();
+        let again = client.add(request).await.expect("Add again").into_inner();
+        assert_eq!(first, again, "a retry answers as the first application");
+        let gone: Vec<String> = (0..25)
+            .map(|_| existing[rng.random_range(0..existing.len())].clone())
+            .collect();
+        for g in &gone {
+            model.remove(g);
+        }
+        let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+        remove(client, dictionary, &gone).await;
+    }
+    unreachable!()
+}
+
+/// Every query by score of dictionary `name` (prefixes of 1 to 5 characters, and every mode that
+/// uses scores when it has WORDS and SUBSTRING), every page followed, equals the model's answer.
+async fn check_score_queries(
+    client: &mut Client,
+    name: &str,
+    model: &std::collections::BTreeMap<String, f64>,
+    every_mode: bool,
+) {
+    let terms: Vec<(String, f64)> = model.iter().map(|(d, s)| (d.clone(), *s)).collect();
+    let mut queries: Vec<(String, Mode)> = [
+        "a", "an", "ana", "anab", "anaba", "b", "9", "anz", "ж", "жа", "жаb", "王",
+    ]
+    .iter()
+    .map(|q| (q.to_string(), Mode::Prefix))
+    .collect();
+    for t in terms.iter().step_by(terms.len() / 3 + 1) {
+        for n in 1..=5 {
+            let q: String =
+                t.0.chars()
+                    .take(n)
+                    .collect::<String>()
+                    .trim_end()
+                    .to_owned();
+            queries.push((q, Mode::Prefix));
+        }
+    }
+    if every_mode {
+        for (q, mode) in [
+            ("ba", Mode::WordPrefix),
+            ("cab", Mode::WordPrefix),
+            ("nab", Mode::Contains),
+            ("aba", Mode::Contains),
+            ("7", Mode::Suffix),
+            ("37", Mode::Suffix),
+            ("ana", Mode::Automatic),
+            ("ba", Mode::Automatic),
+        ] {
+            queries.push((q.to_owned(), mode));
+        }
+    }
+    let mut results = 0;
+    for (q, mode) in queries {
+        let want = mode_model(&terms, &q, mode, Order::Score);
+        let got = all_pages(client, request(name, &q, mode, Order::Score, 97)).await;
+        assert_eq!(displays(&got), want, "{name}: {q:?} {mode:?} by score");
+        results += want.len();
+    }
+    assert!(results > 2000, "{results} results compared");
+}
+
+/// RANKED (with WORDS and SUBSTRING, built one after the other) added to a dictionary with
+/// thousands of terms is built in the background while Adds (new terms, scores set and
+/// incremented) and Removes go on all over the dictionary; queries by score are refused, saying
+/// so, until it ends. Then every query by score, in every mode, equals the model, and the ranked
+/// sets satisfy, key by key, the invariants readers rely on (first-byte, prefix and deep sets,
+/// top); no write or build step did more than its work budget.
+#[tokio::test]
+async fn ranked_added_to_a_dictionary_with_terms_is_built_exactly_under_writes() {
+    use baton::autocomplete::{MAX_STEP_WORK, heaviest_build_step, heaviest_step};
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (redis, baton, mut client) = setup().await;
+    let d = "late-ranked";
+    configure(&mut client, d, &[]).await.expect("none");
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(19_195);
+    let mut model = std::collections::BTreeMap::new();
+    while model.len() < 2500 {
+        model.insert(ranked_term(&mut rng), f64::from(rng.random_range(-20..60)));
+    }
+    let initial: Vec<pb::AutocompleteTerm> = model.iter().map(|(d, s)| scored(d, *s)).collect();
+    for chunk in initial.chunks(1000) {
+        add(&mut client, d, chunk.to_vec()).await;
+    }
+    let started = configure(
+        &mut client,
+        d,
+        &[Feature::Ranked, Feature::Words, Feature::Substring],
+    )
+    .await
+    .expect("a change");
+    let change = started.change.expect("a change under way");
+    assert_eq!(change.building(), Feature::Ranked, "{change:?}");
+    assert!(started.features.is_empty(), "nothing new served yet");
+    match client
+        .complete(request(d, "an", Mode::Prefix, Order::Score, 10))
+        .await
+    {
+        Err(status) => {
+            assert_eq!(status.code(), Code::FailedPrecondition);
+            assert!(
+                status.message().contains("being built")
+                    && status.message().contains("AUTOCOMPLETE_FEATURE_RANKED"),
+                "{status:?}"
+            );
+        }
+        Ok(_) => {
+            let (done, _) = until_changed(&mut client, d).await;
+            assert!(done.features.contains(&(Feature::Ranked as i32)));
+        }
+    }
+    // Lexicographic queries are served meanwhile.
+    assert_eq!(
+        complete(&mut client, d, "ana", Mode::Prefix, Order::Lexicographic, 3)
+            .await
+            .len(),
+        3
+    );
+    let during = write_until_changed(&mut client, d, &mut model, 7, 10).await;
+    assert!(during >= 1, "no write during the build");
+    let (done, _) = until_changed(&mut client, d).await;
+    assert_eq!(
+        done.features().collect::<Vec<_>>(),
+        vec![Feature::Ranked, Feature::Words, Feature::Substring]
+    );
+    assert_eq!(done.term_count, model.len() as u64);
+    let mut conn = redis.conn().await;
+    let (prefixes, deeps, cut) = check_ranked_sets(&mut conn, baton.prefix(), d, &model).await;
+    assert!(
+        prefixes >= 4 && deeps >= 2 && cut,
+        "{prefixes} prefix sets, {deeps} deep sets, cut back: {cut}"
+    );
+    check_score_queries(&mut client, d, &model, true).await;
+    // More writes on the built sets keep them exact.
+    write_until_changed(&mut client, d, &mut model, 8, 3).await;
+    check_ranked_sets(&mut conn, baton.prefix(), d, &model).await;
+    let (heaviest, build) = (heaviest_step(), heaviest_build_step());
+    eprintln!(
+        "{during} write rounds during the build; heaviest step {heaviest} units, heaviest build \
+         step {build} (at most {MAX_STEP_WORK})"
+    );
+    assert!(build > 0, "no build step noted");
+    assert!(
+        heaviest <= MAX_STEP_WORK as u64,
+        "a step did {heaviest} units of work, more than {MAX_STEP_WORK}"
+    );
+}
+
+/// RANKED dropped (every ranked set deleted) and added back is built again; a build whose
+/// driving Baton dies midway (its lease taken over by a Baton that never steps) stalls while
+/// that lease lasts and is finished by another Baton's Describe, with exact sets and results.
+#[tokio::test]
+async fn ranked_dropped_then_added_back_and_a_dead_builder_is_taken_over() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (redis, baton, mut client) = setup().await;
+    let mut conn = redis.conn().await;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(2024);
+    let mut model = std::collections::BTreeMap::new();
+    while model.len() < 3000 {
+        model.insert(ranked_term(&mut rng), f64::from(rng.random_range(-20..60)));
+    }
+    let initial: Vec<pb::AutocompleteTerm> = model.iter().map(|(d, s)| scored(d, *s)).collect();
+    // Attempts on fresh dictionaries: the build may end before the test can kill its driver.
+    for attempt in 0..5 {
+        let d = format!("again-{attempt}");
+        for chunk in initial.chunks(1000) {
+            add(&mut client, &d, chunk.to_vec()).await;
+        }
+        assert!(key_kinds(&mut conn, baton.prefix(), &d).await.contains("t"));
+        configure(&mut client, &d, &[]).await.expect("drop RANKED");
+        until_changed(&mut client, &d).await;
+        assert_eq!(
+            key_kinds(&mut conn, baton.prefix(), &d).await,
+            HashSet::from(["data", "h", "l", "f"].map(str::to_owned)),
+            "every ranked set dropped"
+        );
+        configure(&mut client, &d, &[Feature::Ranked])
+            .await
+            .expect("RANKED again");
+        // The driver dies midway: another id takes its lease, so its next step changes nothing
+        // and it stops.
+        let lease = format!("{}{{ac:{d}}}:f:lease", baton.prefix());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let killed = loop {
+            let n: Option<String> = redis::cmd("HGET")
+                .arg(format!("{}{{ac:{d}}}:f", baton.prefix()))
+                .arg("n")
+                .query_async(&mut conn)
+                .await
+                .expect("HGET");
+            match n.map(|n| n.parse::<usize>().expect("n")) {
+                None => break false,
+                Some(n) if n > 0 => {
+                    let _: () = redis::cmd("SET")
+                        .arg(&lease)
+                        .arg("a-dead-baton")
+                        .arg("PX")
+                        .arg(1500)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET");
+                    break true;
+                }
+                Some(_) => {}
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the build did not start"
+            );
+            tokio::task::yield_now().await;
+        };
+        let first = until_described(&mut client, &d).await;
+        if !killed || first.change.is_none() {
+            // The build ended first: RANKED is served; try again on a fresh dictionary.
+            until_changed(&mut client, &d).await;
+            check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
+            continue;
+        }
+        let indexed = first.change.as_ref().map(|c| c.indexed).unwrap_or(0);
+        assert!(indexed > 0 && (indexed as usize) < model.len(), "{first:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stalled = until_described(&mut client, &d).await;
+        assert_eq!(
+            stalled.change.as_ref().map(|c| c.indexed),
+            Some(indexed),
+            "no step while the dead Baton's lease lasts"
+        );
+        let prefix = baton.prefix().to_owned();
+        let other = Baton::start_with(&redis, |c| {
+            c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
+            c.redis.key_prefix = prefix;
+        })
+        .await;
+        let mut other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
+        let (done, _) = until_changed(&mut other_client, &d).await;
+        assert_eq!(done.features().collect::<Vec<_>>(), vec![Feature::Ranked]);
+        check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
+        check_score_queries(&mut client, &d, &model, false).await;
+        return;
+    }
+    panic!("every build ended before its driver could be stopped");
+}
+
+/// Describes `dictionary` once.
+async fn until_described(
+    client: &mut Client,
+    dictionary: &str,
+) -> pb::AutocompleteServiceDescribeResponse {
+    client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: dictionary.to_owned(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner()
 }

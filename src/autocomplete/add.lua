@@ -13,7 +13,9 @@
 --                first-byte ranked sets exist (the dictionary is ranked)
 -- KEYS[4] top    (below)
 -- KEYS[5] features hash (features.lua): the step writes only the indexes of the dictionary's
---                features, read here, so a step never races a change of them
+--                features, read here, so a step never races a change of them; while RANKED is
+--                built, the ranked sets of the terms at or before the build's cursor only, and
+--                their count `n` (ranking.lua)
 -- KEYS[6] record list: the batch's fingerprint, then one item per entry applied so far, in
 --                batch order ('a' or 'u' for added or updated, then the score after it); only
 --                when ARGV[8] is not ''
@@ -81,11 +83,11 @@ local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
 local max_depth, top_size, deep_size = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 local wide, fingerprint, first = argv[7] == '1', argv[8], tonumber(argv[9])
 local record_ttl, room = argv[10], tonumber(argv[11])
--- The most members one cut-back removes from a deep set or top.
-local cut_most = math.floor(deep_size / 2)
 local record = fingerprint ~= '' and KEYS[6]
 local fstate = write_state(KEYS[5])
-local ranked_on = has_feature(fstate.served, 'r')
+-- While RANKED is built, the ranked sets hold only the terms at or before the build's cursor
+-- (ranking.lua): the others are left to the build.
+local building_r = fstate.building == 'r' and not has_feature(fstate.served, 'r')
 local needs = write_needs(fstate)
 if missing_feature(argv[12], needs) then
   return { 6, needs }
@@ -190,11 +192,16 @@ for e = skip + 1, #entries do
 end
 
 -- What to write, grouped by key: the data of every term; lex members and words of the new ones;
--- the ranked members of the terms that enter ranked sets (new) or move in them (score changed),
--- by prefix, prefixes by depth (parents first).
+-- the ranked members of the terms that enter ranked sets (new) or move in them (score changed)
+-- (ranking.lua).
 local values, lex_order, lex_members = {}, {}, {}
 local word_order, word_members = {}, {}
-local levels, groups, moves, deeps, deep_order = {}, {}, {}, {}, {}
+local ranked = ranked_writer({ base = base, data = data, heavy_set = heavy_set, top = top,
+  heavy = heavy, max_depth = max_depth, top_size = top_size, deep_size = deep_size, wide = wide,
+  room = room, single = #entries - skip == 1, limit = building_r and fstate.cursor or nil,
+  copy_limit = building_r and fstate.cursor or nil, new_lex = lex_members })
+-- Terms new to the ranked sets' dictionary (ranking.lua).
+local new_ranked_terms = 0
 for _, id in ipairs(terms) do
   local t = state[id]
   values[#values + 1] = id
@@ -212,45 +219,10 @@ for _, id in ipairs(terms) do
       group(word_members, word_order, argv[w], member)
     end
   end
-  if ranked_on and (not t.old or t.score ~= t.old_score) then
-    local new_ranked = rank_bytes(t.score) .. member
-    local old_ranked = t.old and (rank_bytes(t.old_score) .. member)
-    moves[#moves + 1] = { new_ranked, old_ranked }
-    local list = ranked_prefixes(key, max_depth)
-    for l = 1, #list do
-      local p = list[l]
-      local g = groups[p]
-      if g == nil then
-        g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {},
-          new = 0 }
-        g.key = declared(base, g.name)
-        groups[p] = g
-        levels[l] = levels[l] or {}
-        levels[l][#levels[l] + 1] = g
-      end
-      g.adds[#g.adds + 1] = '0'
-      g.adds[#g.adds + 1] = new_ranked
-      if old_ranked then
-        g.removes[#g.removes + 1] = old_ranked
-      else
-        g.new = g.new + 1
-      end
-    end
-    local p = first_chars(key, max_depth + 1)
-    if p then
-      local d = deeps[p]
-      if d == nil then
-        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {}, new = 0 }
-        d.key = declared(base, d.name)
-        deeps[p] = d
-        deep_order[#deep_order + 1] = d
-      end
-      d.adds[#d.adds + 1] = new_ranked
-      if old_ranked then
-        d.removes[#d.removes + 1] = old_ranked
-      else
-        d.new = d.new + 1
-      end
+  if maintains(fstate, 'r', member) and (not t.old or t.score ~= t.old_score) then
+    ranked.term(key, member, t.score, t.old and t.old_score)
+    if not t.old then
+      new_ranked_terms = new_ranked_terms + 1
     end
   end
 end
@@ -297,164 +269,24 @@ for _, gram in ipairs(gram_order) do
   gram_keys[gram] = declared(base, 'vg:' .. gram)
 end
 
--- Which sets exist, and which this step creates: the first-byte sets and the top set when the
--- dictionary passes `heavy` terms (`ranks`), the set of a prefix of 2 or more characters, or its
--- deep set, when the prefix passes `heavy` terms while its parent has a set.
+-- Which sets exist (lex sets, ranked sets: ranking.lua says which this step creates).
 local fields = { '' }
 for _, name in ipairs(lex_order) do
   fields[#fields + 1] = name
 end
-for _, level in ipairs(levels) do
-  for _, g in ipairs(level) do
-    fields[#fields + 1] = g.name
-  end
-end
-for _, d in ipairs(deep_order) do
-  fields[#fields + 1] = d.name
-end
+ranked.fields(fields)
 local has = hash_values(heavy_set, fields)
 local count = call('HLEN', data) + new_terms
-local ranks = levels[1] and not has[''] and count > heavy
-local created, extra = {}, 0
-local single = #entries - skip == 1
--- What a step of one entry may do beyond its room: make the dictionary ranked (4 units a term,
--- at most heavy + 1 terms, and a field per possible lex set). Its other creations leave room
--- for two cut-backs.
-local allowance = 4 * (heavy + 1) + #(all_first_byte_names())
-local reserve = 2 * (cut_most + 1)
--- Counts `cost` units of work beyond the entries' own; false when the step cannot afford it.
--- A cost that must be paid (`must`) is refused only to a step of more than one entry; an
--- optional one (a set's creation) in a step of one entry leaves room for two cut-backs.
-local function afford(cost, must)
-  local fits
-  if not single then
-    fits = extra + cost <= room
-  else
-    fits = must or extra + cost + reserve <= room + allowance
-  end
-  if fits then
-    extra = extra + cost
-  end
-  return fits
-end
-local too_much = false
-local first_bytes
-if ranks then
-  if not wide then
-    return { 2 }
-  end
-  -- Every lex set there is (or this step creates) is copied into its first byte's ranked set,
-  -- and into the top set: 4 units a term (count, this step's new ones included).
-  local lex_names, ranked_names = all_first_byte_names()
-  if not afford(4 * count + #lex_names, true) then
-    return { 3 }
-  end
-  local exists = call('HMGET', heavy_set, unpack(lex_names))
-  work = work + #lex_names
-  first_bytes = {}
-  for i, name in ipairs(lex_names) do
-    if exists[i] or lex_members[name] then
-      first_bytes[#first_bytes + 1] = { lex = lex_key(name), ranked = ranked_names[i] }
-      declared(base, ranked_names[i])
-    end
-  end
-  for _, g in ipairs(levels[1]) do
-    created[g.prefix] = true
-  end
-end
--- The terms of prefix p (in its lex set) once this step's new terms are in.
-local function prefix_count(p, new)
-  work = work + 1
-  return call('ZLEXCOUNT', lex_key(lex_name(p)), '[' .. p, '(' .. p .. '\255') + new
-end
-for l, level in ipairs(levels) do
-  for _, g in ipairs(level) do
-    if l > 1 and not has[g.name] and (has[groups[g.parent].name] or created[g.parent]) then
-      -- Without a set, the prefix had at most `heavy` terms (its parent has a set, else the
-      -- parent had at most `heavy` terms and so had the prefix): it may pass it now.
-      local n = prefix_count(g.prefix, g.new)
-      if n > heavy then
-        if afford(3 * n) then
-          g.create, created[g.prefix] = true, true
-        else
-          too_much = true
-        end
-      end
-    end
-  end
-end
-for _, d in ipairs(deep_order) do
-  if not has[d.name] and (has[groups[d.parent].name] or created[d.parent]) then
-    local n = prefix_count(d.prefix, d.new)
-    if n > heavy then
-      -- (Created with more than twice `deep` members, it is cut back at once.)
-      if afford(3 * n + cut_most + 1) then
-        d.create = true
-      else
-        too_much = true
-      end
-    end
-  elseif has[d.name] then
-    -- The terms that join the deep set (ranked before its bound) and leave it; a set that
-    -- would pass twice `deep` members is cut back, at most `cut_most` of them.
-    local bound = has[d.name]
-    d.joins, d.leaves = {}, {}
-    for _, r in ipairs(d.removes) do
-      if not lt(bound, r) then
-        d.leaves[#d.leaves + 1] = r
-      end
-    end
-    for _, r in ipairs(d.adds) do
-      if lt(r, bound) then
-        d.joins[#d.joins + 1] = '0'
-        d.joins[#d.joins + 1] = r
-      end
-    end
-    if #d.joins > 0 then
-      d.card = call('ZCARD', d.key)
-      work = work + 1
-      if d.card + #d.joins / 2 > 2 * deep_size and not afford(cut_most + 1, true) then
-        too_much = true
-      end
-    end
-  end
-end
--- The same for the top set.
-local last_top = ranked_on and has[''] and call('ZRANGE', top, -1, -1)[1]
-local top_joins, top_leaves, top_card = {}, {}, nil
-if last_top then
-  work = work + 1
-  for _, move in ipairs(moves) do
-    if move[2] and not lt(last_top, move[2]) then
-      top_leaves[#top_leaves + 1] = move[2]
-    end
-    if lt(move[1], last_top) then
-      top_joins[#top_joins + 1] = '0'
-      top_joins[#top_joins + 1] = move[1]
-    end
-  end
-  if #top_joins > 0 then
-    top_card = call('ZCARD', top)
-    work = work + 1
-    if top_card + #top_joins / 2 > 2 * top_size and not afford(cut_most + 1, true) then
-      too_much = true
-    end
-  end
-end
-if too_much and not single then
-  return { 3 }
+-- The size of the ranked sets' dictionary once the step's terms are in.
+local ranked_count = building_r and fstate.indexed + new_ranked_terms or count
+local refused = ranked.plan(has, ranked_count)
+if refused then
+  return { refused }
 end
 check_declared()
 
 -- Writes.
-local marks = {}
-local function mark(name, value)
-  if not has[name] or value then
-    has[name] = value or '1'
-    marks[#marks + 1] = name
-    marks[#marks + 1] = value or '1'
-  end
-end
+local mark, marks = marker(has)
 
 batched('HSET', data, values, 2)
 for _, name in ipairs(lex_order) do
@@ -471,116 +303,9 @@ if #new_words > 0 then
   end
 end
 
--- Copies the lex members `members` into ranked set `key` (and the top set when `and_top`), with
--- the scores just written.
-local function copy_ranked(members, key, and_top)
-  if #members == 0 then
-    return
-  end
-  local ids = {}
-  work = work + #members
-  for i = 1, #members do
-    ids[i] = id_of(members[i])
-  end
-  local value = hash_values(data, ids)
-  local ranked = {}
-  for i = 1, #members do
-    ranked[#ranked + 1] = '0'
-    ranked[#ranked + 1] = rank_bytes((parse_value(value[ids[i]]))) .. members[i]
-  end
-  batched('ZADD', key, ranked, 2)
-  if and_top then
-    batched('ZADD', top, ranked, 2)
-  end
-end
-
--- The lex members of prefix p (this step's new terms included).
-local function prefix_members(p)
-  return call('ZRANGE', lex_key(lex_name(p)), '[' .. p, '(' .. p .. '\255', 'BYLEX')
-end
-
-if first_bytes then
-  -- The dictionary just passed `heavy` terms (it has at most `heavy` + a step): every term into
-  -- the ranked set of its first byte, lex set by lex set, and into the top set.
-  for _, f in ipairs(first_bytes) do
-    copy_ranked(call('ZRANGE', f.lex, 0, -1), base .. ':' .. f.ranked, true)
-    mark(f.ranked)
-  end
-  mark('')
-end
-
--- Cuts the partial ranked set `key` of `size` members, which holds every term ranked at or
--- before its last member, back towards `keep` members: its last members go, at most `cut_most`
--- of them, so that a cut-back is no more work than its step can afford. Returns its new last
--- member.
-local function cut_back(key, size, keep)
-  local n = math.min(size - keep, cut_most)
-  call('ZREMRANGEBYRANK', key, -n, -1)
-  work = work + n + 1
-  return call('ZRANGE', key, -1, -1)[1]
-end
-
--- Deep sets: every term of their prefix ranked at or before their bound. One is created (with
--- every term of its prefix, usually `heavy` + a step) when its prefix passes `heavy` terms.
-for _, d in ipairs(deep_order) do
-  if d.joins then
-    local size
-    if #d.joins > 0 then
-      size = d.card + batched('ZADD', d.key, d.joins, 2)
-    end
-    if #d.leaves > 0 then
-      local removed = batched('ZREM', d.key, d.leaves, 1)
-      size = size and size - removed
-    end
-    if size and size > 2 * deep_size then
-      mark(d.name, cut_back(d.key, size, deep_size))
-    end
-  elseif d.create then
-    local members = prefix_members(d.prefix)
-    copy_ranked(members, d.key)
-    if #members > 2 * deep_size then
-      mark(d.name, cut_back(d.key, #members, deep_size))
-    else
-      mark(d.name, '\255')
-    end
-  end
-end
-
-if last_top then
-  -- The top set holds every term ranked at or before its last member: a term joins it when
-  -- ranked before that, leaves it when it goes or moves past it.
-  if #top_joins > 0 then
-    local size = top_card + batched('ZADD', top, top_joins, 2)
-    if #top_leaves > 0 then
-      size = size - batched('ZREM', top, top_leaves, 1)
-    end
-    if size > 2 * top_size then
-      cut_back(top, size, top_size)
-    end
-  elseif #top_leaves > 0 then
-    batched('ZREM', top, top_leaves, 1)
-  end
-end
-
-for l, level in ipairs(levels) do
-  for _, g in ipairs(level) do
-    if created[g.prefix] and (l == 1 or g.create) then
-      if g.create then
-        copy_ranked(prefix_members(g.prefix), g.key)
-        mark(g.name)
-      end
-      -- (A first byte's set was copied whole above.)
-    elseif has[g.name] or (l == 1 and has['']) then
-      -- (A first byte without a set while the dictionary is ranked: only new terms have it.)
-      -- New members first: removing old ones first could empty the set, and a Cluster refuses
-      -- a command on a key the script deleted while the slot migrates.
-      batched('ZADD', g.key, g.adds, 2)
-      if #g.removes > 0 then
-        batched('ZREM', g.key, g.removes, 1)
-      end
-      mark(g.name)
-    end
-  end
+ranked.apply(mark)
+if building_r and new_ranked_terms > 0 then
+  call('HSET', KEYS[5], 'n', ranked_count)
 end
 if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)

@@ -14,14 +14,23 @@
 --        the words, and these gram sets (when SUBSTRING goes too)
 --   'drop-s', cursor, last, grams...: delete these gram sets, of the vocabulary words after the
 --        cursor up to last ('' when no word is left)
+--   'build-r', heavy, max depth, top, deep (as add.lua's ARGV[2], [4], [5], [6]), cursor, room,
+--        wide ('1' or ''), k, then k lex members: add these k terms, the first after the cursor
+--        in the cursor's lex set (k = 0: none is left there), to the ranked sets as new terms of
+--        the dictionary they hold, and move the cursor to the last (ranking.lua; room and wide as
+--        add.lua's ARGV[11] and ARGV[7], a step of one term being one of one entry)
 --   'build-w', cursor, k, then per term: lex member, word count, words: index these k terms,
 --        the first after the cursor in the cursor's lex set (k = 0: none is left there)
 --   'build-s', cursor, k, then per word: word, gram count, grams: index these k vocabulary
 --        words, the first after the cursor
 --
--- Returns {1} when the step was applied, {0} when the state or the range changed since Baton
--- read them (nothing changed), {-2} when another driver holds the lease, {2} when no change is
--- under way (the lease is released).
+--
+-- Returns {1} when the step was applied ({1, work done} for build-r, in add.lua's units), {0}
+-- when the state or the range changed since Baton read them (nothing changed), {-2} when another
+-- driver holds the lease, {2} when no change is under way (the lease is released); build-r: {3}
+-- when the step would do more work than its room (send fewer terms), {4} when it would make the
+-- ranked sets' dictionary pass `heavy` terms (send it again with wide set and every lex set and
+-- first-byte ranked set declared); nothing changed in either case.
 local data, vocab, heavy_set, top, fkey, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local base, owner, ttl, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- The lease is taken by the first step of a driver when no other holds it, and renewed by each.
@@ -61,6 +70,30 @@ end
 -- The key <base>:<name>, checked against the declared keys.
 local function key(name)
   return declared(base, name)
+end
+
+-- A build of feature f is over: f is served, and the next feature asked for is built (in the
+-- order 'rws'), or the change ends.
+local function built(f)
+  served = with_feature(served, f)
+  redis.call('HSET', fkey, 's', served)
+  if has_feature(target, 'w') and not has_feature(served, 'w') then
+    redis.call('HSET', fkey, 'b', 'w', 'c', '\1', 'n', '0')
+  elseif has_feature(target, 's') and not has_feature(served, 's') then
+    redis.call('HSET', fkey, 'b', 's', 'c', '', 'n', '0')
+  else
+    redis.call('HDEL', fkey, 'b', 'c')
+    settle()
+  end
+end
+
+-- The next first byte after the cursor's (its lex set walked), as a cursor; nil after the last.
+local function next_first_byte(c)
+  local b = string.byte(c, 1) + 1
+  if b == 128 then
+    b = 194
+  end
+  return b <= 244 and string.char(b) or nil
 end
 
 if op == 'drop-r' then
@@ -172,32 +205,15 @@ elseif op == 'build-w' or op == 'build-s' then
   if k == 0 then
     if f == 's' then
       -- Every word is indexed: SUBSTRING is served from now on.
-      redis.call('HSET', fkey, 's', served .. 's')
-      redis.call('HDEL', fkey, 'b', 'c')
-      settle()
+      built('s')
       return { 1 }
     end
     -- No term left after the cursor in its lex set: on to the next first byte, or done.
-    local b = string.byte(cursor, 1) + 1
-    if b == 128 then
-      b = 194
-    end
-    if b <= 244 then
-      redis.call('HSET', fkey, 'c', string.char(b))
-      return { 1 }
-    end
-    local now_served = ''
-    for _, x in ipairs({ 'r', 'w', 's' }) do
-      if has_feature(served, x) or x == 'w' then
-        now_served = now_served .. x
-      end
-    end
-    redis.call('HSET', fkey, 's', now_served)
-    if has_feature(target, 's') and not has_feature(now_served, 's') then
-      redis.call('HSET', fkey, 'b', 's', 'c', '', 'n', '0')
+    local next_cursor = next_first_byte(cursor)
+    if next_cursor then
+      redis.call('HSET', fkey, 'c', next_cursor)
     else
-      redis.call('HDEL', fkey, 'b', 'c')
-      settle()
+      built('w')
     end
     return { 1 }
   end
@@ -220,5 +236,65 @@ elseif op == 'build-w' or op == 'build-s' then
   end
   redis.call('HSET', fkey, 'c', items[k][1], 'n', indexed + k)
   return { 1 }
+elseif op == 'build-r' then
+  local heavy, max_depth, top_size, deep_size = tonumber(ARGV[5]), tonumber(ARGV[6]),
+    tonumber(ARGV[7]), tonumber(ARGV[8])
+  if building ~= 'r' or ARGV[9] ~= cursor then
+    return { 0 }
+  end
+  local room, wide, k = tonumber(ARGV[10]), ARGV[11] == '1', tonumber(ARGV[12])
+  -- The range Baton read: the first k terms after the cursor in the cursor's lex set.
+  local lex = key(lex_name(cursor))
+  local now = redis.call('ZRANGE', lex, '(' .. cursor, '+', 'BYLEX', 'LIMIT', 0, math.max(k, 1))
+  work = work + #now
+  if #now ~= k then
+    return { 0 }
+  end
+  for i = 1, k do
+    if now[i] ~= ARGV[12 + i] then
+      return { 0 }
+    end
+  end
+  if k == 0 then
+    -- No term left after the cursor in its lex set: on to the next first byte, or done: the
+    -- ranked sets hold the whole dictionary, RANKED is served.
+    check_declared()
+    local next_cursor = next_first_byte(cursor)
+    if next_cursor then
+      redis.call('HSET', fkey, 'c', next_cursor)
+    else
+      built('r')
+    end
+    return { 1, work }
+  end
+  local ranked = ranked_writer({ base = base, data = data, heavy_set = heavy_set, top = top,
+    heavy = heavy, max_depth = max_depth, top_size = top_size, deep_size = deep_size,
+    wide = wide, room = room, single = k == 1, limit = cursor, copy_limit = now[k],
+    new_lex = {} })
+  local ids = {}
+  for i = 1, k do
+    ids[i] = id_of(now[i])
+  end
+  local values = hash_values(data, ids)
+  for i = 1, k do
+    local m = now[i]
+    ranked.term(string.sub(m, 1, string.find(m, '\0', 1, true) - 1), m,
+      (parse_value(values[ids[i]])))
+  end
+  local fields = { '' }
+  ranked.fields(fields)
+  local has = hash_values(heavy_set, fields)
+  local refused = ranked.plan(has, indexed + k)
+  if refused then
+    return { refused == 2 and 4 or 3 }
+  end
+  check_declared()
+  local mark, marks = marker(has)
+  ranked.apply(mark)
+  if #marks > 0 then
+    batched('HSET', heavy_set, marks, 2)
+  end
+  redis.call('HSET', fkey, 'c', now[k], 'n', indexed + k)
+  return { 1, work }
 end
 return redis.error_reply('unknown step ' .. op)

@@ -1,15 +1,14 @@
 -- Configure: declares the features of a dictionary (features.lua). An empty dictionary holds no
 -- index, so its features are set at once. On a dictionary with terms, the features dropped stop
--- being served and written at once and their keys are deleted in steps (change.lua); WORDS and
--- SUBSTRING added are built in steps, served once complete. Adding RANKED to a dictionary with
--- terms is refused (its sets depend on the order of past writes: not built in the background).
+-- being served and written at once and their keys are deleted in steps (change.lua); RANKED,
+-- WORDS and SUBSTRING added are built in steps, one after the other in that order, each served
+-- once complete.
 --
 -- KEYS[1] data (as in add.lua)   KEYS[2] the features hash
 -- ARGV[1] the features asked for, as letters in the order 'rws'
 --
 -- Returns {status, features served, term count, features a change in progress goes to or ''}:
 --   0 the dictionary has those features now (set, or already so)
---   1 refused: RANKED would be added to a dictionary with terms (nothing changed)
 --   2 a change to those features started, or is already under way
 --   3 refused: a change to other features is under way (nothing changed)
 local data, fkey = KEYS[1], KEYS[2]
@@ -35,14 +34,15 @@ for _, f in ipairs({ 'r', 'w', 's' }) do
     keep = keep .. f
   end
 end
-if has_feature(adding, 'r') then
-  return { 1, served, count, '' }
-end
 local fields = { 's', keep, 'g', asked }
 if dropping ~= '' then
   fields[#fields + 1], fields[#fields + 2] = 'd', dropping
 end
-if has_feature(adding, 'w') then
+if has_feature(adding, 'r') then
+  -- The ranked sets are built for the terms up to the cursor (ranking.lua): none yet. Every
+  -- lex member sorts after '\1'.
+  fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] = 'b', 'r', 'c', '\1'
+elseif has_feature(adding, 'w') then
   -- Every lex member sorts after '\1': the build starts before all of them.
   fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] = 'b', 'w', 'c', '\1'
 elseif has_feature(adding, 's') then

@@ -4,13 +4,17 @@
 --      (w:, v), 's' the grams of words (vg:); a dictionary without the hash never declared its
 --      features and has every one
 --   g  while a change is applied: the features asked for
---   b  while a feature's index is built: its letter ('w' or 's'), with
---   c  the build's cursor: every term whose lex member sorts at or before it ('w'), or every
---      vocabulary word at or before it ('s'), is indexed; absent before the first step
---   n  terms (or words) the build indexed so far
+--   b  while a feature's index is built: its letter ('r', 'w' or 's'), with
+--   c  the build's cursor: every term whose lex member sorts at or before it ('r', 'w'), or
+--      every vocabulary word at or before it ('s'), is indexed
+--   n  terms (or words) the build indexed so far; while RANKED is built, exactly the terms at
+--      or before the cursor (writes keep it so), the dictionary the ranked sets hold
 --   d  letters of the features whose keys are being deleted
 -- Writes index a term (or a word) in a feature being built only when it is at or before the
 -- cursor: the build indexes the rest, so the index ends exact whatever writes run meanwhile.
+-- While RANKED is built, the ranked sets are those of the dictionary *restricted* to the terms
+-- at or before the cursor (ranking.lua): writes maintain them as if the dictionary had only
+-- those terms, and each build step adds the next terms to that dictionary as new ones.
 local ALL_FEATURES = 'rws'
 
 -- The features of the dictionary whose features hash is `key`, as letters.
@@ -42,10 +46,12 @@ local function refusal(key, f)
 end
 
 -- What a write to the dictionary whose features hash is `key` maintains: a table with
--- served (letters), building (a letter or false), cursor (string or false), dropping (letters).
+-- served (letters), building (a letter or false), cursor (string or false), dropping (letters),
+-- indexed (the 'n' field, a number).
 local function write_state(key)
-  local v = redis.call('HMGET', key, 's', 'b', 'c', 'd')
-  return { served = v[1] or ALL_FEATURES, building = v[2], cursor = v[3], dropping = v[4] or '' }
+  local v = redis.call('HMGET', key, 's', 'b', 'c', 'd', 'n')
+  return { served = v[1] or ALL_FEATURES, building = v[2], cursor = v[3], dropping = v[4] or '',
+    indexed = tonumber(v[5] or '0') }
 end
 
 -- The features whose keys a write may touch, as letters in the order 'rws': those served, the
@@ -61,7 +67,18 @@ local function write_needs(state)
   return s
 end
 
--- Whether a write maintains feature `f` for the item (a lex member for 'w', a word for 's')
+-- The features `features` with letter `f` too, in the order 'rws'.
+local function with_feature(features, f)
+  local out = ''
+  for _, x in ipairs({ 'r', 'w', 's' }) do
+    if has_feature(features, x) or x == f then
+      out = out .. x
+    end
+  end
+  return out
+end
+
+-- Whether a write maintains feature `f` for the item (a lex member for 'r' or 'w', a word for 's')
 -- `item`: the feature is served, or being built and the build's cursor is at or past the item.
 local function maintains(state, f, item)
   if has_feature(state.served, f) then

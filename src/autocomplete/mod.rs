@@ -518,10 +518,21 @@ fn within_work(costs: impl Iterator<Item = usize>) -> usize {
 /// The most work any write step of this process did (units of [`STEP_WORK`]).
 static HEAVIEST_STEP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The most work one write step (`Add` or `Remove`) of this process did, as its script counted
-/// it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`], which tests check.
+/// The most work one write step (`Add`, `Remove`, or a step of a RANKED build) of this process
+/// did, as its script counted it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`], which tests
+/// check.
 pub fn heaviest_step() -> u64 {
     HEAVIEST_STEP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The most work any step of a RANKED build of this process did (units of [`STEP_WORK`]).
+static HEAVIEST_BUILD_STEP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most work one step of a RANKED build (change.lua) of this process did, as its script
+/// counted it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`] too (it is counted in
+/// [`heaviest_step`] as well).
+pub fn heaviest_build_step() -> u64 {
+    HEAVIEST_BUILD_STEP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Notes the work a write step's script reports doing.
@@ -703,9 +714,9 @@ pub struct Description {
 pub struct FeatureChange {
     /// The features the dictionary will have.
     pub target: Features,
-    /// The feature whose index is being built (`w` or `s`), if any.
+    /// The feature whose index is being built (`r`, `w` or `s`), if any.
     pub building: Option<u8>,
-    /// Terms (`w`) or vocabulary words (`s`) the build indexed so far.
+    /// Terms (`r`, `w`) or vocabulary words (`s`) the build indexed so far.
     pub indexed: u64,
     /// The features whose keys are being deleted.
     pub dropping: Features,
@@ -715,7 +726,7 @@ pub struct FeatureChange {
 /// takes the change over once it lapses (a Baton that died mid-change).
 pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
 /// Terms, words or sets one step of a change of features covers at most (fewer when their
-/// postings or gram sets would pass [`STEP_WORK`]).
+/// postings, gram sets or ranked sets would pass [`STEP_WORK`]).
 pub const CHANGE_STEP: usize = 64;
 
 /// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
@@ -1331,14 +1342,26 @@ impl Autocomplete {
         // Steps refused because the range moved under them (busy writers) are read again; this
         // many in a row stops the driver (the next Describe or Configure resumes the change).
         let mut refused = 0;
+        // A RANKED build step covers at most `most` terms, and declares every first-byte set
+        // when `wide` (the step said it needs them).
+        let (mut most, mut wide) = (CHANGE_STEP, false);
         loop {
-            let (touched, args) = self.next_change_step(&keys).await?;
+            let (touched, args) = self.next_change_step(&keys, most, wide).await?;
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let invocation =
                 scripts::change(&self.inner.change, &keys, &owner, lease_ms, &touched, &args);
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.first().map(int).transpose()? {
-                Some(1) => refused = 0,
+                Some(1) => {
+                    if let Some(work) = reply.get(1) {
+                        note_step_work(work)?;
+                        HEAVIEST_BUILD_STEP
+                            .fetch_max(count_u64(work)?, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    (refused, most, wide) = (0, CHANGE_STEP, false);
+                }
+                Some(3) => most = (most / 2).max(1),
+                Some(4) => wide = true,
                 Some(0) if refused < 100 => refused += 1,
                 Some(0) => {
                     return Err(Error::Unavailable(
@@ -1352,10 +1375,13 @@ impl Autocomplete {
     }
 
     /// Reads what the next step of the change of `keys`'s features covers: the keys it touches
-    /// and its arguments (change.lua).
+    /// and its arguments (change.lua). A step of a RANKED build covers at most `most` terms and
+    /// declares every first-byte set when `wide`.
     async fn next_change_step(
         &self,
         keys: &DictionaryKeys,
+        most: usize,
+        wide: bool,
     ) -> Result<(Vec<String>, Vec<Vec<u8>>), Error> {
         let redis = &self.inner.redis;
         let state: Vec<Option<Vec<u8>>> = redis
@@ -1436,7 +1462,59 @@ impl Autocomplete {
             args.extend(grams_of(&words, &mut touched));
         } else if let Some(building) = field(1) {
             let cursor = field(2).unwrap_or_default();
-            if building == b"w" {
+            if building == b"r" {
+                let lex = keys.lex(cursor.first().copied().unwrap_or(1));
+                let members: Vec<Vec<u8>> = redis
+                    .command(
+                        redis::cmd("ZRANGE")
+                            .arg(&lex)
+                            .arg([b"(".as_slice(), &cursor].concat())
+                            .arg("+")
+                            .arg("BYLEX")
+                            .arg("LIMIT")
+                            .arg(0)
+                            .arg(most),
+                    )
+                    .await?;
+                // As many terms as fit a step's work, each planned as an Add of a new term to
+                // the ranked sets: its lex member and data read, and per ranked set (and its deep
+                // set and top) a field, a count and a member (`entry_work`).
+                let forms: Vec<String> = members
+                    .iter()
+                    .map(|m| {
+                        let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
+                        String::from_utf8_lossy(&m[..key_end]).into_owned()
+                    })
+                    .collect();
+                let costs: Vec<usize> = forms
+                    .iter()
+                    .map(|f| 2 + 4 * (keys.ranked_sets_of(f).len() + 2))
+                    .collect();
+                let k = within_work(costs.iter().copied()).min(members.len());
+                let planned: usize = costs[..k].iter().sum();
+                touched.push(lex);
+                for form in &forms[..k] {
+                    touched.extend(keys.ranked_sets_of(form));
+                    touched.extend(keys.deep_set_of(form));
+                }
+                if wide {
+                    touched.extend(keys.first_byte_sets());
+                }
+                args.push(b"build-r".to_vec());
+                for n in [HEAVY_PREFIX, MAX_RANKED_DEPTH, TOP_RANKED, DEEP_RANKED] {
+                    args.push(n.to_string().into_bytes());
+                }
+                args.push(cursor);
+                args.push(
+                    (STEP_WORK + CUT_RESERVE)
+                        .saturating_sub(planned)
+                        .to_string()
+                        .into_bytes(),
+                );
+                args.push(if wide { b"1".to_vec() } else { Vec::new() });
+                args.push(k.to_string().into_bytes());
+                args.extend(members.into_iter().take(k));
+            } else if building == b"w" {
                 let lex = keys.lex(cursor.first().copied().unwrap_or(1));
                 let members: Vec<Vec<u8>> = redis
                     .command(
@@ -1519,9 +1597,10 @@ impl Autocomplete {
             .await
     }
 
-    /// Gives a dictionary `features`: always while it is empty (the features stay when its last
-    /// term goes), and on a dictionary with terms only when they are the features it has
-    /// (`FailedPrecondition` otherwise: its indexes would have to be built or dropped).
+    /// Gives a dictionary `features`: at once while it is empty (the features stay when its last
+    /// term goes); on a dictionary with other features and terms, starts a change (indexes
+    /// built or deleted in the background, driven by this Baton) and answers its progress.
+    /// `FailedPrecondition` while a change to other features is under way.
     pub async fn configure(
         &self,
         dictionary: &str,
@@ -1543,11 +1622,6 @@ impl Autocomplete {
                 declared: true,
                 change: None,
             }),
-            1 => Err(Error::FailedPrecondition(format!(
-                "the dictionary has {term_count} terms: RANKED can be added only while it is \
-                 empty (its ranked sets are not built in the background); it has {}",
-                current.names()
-            ))),
             2 => {
                 self.drive(dictionary);
                 self.describe(dictionary).await

@@ -4,7 +4,8 @@
 -- Sizes are read before anything is removed (write.lua says why).
 --
 -- KEYS[1] data   KEYS[2] vocab   KEYS[3] heavy   KEYS[4] top   KEYS[5] features (as in add.lua:
---         only the indexes of the dictionary's features are touched)
+--         only the indexes of the dictionary's features are touched; while RANKED is built, the
+--         ranked sets of the terms at or before the build's cursor only, and their count `n`)
 -- KEYS[..] every other key the step may touch (as in add.lua: the terms' lex sets, words, grams
 --          of words, ranked and deep sets, and with ARGV[4] every first-byte ranked set)
 -- ARGV[1] base (as in add.lua)
@@ -25,7 +26,10 @@
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local fstate = write_state(KEYS[5])
-local ranked_on = has_feature(fstate.served, 'r')
+-- While RANKED is built, the ranked sets hold only the terms at or before the build's cursor,
+-- and their thresholds count only those (ranking.lua): a term after it is in no ranked set.
+local building_r = fstate.building == 'r' and not has_feature(fstate.served, 'r')
+local limit = building_r and fstate.cursor or nil
 local needs = write_needs(fstate)
 if missing_feature(ARGV[5], needs) then
   return { 6, needs }
@@ -61,6 +65,8 @@ end
 -- What to remove, grouped by key.
 local gone_ids, lex_order, lex_members, word_order, word_members = {}, {}, {}, {}, {}
 local levels, groups, gone_ranked, deeps, deep_order = {}, {}, {}, {}, {}
+-- Terms leaving the ranked sets' dictionary.
+local gone_r = 0
 for i, at in ipairs(terms) do
   if old[i] then
     local id, key = ids[i], ARGV[at + 1]
@@ -70,8 +76,12 @@ for i, at in ipairs(terms) do
     for w = at + 3, maintains(fstate, 'w', member) and at + 2 + tonumber(ARGV[at + 2]) or 0 do
       group(word_members, word_order, ARGV[w], member)
     end
+    local ranked_on = maintains(fstate, 'r', member)
     local ranked = rank_bytes((parse_value(old[i]))) .. member
-    gone_ranked[#gone_ranked + 1] = ranked
+    if ranked_on then
+      gone_ranked[#gone_ranked + 1] = ranked
+      gone_r = gone_r + 1
+    end
     local list = ranked_on and ranked_prefixes(key, max_depth) or {}
     for l = 1, #list do
       local g = groups[list[l]]
@@ -120,7 +130,9 @@ for _, d in ipairs(deep_order) do
   fields[#fields + 1] = d.name
 end
 local has = hash_values(heavy_set, fields)
-local unranks = ranked_on and has[''] and count <= low
+-- The size of the ranked sets' dictionary once the step's terms are gone.
+local ranked_count = building_r and fstate.indexed - gone_r or count
+local unranks = gone_r > 0 and has[''] and ranked_count <= low
 if unranks and not wide then
   return { 2 }
 end
@@ -135,11 +147,13 @@ for _, d in ipairs(deep_order) do
   if has[d.name] then
     local p = d.prefix
     local lex = lex_keys[lex_name(p)]
-    d.left = redis.call('ZLEXCOUNT', lex, '[' .. p, '(' .. p .. '\255') - #d.members
+    local hi = p .. '\255'
+    hi = (limit and lt(limit, hi)) and '[' .. limit or '(' .. hi
+    d.left = redis.call('ZLEXCOUNT', lex, '[' .. p, hi) - #d.members
     work = work + 1
   end
 end
-local last_top = ranked_on and has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
+local last_top = gone_r > 0 and has[''] and not unranks and redis.call('ZRANGE', top, -1, -1)[1]
 local first_byte_sets
 if unranks then
   local _, names = all_first_byte_names()
@@ -260,5 +274,8 @@ elseif unranks then
 end
 if #unmark > 0 then
   batched('HDEL', heavy_set, unmark)
+end
+if building_r and gone_r > 0 then
+  redis.call('HSET', KEYS[5], 'n', ranked_count)
 end
 return { 0, #gone_ids, count, work, needs }

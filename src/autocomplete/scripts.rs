@@ -1,8 +1,8 @@
 //! The autocomplete scripts and their arguments: each `.lua` file (with the shared parts it
-//! starts with: `rank.lua`, `write.lua`, `match.lua`) beside a builder that writes its KEYS and
-//! ARGV in the script's order, once, for Baton and for tools that call the scripts directly (the
-//! load generator). Reads are flagged `no-writes`, so Redis may run them on replicas and during
-//! `OOM`.
+//! starts with: `rank.lua`, `features.lua`, `write.lua`, `ranking.lua`, `match.lua`) beside a
+//! builder that writes its KEYS and ARGV in the script's order, once, for Baton and for tools
+//! that call the scripts directly (the load generator). Reads are flagged `no-writes`, so Redis
+//! may run them on replicas and during `OOM`.
 //!
 //! Which keys a write batch declares (the sets its entries may touch, planned in the module
 //! above) and how replies read stay with the callers; the order of both is here.
@@ -20,6 +20,7 @@ pub const ADD: &str = concat!(
     include_str!("rank.lua"),
     include_str!("features.lua"),
     include_str!("write.lua"),
+    include_str!("ranking.lua"),
     include_str!("add.lua")
 );
 /// `scores.lua`: check that a batch's increments keep every score in range.
@@ -59,6 +60,7 @@ pub const CHANGE: &str = concat!(
     include_str!("rank.lua"),
     include_str!("features.lua"),
     include_str!("write.lua"),
+    include_str!("ranking.lua"),
     include_str!("change.lua")
 );
 /// `fuzzy.lua`: one page of fuzzy completions.

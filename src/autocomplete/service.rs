@@ -296,6 +296,7 @@ fn feature_change(c: FeatureChange) -> pb::AutocompleteFeatureChange {
     pb::AutocompleteFeatureChange {
         features: feature_list(c.target),
         building: match c.building {
+            Some(b'r') => pb::AutocompleteFeature::Ranked,
             Some(b'w') => pb::AutocompleteFeature::Words,
             Some(b's') => pb::AutocompleteFeature::Substring,
             _ => pb::AutocompleteFeature::Unspecified,

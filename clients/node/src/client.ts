@@ -998,9 +998,9 @@ export class Autocomplete {
 
   /** Declares the indexes the dictionary keeps, and so the modes it serves (lexicographic prefix
    * and fuzzy completion always); a dictionary that never called this has every feature. On a
-   * dictionary with terms, features added are built (and dropped ones deleted) in the background;
-   * "ranked" can be added only while it is empty (FailedPrecondition otherwise). Returns the
-   * features it serves now. */
+   * dictionary with terms, features added are built (and dropped ones deleted) in the background,
+   * each served once built (FailedPrecondition while a change to other features is under way).
+   * Returns the features it serves now. */
   async configure(dictionary: string, features: Feature[]): Promise<Feature[]> {
     const request = { dictionary, features: features.map((f) => FEATURES[f]) };
     return featureNames((await this.client.call((o) => this.stub.configure(request, o))).features);

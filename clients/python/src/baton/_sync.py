@@ -522,8 +522,9 @@ class Autocomplete:
         (score order), "words" (word prefix), "substring" (suffix, contains, automatic; needs
         "words"). Lexicographic prefix and fuzzy completion are always served; a dictionary that
         never called this has every feature. On a dictionary with terms, features added are built
-        (and dropped ones deleted) in the background; "ranked" can be added only while it is empty
-        (`FailedPrecondition` otherwise). Returns the features it serves now."""
+        (and dropped ones deleted) in the background, each served once built
+        (`FailedPrecondition` while a change to other features is under way). Returns the
+        features it serves now."""
         request = t.configure_request(dictionary, features)
         return t.feature_names(self._client._call(self._stub.Configure, request).features)
 
