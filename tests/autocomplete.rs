@@ -3189,10 +3189,12 @@ async fn fuzzy_answers_one_typo_whole_in_a_dense_dictionary() {
 }
 
 /// The work budget: a typo's range too large to rank whole by score says `incomplete`, with
-/// results still at their true distance; in lexicographic order the first page is complete.
+/// results still at their true distance, in a dictionary without ranked sets; in lexicographic
+/// order the first page is complete.
 #[tokio::test]
 async fn fuzzy_says_when_the_budget_cut_it_short() {
     let (_redis, _baton, mut client) = setup().await;
+    configure(&mut client, "big", &[]).await.unwrap();
     // "abq" is one edit from every "ab..." term: 9,000 of them, more than a call may read.
     let all: Vec<String> = (0..9000).map(|i| format!("ab{i:05}")).collect();
     for chunk in all.chunks(1000) {
@@ -3222,6 +3224,98 @@ async fn fuzzy_says_when_the_budget_cut_it_short() {
     let r = page(&mut client, fuzzy("big", "ab0", Order::Lexicographic, 1000)).await;
     assert!(!r.incomplete);
     assert_eq!(displays(&r.suggestions), all[..1000].to_vec());
+}
+
+/// By score, a dictionary with ranked sets answers fuzzy queries whose groups are far larger
+/// than the budget whole: a range all within the walk's distance is read best first from the
+/// ranked sets (its terms that come closer skipped one by one), not read whole and ranked. The
+/// answers equal the reference model, pages of 10 and of 300, where a dictionary without ranked
+/// sets runs out of budget on the same queries.
+#[tokio::test]
+async fn fuzzy_by_score_reads_large_groups_best_first_from_ranked_sets() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (_redis, _baton, mut client) = setup().await;
+    configure(&mut client, "flat", &[]).await.unwrap();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(1999);
+    // 4,000 terms under "ab" and 600 under "xb" from a small alphabet, so that prefixes of 1 to
+    // 4 characters hold hundreds of terms each, with scores in a narrow range (many ties).
+    let mut terms: Vec<ModelTerm> = Vec::new();
+    let mut seen = HashSet::new();
+    while terms.len() < 4600 {
+        let head = if terms.len() < 4000 { "ab" } else { "xb" };
+        let tail: String = (0..rng.random_range(1..7))
+            .map(|_| ['a', 'b', 'c', 'd', 'e'][rng.random_range(0..5)])
+            .collect();
+        let display = format!("{head}{tail}");
+        if seen.insert(display.clone()) {
+            terms.push(ModelTerm {
+                key: lex_key(&display),
+                display,
+                score: f64::from(rng.random_range(0..50u32)),
+            });
+        }
+    }
+    for dictionary in ["ranked", "flat"] {
+        for chunk in terms.chunks(1000) {
+            add(
+                &mut client,
+                dictionary,
+                chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
+            )
+            .await;
+        }
+    }
+    let (mut flat_incomplete, mut compared) = (0, 0);
+    for query in [
+        "abq", "abc", "abcd", "abx", "acb", "bac", "xbc", "zbcd", "abced", "abdca", "aabc",
+        "abcdeab", "abcdde", "xbcda",
+    ] {
+        let edits = allowed_edits(query.chars().count());
+        let model = fuzzy_model(&terms, query, edits, Order::Score);
+        for limit in [10, 300] {
+            let r = page(&mut client, fuzzy("ranked", query, Order::Score, limit)).await;
+            let got: Vec<(usize, &str)> = r
+                .suggestions
+                .iter()
+                .map(|s| (s.edit_distance as usize, s.display.as_str()))
+                .collect();
+            let want: Vec<(usize, &str)> = model
+                .iter()
+                .take(limit as usize)
+                .map(|&(d, i)| (d, terms[i].display.as_str()))
+                .collect();
+            if r.incomplete {
+                // Two edits over hundreds of nodes may still pass the budget: every result is
+                // then at its true distance, in the model's order.
+                assert_eq!(
+                    edits, 2,
+                    "{query:?}, limit {limit}: one edit ran out of budget"
+                );
+                let mut at = 0;
+                for g in &got {
+                    at += model[at..]
+                        .iter()
+                        .position(|&(d, i)| (d, terms[i].display.as_str()) == *g)
+                        .unwrap_or_else(|| panic!("{query:?}: {g:?} out of order or wrong"))
+                        + 1;
+                }
+            } else {
+                assert_eq!(got, want, "{query:?} ({edits} edits), limit {limit}");
+                compared += usize::from(!want.is_empty());
+            }
+            let flat = page(&mut client, fuzzy("flat", query, Order::Score, limit)).await;
+            flat_incomplete += usize::from(flat.incomplete && !r.incomplete);
+        }
+    }
+    eprintln!(
+        "{compared} complete answers; {flat_incomplete} of them out of budget without ranked sets"
+    );
+    assert!(compared >= 20, "only {compared} answers were complete");
+    // The same queries need more than the budget without ranked sets: the test means something.
+    assert!(
+        flat_incomplete >= 6,
+        "only {flat_incomplete} flat answers ran out"
+    );
 }
 
 /// Bad fuzzy requests fail INVALID_ARGUMENT naming the field, and fuzzy is for dictionaries.

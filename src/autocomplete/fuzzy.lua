@@ -7,6 +7,7 @@
 -- ARGV[1] order: 'lex' | 'score'   ARGV[2] limit   ARGV[3] max edits (0 to 2)
 -- ARGV[4] call budget: the most Redis reads of index sets   ARGV[5] entry budget: the most lex
 --         members those reads may return   ARGV[6] the normalized query (at most 32 characters)
+-- ARGV[7] base   ARGV[8] max depth   ARGV[9] heavy (as in ranked.lua)
 --
 -- Returns {1 when the budget ran out before every candidate was looked at (else 0), then per
 -- result: id, data value, match kind (EXACT, PREFIX or FUZZY), distance}.
@@ -20,13 +21,19 @@
 -- an earlier group, and is skipped. A node's distance to the query can only improve over the
 -- next `max edits` characters, so a node t characters longer than the query is a leaf whose
 -- whole range is one group. Each walk visits nodes in byte order, so a group's terms are found in
--- lexicographic order; by score they are ranked here.
+-- lexicographic order; by score they are ranked here. By score, when the dictionary has ranked
+-- sets, a range of more than `heavy` terms whose terms are all within the walk's distance is not
+-- read whole: its best terms at exactly that distance are read best first (best.lua), as many as
+-- the page can take, each checked for a closer prefix.
 local order, need, maxk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local calls, entries = tonumber(ARGV[4]), tonumber(ARGV[5])
 local qs = ARGV[6]
 local q = utf8_chars(qs)
 local n = #q
 local data, heavy = KEYS[1], KEYS[2]
+local base, depth, heavy_terms = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+-- Score order over ranked sets (their reads derive their keys from base, like ranked.lua's).
+local ranked = order == 'score' and has_feature(features_of(base .. ':f'), 'r')
 local names, firsts = all_lex_names()
 local set_of = {} -- first byte -> lex set key
 for i = 1, #firsts do
@@ -115,6 +122,55 @@ local function next_row(prev, pprev, c, pc)
   return row, least
 end
 
+-- Whether some prefix of `key` longer than node p (of `plen` bytes; row is its row, prow its
+-- parent's, last its last character) comes closer to the query than t.
+local function closer(key, plen, row, prow, last, t)
+  local i = plen + 1
+  while i <= #key do
+    local c = char_at(key, i)
+    local crow, cleast = next_row(row, prow, c, last)
+    if crow[n] < t then
+      return true
+    end
+    if cleast >= t then
+      return false -- no cell of a longer prefix's row goes below this row's least
+    end
+    row, prow, last = crow, row, c
+    i = i + #c
+  end
+  return false
+end
+
+-- By score over ranked sets, whether the range of p in lex set `set` is too large to read whole.
+local function large(set, p)
+  if not ranked or calls <= 0 then
+    return false
+  end
+  calls = calls - 1
+  return redis.call('ZLEXCOUNT', set, '[' .. p, '(' .. p .. '\255') > heavy_terms
+end
+
+-- Adds to found the best terms of p's range (all within distance t of the query: p is) whose
+-- distance is exactly t, as many as the page can still take, read best first from the ranked
+-- sets. A `row` of nil takes every term (none can come closer).
+local function best_in(found, t, set, p, row, prow, last)
+  local keep = nil
+  if row ~= nil then
+    keep = function(m)
+      return not closer(sub(m, 9, find(m, '\0', 9, true) - 1), #p, row, prow, last, t)
+    end
+  end
+  local rows, stopped, spent, used = best_of(base, set, data, heavy, p, need - before - 1, '',
+    depth, heavy_terms, math.min(entries, calls), keep)
+  entries, calls = entries - spent, calls - used
+  if stopped then
+    exhausted = true
+  end
+  for i = 1, math.min(#rows, need - before) do
+    found[#found + 1] = sub(rows[i], 9)
+  end
+end
+
 -- Visits trie node p (depth characters, in lex set `set`) for the walk of distance t: row is its
 -- row, prow its parent's, last its last character, hit the best distance of p and its prefixes.
 local function visit(found, t, set, p, depth, row, least, prow, last, hit)
@@ -128,8 +184,17 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
     -- No longer prefix comes closer than t (no cell of a descendant's row is below the least
     -- of this row or of its parent's less one): the whole range is at distance hit.
     if hit == t then
-      take(found, set, '[' .. p, '(' .. p .. '\255')
+      if large(set, p) then
+        best_in(found, t, set, p, nil)
+      else
+        take(found, set, '[' .. p, '(' .. p .. '\255')
+      end
     end
+    return
+  end
+  if hit == t and large(set, p) then
+    -- Every term of p is within t, some closer: the best of those at t, checked one by one.
+    best_in(found, t, set, p, row, prow, last)
     return
   end
   if least == t then
@@ -182,7 +247,11 @@ end
 -- Group 0: the terms starting with the query.
 local first = set_of[byte(qs)]
 if first ~= nil then
-  take(groups[0], first, '[' .. qs, '(' .. qs .. '\255')
+  if large(first, qs) then
+    best_in(groups[0], 0, first, qs, nil)
+  else
+    take(groups[0], first, '[' .. qs, '(' .. qs .. '\255')
+  end
 end
 
 -- Groups 1 and 2: the trie walks, from the first characters of the lex sets that exist.

@@ -47,6 +47,7 @@ pub const RANKED: &str = concat!(
     "#!lua flags=no-writes\n",
     include_str!("rank.lua"),
     include_str!("features.lua"),
+    include_str!("best.lua"),
     include_str!("ranked.lua")
 );
 /// `configure.lua`: declare a dictionary's features.
@@ -67,6 +68,8 @@ pub const CHANGE: &str = concat!(
 pub const FUZZY: &str = concat!(
     "#!lua flags=no-writes\n",
     include_str!("rank.lua"),
+    include_str!("features.lua"),
+    include_str!("best.lua"),
     include_str!("fuzzy.lua")
 );
 /// `recent_record.lua`: record an item at the front of a recent list.
@@ -460,7 +463,10 @@ impl Fuzzy<'_> {
             .arg(self.max_edits)
             .arg(FUZZY_CALLS)
             .arg(FUZZY_ENTRIES)
-            .arg(self.query);
+            .arg(self.query)
+            .arg(&self.keys.base)
+            .arg(MAX_RANKED_DEPTH)
+            .arg(HEAVY_PREFIX);
         invocation
     }
 }
