@@ -784,7 +784,11 @@ fn case_label(case: &str) -> &str {
 /// Completion latency per query kind and side.
 fn autocomplete(run: &Run) -> String {
     let records = select(run, |r| {
-        r.scenario == "autocomplete" && !matches!(r.case.as_str(), "load" | "memory" | "baseline")
+        r.scenario == "autocomplete"
+            && !matches!(
+                r.case.as_str(),
+                "load" | "memory" | "memory-features" | "baseline"
+            )
     });
     let mut md = String::from(
         "| query | side | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results / request | Redis µs / request (commands) | CPU µs / request: load gen | Baton | Redis |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
