@@ -791,7 +791,7 @@ fn autocomplete(run: &Run) -> String {
             )
     });
     let mut md = String::from(
-        "| query | side | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results / request | Redis µs / request (commands) | CPU µs / request: load gen | Baton | Redis |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| query | side | requests/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | results / request | Redis µs / request (commands) | longest script, ms | CPU µs / request: load gen | Baton | Redis |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (case, side) in distinct(&records, |r| (r.case.clone(), r.side.clone())) {
         let r: Vec<&Record> = records
@@ -808,7 +808,7 @@ fn autocomplete(run: &Run) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             case_label(&case),
             side_text,
             cell(&values(&r, fig::rate), grouped),
@@ -822,6 +822,10 @@ fn autocomplete(run: &Run) -> String {
                 fixed(1)
             ),
             cell(&values(&r, fig::command_us_per_op), fixed(1)),
+            cell(
+                &values(&r, |x| x.get(SCRIPT_MAX).unwrap_or(f64::NAN) / 1000.0),
+                fixed(1)
+            ),
             cell(
                 &values(&r, |x| fig::us_per_op(x, names::LOADGEN_CPU)),
                 fixed(1)

@@ -693,6 +693,8 @@ async fn measure(
         "the clients to warm up",
     )
     .await;
+    // The longest script call of the window, by Redis's slow log (the raw ZRANGE side runs none).
+    let slowlog = baseline::slowlog_watch(&probe.admin).await;
     let mark = probe.mark().await;
     gate.until
         .set(Instant::now() + window)
@@ -724,6 +726,11 @@ async fn measure(
         ..Record::default()
     };
     probe.usage(mark, &mut record).await;
+    let slowest = slowlog.stop().await;
+    if side != "zrange" && case != Case::Health {
+        record.set(SCRIPT_MAX, slowest.max_us as f64);
+        record.set(SLOW_5MS, slowest.over_5ms as f64);
+    }
     let secs = record.get(names::SECS).unwrap_or(1.0).max(1e-9);
     record.set(names::OPS, ops as f64);
     record.set(names::ERRORS, errors as f64);
