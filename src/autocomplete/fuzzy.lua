@@ -316,12 +316,22 @@ for t = 0, maxk do
       end
     end
     if order == 'score' then
-      table.sort(rows, function(a, b)
-        if a[4] ~= b[4] then
-          return a[4] > b[4]
-        end
-        return lt(a[1], b[1])
-      end)
+      -- A term's ranked member (rank bytes, then its lex member) sorts in result order byte by
+      -- byte: sorted by Lua's own string comparison, with no Lua function per comparison, when
+      -- the locale compares bytes (rank.lua).
+      local keyed, by_key = {}, {}
+      for i, r in ipairs(rows) do
+        local k = rank_bytes(r[4]) .. r[1]
+        keyed[i], by_key[k] = k, r
+      end
+      if BYTEWISE then
+        table.sort(keyed)
+      else
+        table.sort(keyed, lt)
+      end
+      for i, k in ipairs(keyed) do
+        rows[i] = by_key[k]
+      end
     end
     for i = 1, math.min(room, #rows) do
       local r = rows[i]
