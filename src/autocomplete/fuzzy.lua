@@ -20,7 +20,10 @@
 -- whose distance is exactly t: a branch whose best distance so far is below t holds only terms of
 -- an earlier group, and is skipped. A node's distance to the query can only improve over the
 -- next `max edits` characters, so a node t characters longer than the query is a leaf whose
--- whole range is one group. Each walk visits nodes in byte order, so a group's terms are found in
+-- whole range is one group. A node whose row's least cell is t has no descendant closer than t:
+-- at distance t its whole range is the group's; farther, only the children continuing the query
+-- (or transposing its last two characters) can reach t, and only those are looked up (visit).
+-- Each walk visits nodes in byte order, so a group's terms are found in
 -- lexicographic order; by score they are ranked here. By score, when the dictionary has ranked
 -- sets, a range of more than `heavy` terms whose terms are all within the walk's distance is not
 -- read whole: its best terms at exactly that distance are read best first (best.lua), as many as
