@@ -248,6 +248,9 @@ pub struct Options {
     /// naming some declares the dictionary with only the features they need, and skips the
     /// dictionaries of other feature sets and the RediSearch baseline.
     pub autocomplete_cases: Vec<String>,
+    /// After the queries of [`Scenario::Autocomplete`], add `RANKED` to the dictionary (declared
+    /// without it) and time its background build.
+    pub autocomplete_build_ranked: bool,
     /// Failovers per Sentinel timing in [`Scenario::RedisFailover`] (and Cluster failovers: at
     /// most 3).
     pub failovers: usize,
@@ -276,6 +279,7 @@ impl Options {
             autocomplete_clients: 16,
             autocomplete_window: Duration::from_secs(10),
             autocomplete_cases: Vec::new(),
+            autocomplete_build_ranked: false,
             failovers: 5,
             builds: Vec::new(),
         }
@@ -301,6 +305,7 @@ impl Options {
             autocomplete_clients: 2,
             autocomplete_window: Duration::from_millis(100),
             autocomplete_cases: Vec::new(),
+            autocomplete_build_ranked: false,
             failovers: 1,
             builds: Vec::new(),
         }
@@ -392,6 +397,9 @@ impl Options {
         );
         if !self.autocomplete_cases.is_empty() {
             put("autocomplete_cases", self.autocomplete_cases.join(","));
+        }
+        if self.autocomplete_build_ranked {
+            put("autocomplete_build_ranked", "true".to_owned());
         }
         put("failovers", self.failovers.to_string());
         m

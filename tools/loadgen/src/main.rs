@@ -107,6 +107,10 @@ struct RunArgs {
     /// feature sets' dictionaries and RediSearch).
     #[arg(long, value_delimiter = ',')]
     autocomplete_cases: Vec<String>,
+    /// After the queries, add `RANKED` to the dictionary and time its background build (with
+    /// `--autocomplete-cases` naming kinds that do not need `RANKED`).
+    #[arg(long)]
+    autocomplete_build_ranked: bool,
     /// Failovers per Sentinel timing in redis-failover (5; Cluster: at most 3).
     #[arg(long)]
     failovers: Option<usize>,
@@ -204,6 +208,7 @@ fn options(args: &RunArgs) -> Result<Options, String> {
         }
     }
     o.autocomplete_cases.clone_from(&args.autocomplete_cases);
+    o.autocomplete_build_ranked = args.autocomplete_build_ranked;
     if let Some(n) = args.failovers {
         o.failovers = n.max(1);
     }

@@ -787,7 +787,7 @@ fn autocomplete(run: &Run) -> String {
         r.scenario == "autocomplete"
             && !matches!(
                 r.case.as_str(),
-                "load" | "memory" | "memory-features" | "baseline"
+                "load" | "memory" | "memory-features" | "baseline" | "build-ranked"
             )
     });
     let mut md = String::from(

@@ -349,6 +349,9 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         memory.set(&format!("keys:{kind}"), keys as f64);
     }
     records.push(memory);
+    if options.autocomplete_build_ranked {
+        records.push(build_ranked(&channels, &mut probe, count).await);
+    }
     if focused {
         return;
     }
@@ -443,6 +446,64 @@ pub const FEATURE_SETS: [(&str, &[pb::AutocompleteFeature]); 4] = [
         ],
     ),
 ];
+
+/// Adds `RANKED` to the dictionary (which has `terms` terms and was declared without it) and
+/// waits for the background build to end, watching Describe every 200 ms: how long it took,
+/// Redis's and Baton's CPU, and the longest step by the slow log.
+async fn build_ranked(channels: &[Channel], probe: &mut Probe, terms: u64) -> Record {
+    let mut client = AutocompleteServiceClient::new(channels[0].clone());
+    let describe = |mut client: AutocompleteServiceClient<Channel>| async move {
+        client
+            .describe(pb::AutocompleteServiceDescribeRequest {
+                dictionary: DICTIONARY.to_owned(),
+            })
+            .await
+            .expect("Describe")
+            .into_inner()
+    };
+    let mut features = describe(client.clone()).await.features;
+    assert!(
+        !features.contains(&(pb::AutocompleteFeature::Ranked as i32)),
+        "--autocomplete-build-ranked needs a dictionary without RANKED: name query kinds that do not need it"
+    );
+    features.push(pb::AutocompleteFeature::Ranked as i32);
+    features.sort_unstable();
+    let slowlog = baseline::slowlog_watch(&probe.admin).await;
+    let mark = probe.mark().await;
+    let started = Instant::now();
+    client
+        .configure(pb::AutocompleteServiceConfigureRequest {
+            dictionary: DICTIONARY.to_owned(),
+            features,
+        })
+        .await
+        .expect("Configure");
+    // A background job that publishes nothing when it ends: its progress is polled.
+    while describe(client.clone()).await.change.is_some() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = started.elapsed();
+    let mut record = Record {
+        scenario: Scenario::Autocomplete.name().to_owned(),
+        case: "build-ranked".to_owned(),
+        side: "baton-tcp".to_owned(),
+        ..Record::default()
+    };
+    probe.usage(mark, &mut record).await;
+    let slowest = slowlog.stop().await;
+    record.set(names::TERMS, terms as f64);
+    record.set(names::TOOK, took.as_secs_f64());
+    record.set(SCRIPT_MAX, slowest.max_us as f64);
+    record.set(SLOW_1MS, slowest.over_1ms as f64);
+    record.set(SLOW_5MS, slowest.over_5ms as f64);
+    eprintln!(
+        "autocomplete: RANKED built on {terms} terms in {:.1} s, longest step {} us, {} of 5 ms or more",
+        took.as_secs_f64(),
+        slowest.max_us,
+        slowest.over_5ms
+    );
+    record
+}
 
 /// Times one `Add` of a load is sent again after it failed `UNAVAILABLE`.
 const ADD_RETRIES: u32 = 20;
