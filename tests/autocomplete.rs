@@ -2888,6 +2888,39 @@ fn fuzzy_model(
     found
 }
 
+/// Adds the model's `terms` (display and score) to `dictionary`, `chunk` to an `Add`.
+async fn add_model_terms(client: &mut Client, dictionary: &str, terms: &[ModelTerm], chunk: usize) {
+    for part in terms.chunks(chunk) {
+        add(
+            client,
+            dictionary,
+            part.iter().map(|t| scored(&t.display, t.score)).collect(),
+        )
+        .await;
+    }
+}
+
+/// A fuzzy page's results as (distance, display).
+fn distances_and_displays(r: &pb::AutocompleteServiceCompleteResponse) -> Vec<(usize, &str)> {
+    r.suggestions
+        .iter()
+        .map(|s| (s.edit_distance as usize, s.display.as_str()))
+        .collect()
+}
+
+/// The first `limit` of the model's answer `model` as (distance, display).
+fn model_page<'t>(
+    terms: &'t [ModelTerm],
+    model: &[(usize, usize)],
+    limit: usize,
+) -> Vec<(usize, &'t str)> {
+    model
+        .iter()
+        .take(limit)
+        .map(|&(d, i)| (d, terms[i].display.as_str()))
+        .collect()
+}
+
 /// Typos find terms: a substitution, a deletion, an insertion, and a transposition (which
 /// Levenshtein distance counts as 2); exact prefixes come first, and short queries allow none.
 #[tokio::test]
@@ -3005,14 +3038,7 @@ async fn fuzzy_agrees_with_the_reference_model() {
             });
         }
     }
-    for chunk in terms.chunks(100) {
-        add(
-            &mut client,
-            "fz",
-            chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
-        )
-        .await;
-    }
+    add_model_terms(&mut client, "fz", &terms, 100).await;
     let lower: Vec<char> = "abcdeéknos王".chars().collect();
     let (mut compared, mut matched) = (0, 0);
     for round in 0..300 {
@@ -3053,16 +3079,8 @@ async fn fuzzy_agrees_with_the_reference_model() {
             let limit = if round % 2 == 0 { 1000 } else { 7 };
             let r = page(&mut client, fuzzy("fz", &query, order, limit)).await;
             assert!(r.next_page_token.is_empty());
-            let got: Vec<(usize, &str)> = r
-                .suggestions
-                .iter()
-                .map(|s| (s.edit_distance as usize, s.display.as_str()))
-                .collect();
-            let want: Vec<(usize, &str)> = model
-                .iter()
-                .take(limit as usize)
-                .map(|&(d, i)| (d, terms[i].display.as_str()))
-                .collect();
+            let got = distances_and_displays(&r);
+            let want = model_page(&terms, &model, limit as usize);
             if r.incomplete {
                 // Every result at its true distance, in order.
                 let index: HashMap<&str, usize> = model
@@ -3138,14 +3156,7 @@ async fn fuzzy_answers_one_typo_whole_in_a_dense_dictionary() {
             });
         }
     }
-    for chunk in terms.chunks(1000) {
-        add(
-            &mut client,
-            "dense",
-            chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
-        )
-        .await;
-    }
+    add_model_terms(&mut client, "dense", &terms, 1000).await;
     for round in 0..40 {
         // A prefix of 4 to 6 letters of a term, with one edit, keeping 3 to 6 letters.
         let t: Vec<char> = terms[rng.random_range(0..terms.len())]
@@ -3173,16 +3184,8 @@ async fn fuzzy_answers_one_typo_whole_in_a_dense_dictionary() {
                 !r.incomplete,
                 "{query:?} ({order:?}) ran out of budget on one typo"
             );
-            let got: Vec<(usize, &str)> = r
-                .suggestions
-                .iter()
-                .map(|s| (s.edit_distance as usize, s.display.as_str()))
-                .collect();
-            let want: Vec<(usize, &str)> = fuzzy_model(&terms, &query, 1, order)
-                .into_iter()
-                .take(10)
-                .map(|(d, i)| (d, terms[i].display.as_str()))
-                .collect();
+            let got = distances_and_displays(&r);
+            let want = model_page(&terms, &fuzzy_model(&terms, &query, 1, order), 10);
             assert_eq!(got, want, "{query:?}, {order:?}");
         }
     }
@@ -3256,14 +3259,7 @@ async fn fuzzy_by_score_reads_large_groups_best_first_from_ranked_sets() {
         }
     }
     for dictionary in ["ranked", "flat"] {
-        for chunk in terms.chunks(1000) {
-            add(
-                &mut client,
-                dictionary,
-                chunk.iter().map(|t| scored(&t.display, t.score)).collect(),
-            )
-            .await;
-        }
+        add_model_terms(&mut client, dictionary, &terms, 1000).await;
     }
     let (mut flat_incomplete, mut compared) = (0, 0);
     for query in [
@@ -3274,16 +3270,8 @@ async fn fuzzy_by_score_reads_large_groups_best_first_from_ranked_sets() {
         let model = fuzzy_model(&terms, query, edits, Order::Score);
         for limit in [10, 300] {
             let r = page(&mut client, fuzzy("ranked", query, Order::Score, limit)).await;
-            let got: Vec<(usize, &str)> = r
-                .suggestions
-                .iter()
-                .map(|s| (s.edit_distance as usize, s.display.as_str()))
-                .collect();
-            let want: Vec<(usize, &str)> = model
-                .iter()
-                .take(limit as usize)
-                .map(|&(d, i)| (d, terms[i].display.as_str()))
-                .collect();
+            let got = distances_and_displays(&r);
+            let want = model_page(&terms, &model, limit as usize);
             if r.incomplete {
                 // Two edits over hundreds of nodes may still pass the budget: every result is
                 // then at its true distance, in the model's order.

@@ -1463,29 +1463,11 @@ impl Autocomplete {
         } else if let Some(building) = field(1) {
             let cursor = field(2).unwrap_or_default();
             if building == b"r" {
-                let lex = keys.lex(cursor.first().copied().unwrap_or(1));
-                let members: Vec<Vec<u8>> = redis
-                    .command(
-                        redis::cmd("ZRANGE")
-                            .arg(&lex)
-                            .arg([b"(".as_slice(), &cursor].concat())
-                            .arg("+")
-                            .arg("BYLEX")
-                            .arg("LIMIT")
-                            .arg(0)
-                            .arg(most),
-                    )
-                    .await?;
+                let (lex, members) = self.terms_after(keys, &cursor, most).await?;
                 // As many terms as fit a step's work, each planned as an Add of a new term to
                 // the ranked sets: its lex member and data read, and per ranked set (and its deep
                 // set and top) a field, a count and a member (`entry_work`).
-                let forms: Vec<String> = members
-                    .iter()
-                    .map(|m| {
-                        let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
-                        String::from_utf8_lossy(&m[..key_end]).into_owned()
-                    })
-                    .collect();
+                let forms: Vec<String> = members.iter().map(|m| member_form(m)).collect();
                 let costs: Vec<usize> = forms
                     .iter()
                     .map(|f| 2 + 4 * (keys.ranked_sets_of(f).len() + 2))
@@ -1515,32 +1497,20 @@ impl Autocomplete {
                 args.push(k.to_string().into_bytes());
                 args.extend(members.into_iter().take(k));
             } else if building == b"w" {
-                let lex = keys.lex(cursor.first().copied().unwrap_or(1));
-                let members: Vec<Vec<u8>> = redis
-                    .command(
-                        redis::cmd("ZRANGE")
-                            .arg(&lex)
-                            .arg([b"(".as_slice(), &cursor].concat())
-                            .arg("+")
-                            .arg("BYLEX")
-                            .arg("LIMIT")
-                            .arg(0)
-                            .arg(CHANGE_STEP),
-                    )
-                    .await?;
+                let (lex, members) = self.terms_after(keys, &cursor, CHANGE_STEP).await?;
                 // As many terms as fit a step's work: a posting and a vocabulary entry a word.
                 let mut members = members;
-                members.truncate(within_work(members.iter().map(|m| {
-                    let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
-                    1 + 2 * text::words(&String::from_utf8_lossy(&m[..key_end])).len()
-                })));
+                members.truncate(within_work(
+                    members
+                        .iter()
+                        .map(|m| 1 + 2 * text::words(&member_form(m)).len()),
+                ));
                 touched.push(lex);
                 args.push(b"build-w".to_vec());
                 args.push(cursor);
                 args.push(members.len().to_string().into_bytes());
                 for m in members {
-                    let key_end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
-                    let form = String::from_utf8_lossy(&m[..key_end]).into_owned();
+                    let form = member_form(&m);
                     let words = text::words(&form);
                     args.push(m);
                     args.push(words.len().to_string().into_bytes());
@@ -1573,6 +1543,32 @@ impl Autocomplete {
         touched.sort();
         touched.dedup();
         Ok((touched, args))
+    }
+
+    /// The lex set of the build cursor `cursor`'s first byte and its first `limit` lex members
+    /// after the cursor (a build walks the lex sets one after the other).
+    async fn terms_after(
+        &self,
+        keys: &DictionaryKeys,
+        cursor: &[u8],
+        limit: usize,
+    ) -> Result<(String, Vec<Vec<u8>>), Error> {
+        let lex = keys.lex(cursor.first().copied().unwrap_or(1));
+        let members = self
+            .inner
+            .redis
+            .command(
+                redis::cmd("ZRANGE")
+                    .arg(&lex)
+                    .arg([b"(".as_slice(), cursor].concat())
+                    .arg("+")
+                    .arg("BYLEX")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit),
+            )
+            .await?;
+        Ok((lex, members))
     }
 
     /// The first [`CHANGE_STEP`] vocabulary words after `from` (all from the first when empty).
@@ -1948,6 +1944,12 @@ pub fn term_field(i: usize, part: TermPart) -> Field {
         TermPart::Payload => format!("terms[{i}].payload"),
         TermPart::Removal => format!("displays[{i}]"),
     })
+}
+
+/// The matching form of lex member `member` (`key \0 id`).
+fn member_form(member: &[u8]) -> String {
+    let end = member.iter().position(|b| *b == 0).unwrap_or(member.len());
+    String::from_utf8_lossy(&member[..end]).into_owned()
 }
 
 fn corrupt_token() -> Error {
