@@ -265,6 +265,9 @@ enum Reply {
     Confirmed(Live),
     /// `MOVED` to this node.
     Moved(String),
+    /// The connection broke under the command (killed, reset) before its drop was reported: a
+    /// new connection to the same master may well take it.
+    Lost(Error),
     Failed(Error),
 }
 
@@ -292,13 +295,27 @@ impl Masters {
             }
         }
         for attempt in 0..2 {
-            let sent = groups
-                .drain(..)
-                .map(|(node, group)| self.pipeline(node, group, subscribe, deadline));
+            let sent = groups.drain(..).map(|(node, group)| async {
+                let replies = self
+                    .pipeline(node.clone(), group, subscribe, deadline)
+                    .await;
+                (node, replies)
+            });
             let replies = futures::future::join_all(sent).await;
-            for (channel, reply) in replies.into_iter().flatten() {
+            for (node, channel, reply) in replies.into_iter().flat_map(|(node, replies)| {
+                replies.into_iter().map(move |(c, r)| (node.clone(), c, r))
+            }) {
                 match reply {
                     Reply::Confirmed(live) => outcome.push((channel, Ok(live))),
+                    // A dropped connection took its subscriptions with it.
+                    Reply::Lost(_) if !subscribe => outcome.push((channel, Ok(Live::default()))),
+                    Reply::Lost(_) if attempt == 0 => {
+                        match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                            Some((_, group)) => group.push(channel),
+                            None => groups.push((node, vec![channel])),
+                        }
+                    }
+                    Reply::Lost(e) => outcome.push((channel, Err(e))),
                     Reply::Moved(addr) if attempt == 0 => {
                         self.cluster.request_refresh();
                         match self.cluster.node(&addr) {
@@ -370,6 +387,8 @@ impl Masters {
             pipe.query_async::<Vec<RedisResult<Value>>>(&mut opened.conn),
         )
         .await;
+        // Whether the connection broke under the commands, rather than answered wrongly or late.
+        let mut lost = false;
         let cause = match answered {
             Ok(Ok(replies)) if replies.len() == channels.len() => {
                 let replies: Vec<(String, Reply)> = channels
@@ -413,14 +432,27 @@ impl Masters {
                     .collect();
             }
             Ok(Ok(replies)) => format!("{} replies to {} commands", replies.len(), channels.len()),
-            Ok(Err(e)) => describe(&e),
+            Ok(Err(e)) => {
+                lost = e.is_connection_dropped() || e.is_io_error();
+                describe(&e)
+            }
             Err(_) => "no answer in time".to_owned(),
         };
         self.discard(node.addr(), &opened);
         let why = Error::Unavailable(format!("{name} on cluster node {}: {cause}", node.addr()));
         channels
             .into_iter()
-            .map(|c| (c, Reply::Failed(why.clone())))
+            .map(|c| {
+                let why = why.clone();
+                (
+                    c,
+                    if lost {
+                        Reply::Lost(why)
+                    } else {
+                        Reply::Failed(why)
+                    },
+                )
+            })
             .collect()
     }
 
