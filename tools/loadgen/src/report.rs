@@ -20,7 +20,7 @@ use std::{
 };
 
 use crate::{
-    autocomplete::{ADD_RETRIED, SCRIPT_MAX, SLOW_1MS, SLOW_5MS},
+    autocomplete::{ADD_RETRIED, COMMAND_MAX, SCRIPT_MAX, SLOW_1MS, SLOW_5MS},
     names,
     record::{FORMAT, Record, Run},
     stats::median,
@@ -727,7 +727,7 @@ fn leader_failover(run: &Run) -> String {
 fn autocomplete_load(run: &Run) -> String {
     let r = select(run, |r| r.scenario == "autocomplete" && r.case == "load");
     let mut md = String::from(
-        "| terms | load time, s | terms/s | script calls | longest script, ms | scripts ≥ 1 ms | scripts ≥ 5 ms | `Add`s sent again | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| terms | load time, s | terms/s | script calls | longest script, ms | scripts ≥ 1 ms | scripts ≥ 5 ms | longest command in a script, ms | `Add`s sent again | Redis CPU, s | Baton CPU, s | load gen CPU, s | Redis `used_memory` growth, MiB | bytes per term |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     if r.is_empty() {
         return md;
@@ -735,7 +735,7 @@ fn autocomplete_load(run: &Run) -> String {
     let terms = |x: &Record| get(names::TERMS)(x).max(1.0);
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         cell(&values(&r, get(names::TERMS)), grouped),
         cell(&values(&r, get(names::TOOK)), fixed(1)),
         cell(&values(&r, |x| terms(x) / get(names::TOOK)(x)), grouped),
@@ -751,6 +751,10 @@ fn autocomplete_load(run: &Run) -> String {
         cell(
             &values(&r, |x| x.get(SLOW_5MS).unwrap_or(f64::NAN)),
             grouped
+        ),
+        cell(
+            &values(&r, |x| x.get(COMMAND_MAX).unwrap_or(f64::NAN) / 1000.0),
+            fixed(1)
         ),
         cell(
             &values(&r, |x| x.get(ADD_RETRIED).unwrap_or(f64::NAN)),

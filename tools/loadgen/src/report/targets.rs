@@ -415,9 +415,18 @@ const TARGETS: &[Target] = &[
             let longest = median_of(rows(), value(crate::autocomplete::SCRIPT_MAX))?;
             let over = median_of(rows(), value(crate::autocomplete::SLOW_5MS))?;
             let terms = median_of(rows(), value(names::TERMS))?;
+            // Runs before it was recorded have no longest command inside a script.
+            let inner = median_of(rows(), value(crate::autocomplete::COMMAND_MAX))
+                .filter(|us| us.is_finite())
+                .map_or(String::new(), |us| {
+                    format!(
+                        "; the longest single command inside a script {:.1} ms",
+                        us / 1000.0
+                    )
+                });
             Some((
                 format!(
-                    "{:.1} ms; {over:.0} calls of 5 ms or more",
+                    "{:.1} ms; {over:.0} calls of 5 ms or more{inner}",
                     longest / 1000.0
                 ),
                 Some(longest <= 5000.0 && terms >= 1_000_000.0),
