@@ -2723,7 +2723,8 @@ async fn recent_ttl_present_but_zero_is_refused() {
 
 /// `baton autocomplete load DICT FILE` loads every line (display, score, payload; blank lines
 /// skipped) in batches, loading again ends with the same terms, and a bad line stops the load
-/// with exit code 2 and `FILE:LINE`, the batches before it loaded.
+/// with exit code 2 and `FILE:LINE`, the batches before it loaded; a missing file or a
+/// directory is exit code 2 too.
 #[tokio::test]
 async fn cli_load_reads_a_file_of_terms_in_batches() {
     let (_redis, baton, mut client) = setup().await;
@@ -2793,10 +2794,15 @@ async fn cli_load_reads_a_file_of_terms_in_batches() {
         "{stderr}"
     );
     assert_eq!(count(&mut client, "bad-file").await, 1202);
-    // A missing file is bad usage too, and loads nothing.
+    // A missing file is bad usage too, and loads nothing; so is a directory (which opens, and
+    // fails only when read).
     let (status, stderr) = load(&dir.path().join("missing"), "missing").await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert_eq!(count(&mut client, "missing").await, 0);
+    let (status, stderr) = load(dir.path(), "a-directory").await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("a directory"), "{stderr}");
+    assert_eq!(count(&mut client, "a-directory").await, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -108,10 +108,16 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
     let input: Box<dyn Read + Send> = if name == "-" {
         Box::new(std::io::stdin())
     } else {
-        Box::new(
-            std::fs::File::open(&args.file)
-                .map_err(|e| Failure::new(EXIT_USAGE, format!("{name}: {e}")))?,
-        )
+        let file = std::fs::File::open(&args.file)
+            .map_err(|e| Failure::new(EXIT_USAGE, format!("{name}: {e}")))?;
+        // A directory opens on Unix, and fails only at its first read.
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(Failure::new(
+                EXIT_USAGE,
+                format!("{name}: a directory, not a file of terms"),
+            ));
+        }
+        Box::new(file)
     };
     let channel = connect(&args.client).await?;
     let started = Instant::now();
