@@ -74,9 +74,12 @@ where
         }
         let wake = retry_in.map_or(deadline, |r| now + r).min(deadline);
         tokio::select! {
+            // A stop that came first wins over a message that arrived meanwhile: at shutdown,
+            // the release Baton makes of its own holds must not hand them to its own waiters.
+            biased;
+            e = &mut stop => return Err(e),
             () = subscription.notified() => {}
             () = tokio::time::sleep_until(wake) => {}
-            e = &mut stop => return Err(e),
         }
         subscription.ensure().await?;
     }

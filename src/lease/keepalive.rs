@@ -144,6 +144,13 @@ where
                 if tx.is_closed() {
                     return release_for_departure(&lease, latest).await;
                 }
+                if shutdown.is_cancelled() {
+                    // Granted as Baton began shutting down (the wait's last attempt was already
+                    // in Redis): given back before the client hears of it, and the client told
+                    // Baton is going away, rather than granted and lost in one breath. The
+                    // stream stays open until the release is done, so the drain waits for it.
+                    return release_for_shutdown_before_grant(&lease, latest, tx, fail).await;
+                }
                 tx.first(first);
                 Kept {
                     lease,
@@ -396,6 +403,38 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
             tracing::warn!(kind = lease.kind, name = lease.name, owner = lease.owner, error = %e, "release at shutdown failed; the lease expires at its ttl");
         }
     }
+}
+
+/// Releases `lease`, granted after shutdown began and not yet told to the client, then ends the
+/// stream `tx` with UNAVAILABLE (shutting down).
+async fn release_for_shutdown_before_grant<L: Renewable, I>(
+    lease: &L,
+    latest: Instant,
+    tx: Sender<I>,
+    fail: fn(Error) -> I,
+) {
+    let released = release_until(lease, latest).await;
+    let d = lease.describe();
+    let (kind, name, owner) = (d.kind, d.name, d.owner);
+    match released {
+        Ok(was_held) => {
+            tracing::debug!(
+                kind,
+                name,
+                owner,
+                was_held,
+                "granted at shutdown; released before the client heard of it"
+            )
+        }
+        Err(e) => tracing::warn!(
+            kind,
+            name,
+            owner,
+            error = %e,
+            "granted at shutdown, but the release failed; the lease expires at its ttl"
+        ),
+    }
+    tx.finish(fail(Error::ShuttingDown));
 }
 
 async fn release_for_departure<L: Renewable>(lease: &L, latest: Instant) {
