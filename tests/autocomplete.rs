@@ -4560,35 +4560,38 @@ async fn ranked_added_to_a_dictionary_with_terms_is_built_exactly_under_writes()
     );
 }
 
-/// RANKED dropped (every ranked set deleted) and added back is built again; a build whose
-/// driving Baton dies midway (its lease taken over by a Baton that never steps) stalls while
-/// that lease lasts and is finished by another Baton's Describe, with exact sets and results.
-#[tokio::test]
-async fn ranked_dropped_then_added_back_and_a_dead_builder_is_taken_over() {
+/// A dictionary of 3,000 scored terms given `RANKED` back after it was dropped, whose build's
+/// driving Baton dies midway (its lease taken over by a Baton that never steps, for 1.5 s): its
+/// name and terms once the build is seen stalled while that lease lasts. Builds that end before
+/// their driver could be stopped are checked and tried again on fresh dictionaries.
+async fn ranked_build_with_a_dead_driver(
+    redis: &RedisServer,
+    baton: &Baton,
+    client: &mut Client,
+    seed: u64,
+) -> (String, std::collections::BTreeMap<String, f64>) {
     use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
-    let (redis, baton, mut client) = setup().await;
     let mut conn = redis.conn().await;
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(2024);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut model = std::collections::BTreeMap::new();
     while model.len() < 3000 {
         model.insert(ranked_term(&mut rng), f64::from(rng.random_range(-20..60)));
     }
     let initial: Vec<pb::AutocompleteTerm> = model.iter().map(|(d, s)| scored(d, *s)).collect();
-    // Attempts on fresh dictionaries: the build may end before the test can kill its driver.
     for attempt in 0..5 {
-        let d = format!("again-{attempt}");
+        let d = format!("again-{seed}-{attempt}");
         for chunk in initial.chunks(1000) {
-            add(&mut client, &d, chunk.to_vec()).await;
+            add(client, &d, chunk.to_vec()).await;
         }
         assert!(key_kinds(&mut conn, baton.prefix(), &d).await.contains("t"));
-        configure(&mut client, &d, &[]).await.expect("drop RANKED");
-        until_changed(&mut client, &d).await;
+        configure(client, &d, &[]).await.expect("drop RANKED");
+        until_changed(client, &d).await;
         assert_eq!(
             key_kinds(&mut conn, baton.prefix(), &d).await,
             HashSet::from(["data", "h", "l", "f"].map(str::to_owned)),
             "every ranked set dropped"
         );
-        configure(&mut client, &d, &[Feature::Ranked])
+        configure(client, &d, &[Feature::Ranked])
             .await
             .expect("RANKED again");
         // The driver dies midway: another id takes its lease, so its next step changes nothing
@@ -4623,36 +4626,114 @@ async fn ranked_dropped_then_added_back_and_a_dead_builder_is_taken_over() {
             );
             tokio::task::yield_now().await;
         };
-        let first = until_described(&mut client, &d).await;
+        let first = until_described(client, &d).await;
         if !killed || first.change.is_none() {
             // The build ended first: RANKED is served; try again on a fresh dictionary.
-            until_changed(&mut client, &d).await;
+            until_changed(client, &d).await;
             check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
             continue;
         }
         let indexed = first.change.as_ref().map(|c| c.indexed).unwrap_or(0);
         assert!(indexed > 0 && (indexed as usize) < model.len(), "{first:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let stalled = until_described(&mut client, &d).await;
+        let stalled = until_described(client, &d).await;
         assert_eq!(
             stalled.change.as_ref().map(|c| c.indexed),
             Some(indexed),
             "no step while the dead Baton's lease lasts"
         );
-        let prefix = baton.prefix().to_owned();
-        let other = Baton::start_with(&redis, |c| {
-            c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
-            c.redis.key_prefix = prefix;
-        })
-        .await;
-        let mut other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
-        let (done, _) = until_changed(&mut other_client, &d).await;
-        assert_eq!(done.features().collect::<Vec<_>>(), vec![Feature::Ranked]);
-        check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
-        check_score_queries(&mut client, &d, &model, false).await;
-        return;
+        return (d, model);
     }
     panic!("every build ended before its driver could be stopped");
+}
+
+/// Another Baton on the same Redis and key prefix as `baton`, and an autocomplete client of it.
+async fn other_baton(redis: &RedisServer, baton: &Baton) -> (Baton, Client) {
+    let prefix = baton.prefix().to_owned();
+    let other = Baton::start_with(redis, |c| {
+        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
+        c.redis.key_prefix = prefix;
+    })
+    .await;
+    let client = AutocompleteServiceClient::new(channel(other.addr()).await);
+    (other, client)
+}
+
+/// RANKED dropped (every ranked set deleted) and added back is built again; a build whose
+/// driving Baton dies midway stalls while that lease lasts and is finished by another Baton's
+/// Describe, with exact sets and results.
+#[tokio::test]
+async fn ranked_dropped_then_added_back_and_a_dead_builder_is_taken_over() {
+    let (redis, baton, mut client) = setup().await;
+    let (d, model) = ranked_build_with_a_dead_driver(&redis, &baton, &mut client, 2024).await;
+    let (_other, mut other_client) = other_baton(&redis, &baton).await;
+    let (done, _) = until_changed(&mut other_client, &d).await;
+    assert_eq!(done.features().collect::<Vec<_>>(), vec![Feature::Ranked]);
+    let mut conn = redis.conn().await;
+    check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
+    check_score_queries(&mut client, &d, &model, false).await;
+}
+
+/// A build whose driving Baton died is finished by the dictionary's use alone, with no
+/// `Describe` or `Configure`: another Baton's `Add`s (and its queries refused while the index
+/// is built) find the change under way, and once the dead driver's lease lapses that Baton
+/// drives it (at most one look per dictionary every `CHANGE_CHECK`), with exact sets and
+/// results, the terms added meanwhile included.
+#[tokio::test]
+async fn a_build_whose_driver_died_is_finished_by_writes_alone() {
+    use baton::autocomplete::{CHANGE_CHECK, CHANGE_LEASE};
+    let (redis, baton, mut client) = setup().await;
+    let (d, mut model) = ranked_build_with_a_dead_driver(&redis, &baton, &mut client, 2025).await;
+    let (_other, mut other_client) = other_baton(&redis, &baton).await;
+    let mut conn = redis.conn().await;
+    let features = format!("{}{{ac:{d}}}:f", baton.prefix());
+    // The dead lease lapses within CHANGE_LEASE, the next look comes within CHANGE_CHECK, and
+    // the build of 3,000 terms then takes a few seconds on a busy machine.
+    let deadline =
+        tokio::time::Instant::now() + CHANGE_LEASE + CHANGE_CHECK + Duration::from_secs(60);
+    let mut added = 0u32;
+    loop {
+        let changing: bool = redis::cmd("HEXISTS")
+            .arg(&features)
+            .arg("g")
+            .query_async(&mut conn)
+            .await
+            .expect("HEXISTS");
+        if !changing {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the build did not go on under writes ({added} Adds)"
+        );
+        let display = format!("resumed {added:04}");
+        add(
+            &mut other_client,
+            &d,
+            vec![scored(&display, f64::from(added))],
+        )
+        .await;
+        model.insert(display, f64::from(added));
+        added += 1;
+        // A query by score is refused while the index is built, saying so.
+        if let Err(status) = other_client
+            .complete(request(&d, "res", Mode::Prefix, Order::Score, 10))
+            .await
+        {
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+            assert!(status.message().contains("being built"), "{status:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(added > 0, "the build was still under way after the stall");
+    let described = until_described(&mut other_client, &d).await;
+    assert!(described.change.is_none(), "{described:?}");
+    assert_eq!(
+        described.features().collect::<Vec<_>>(),
+        vec![Feature::Ranked]
+    );
+    check_ranked_sets(&mut conn, baton.prefix(), &d, &model).await;
+    check_score_queries(&mut client, &d, &model, false).await;
 }
 
 /// Describes `dictionary` once.

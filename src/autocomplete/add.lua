@@ -67,8 +67,8 @@
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
 --
 -- Returns
---   {0, term count, work done (units as in ARGV[11]), the features a write needs (write_needs),
---   then per entry of the step 'a' or 'u' (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
+--   {0, term count, work done (units as in ARGV[11]), the features a write needs and '+' while a
+--   change of them is under way (write_told), then per entry of the step 'a' or 'u' (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
 --   their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
@@ -77,6 +77,7 @@
 --   position: send the entries from n on
 --   {5}: the record belongs to another batch
 --   {6, features}: the step needs the keys of features ARGV[12] lacks: plan it for these
+--   (write_told)
 local argv, call = ARGV, redis.call
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, heavy, max_score = argv[1], tonumber(argv[2]), tonumber(argv[3])
@@ -88,9 +89,9 @@ local fstate = write_state(KEYS[5])
 -- While RANKED is built, the ranked sets hold only the terms at or before the build's cursor
 -- (ranking.lua): the others are left to the build.
 local building_r = fstate.building == 'r' and not has_feature(fstate.served, 'r')
-local needs = write_needs(fstate)
+local needs, told = write_needs(fstate), write_told(fstate)
 if missing_feature(argv[12], needs) then
-  return { 6, needs }
+  return { 6, told }
 end
 
 -- The entries (their first argument's index).
@@ -136,7 +137,7 @@ for e = skip + 1, #entries do
   end
 end
 if #terms == 0 then
-  local reply = { 0, call('HLEN', data), work, needs }
+  local reply = { 0, call('HLEN', data), work, told }
   for i = 1, #done_before do
     reply[#reply + 1] = done_before[i]
   end
@@ -311,7 +312,7 @@ if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)
 end
 
-local reply = { 0, count, work, needs }
+local reply = { 0, count, work, told }
 for i = 1, #done_before do
   reply[#reply + 1] = done_before[i]
 end

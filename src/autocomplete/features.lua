@@ -47,11 +47,11 @@ end
 
 -- What a write to the dictionary whose features hash is `key` maintains: a table with
 -- served (letters), building (a letter or false), cursor (string or false), dropping (letters),
--- indexed (the 'n' field, a number).
+-- indexed (the 'n' field, a number), changing (whether a change of the features is under way).
 local function write_state(key)
-  local v = redis.call('HMGET', key, 's', 'b', 'c', 'd', 'n')
+  local v = redis.call('HMGET', key, 's', 'b', 'c', 'd', 'n', 'g')
   return { served = v[1] or ALL_FEATURES, building = v[2], cursor = v[3], dropping = v[4] or '',
-    indexed = tonumber(v[5] or '0') }
+    indexed = tonumber(v[5] or '0'), changing = v[6] ~= false }
 end
 
 -- The features whose keys a write may touch, as letters in the order 'rws': those served, the
@@ -65,6 +65,13 @@ local function write_needs(state)
     end
   end
   return s
+end
+
+-- What a write step tells Baton of the features (the `needs` of its answer): the letters of
+-- write_needs, then '+' while a change of the features is under way, so that Baton makes sure
+-- some Baton drives it (a driver that died leaves its lease to lapse).
+local function write_told(state)
+  return write_needs(state) .. (state.changing and '+' or '')
 end
 
 -- The features `features` with letter `f` too, in the order 'rws'.

@@ -725,6 +725,10 @@ pub struct FeatureChange {
 /// How long a Baton driving a change of features holds its lease without a step: another Baton
 /// takes the change over once it lapses (a Baton that died mid-change).
 pub const CHANGE_LEASE: Duration = Duration::from_secs(5);
+/// How often one Baton looks, at most, whether a change of a dictionary's features that its
+/// writes or reads found under way has a driver (a driver that died leaves its lease to lapse
+/// within [`CHANGE_LEASE`]); it drives the change itself when none does.
+pub const CHANGE_CHECK: Duration = CHANGE_LEASE;
 /// Terms, words or sets one step of a change of features covers at most (fewer when their
 /// postings, gram sets or ranked sets would pass [`STEP_WORK`]).
 pub const CHANGE_STEP: usize = 64;
@@ -959,6 +963,9 @@ struct Inner {
     redis: Redis,
     /// Per dictionary (its key base), the features its writes need, as the last write step said.
     write_features: std::sync::Mutex<std::collections::HashMap<String, Features>>,
+    /// Per dictionary (its key base), when this Baton last looked for a driver of a change of its
+    /// features under way ([`CHANGE_CHECK`]).
+    change_checks: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     add: Script,
     scores: Script,
     remove: Script,
@@ -981,6 +988,7 @@ impl Autocomplete {
             inner: Arc::new(Inner {
                 redis,
                 write_features: std::sync::Mutex::default(),
+                change_checks: std::sync::Mutex::default(),
                 add: Script::new(scripts::ADD),
                 scores: Script::new(scripts::SCORES),
                 remove: Script::new(scripts::REMOVE),
@@ -1020,9 +1028,20 @@ impl Autocomplete {
         hints.get(&keys.base).copied().unwrap_or(Features::ALL)
     }
 
-    /// Notes the features a write step said writes to dictionary `keys` need, and returns them.
-    fn note_write_features(&self, keys: &DictionaryKeys, needs: &Value) -> Result<Features, Error> {
-        let needs = Features::from_letters(&bytes(needs)?);
+    /// Notes the features a write step said writes to `dictionary` (whose keys are `keys`) need,
+    /// and returns them. A `+` after the letters says a change of its features is under way:
+    /// its driver is looked for ([`Self::resume_change`]).
+    fn note_write_features(
+        &self,
+        dictionary: &str,
+        keys: &DictionaryKeys,
+        needs: &Value,
+    ) -> Result<Features, Error> {
+        let letters = bytes(needs)?;
+        if letters.contains(&b'+') {
+            self.resume_change(dictionary, keys);
+        }
+        let needs = Features::from_letters(&letters);
         let mut hints = self
             .inner
             .write_features
@@ -1082,13 +1101,13 @@ impl Autocomplete {
                         *slot = Some(outcome(result)?);
                     }
                     (at, most, wide) = (end, STEP_ENTRIES, false);
-                    let needs = self.note_write_features(&batch.keys, needs)?;
+                    let needs = self.note_write_features(dictionary, &batch.keys, needs)?;
                     if needs != batch.features && at < terms.len() {
                         batch.replan(at, needs);
                     }
                 }
                 (6, [needs]) => {
-                    let needs = self.note_write_features(&batch.keys, needs)?;
+                    let needs = self.note_write_features(dictionary, &batch.keys, needs)?;
                     batch.replan(at, needs);
                 }
                 (1, [entry]) => {
@@ -1247,11 +1266,11 @@ impl Autocomplete {
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);
-                    needs = Some(self.note_write_features(&keys, now)?);
+                    needs = Some(self.note_write_features(dictionary, &keys, now)?);
                 }
                 [status] if int(status)? == 2 => wide = true,
                 [status, now] if int(status)? == 6 => {
-                    needs = Some(self.note_write_features(&keys, now)?);
+                    needs = Some(self.note_write_features(dictionary, &keys, now)?);
                 }
                 _ => return Err(unexpected("remove reply")),
             }
@@ -1321,6 +1340,44 @@ impl Autocomplete {
         })
     }
 
+    /// A write or a read of `dictionary` (keys `keys`) found a change of its features under way:
+    /// at most once per [`CHANGE_CHECK`] per dictionary, looks in the background whether a Baton
+    /// holds the change's lease, and drives the change when none does. So a change whose driver
+    /// died (its Baton killed or restarted) goes on while the dictionary is used, and does not
+    /// wait for the next `Describe` or `Configure`.
+    fn resume_change(&self, dictionary: &str, keys: &DictionaryKeys) {
+        {
+            let mut checks = self
+                .inner
+                .change_checks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = Instant::now();
+            if checks
+                .get(&keys.base)
+                .is_some_and(|last| now.duration_since(*last) < CHANGE_CHECK)
+            {
+                return;
+            }
+            if checks.len() >= WRITE_HINTS && !checks.contains_key(&keys.base) {
+                checks.clear();
+            }
+            checks.insert(keys.base.clone(), now);
+        }
+        let this = self.clone();
+        let (dictionary, lease) = (dictionary.to_owned(), keys.lease());
+        tokio::spawn(async move {
+            let driver: Result<Value, Error> = this
+                .inner
+                .redis
+                .command(redis::cmd("GET").arg(&lease))
+                .await;
+            if matches!(driver, Ok(Value::Nil)) {
+                this.drive(&dictionary);
+            }
+        });
+    }
+
     /// Drives the change of `dictionary`'s features under way, in the background, unless another
     /// Baton holds its lease.
     pub fn drive(&self, dictionary: &str) {
@@ -1328,7 +1385,7 @@ impl Autocomplete {
         let dictionary = dictionary.to_owned();
         tokio::spawn(async move {
             if let Err(error) = this.run_change(&dictionary).await {
-                tracing::warn!(%dictionary, %error, "a change of autocomplete features stopped; the next Describe or Configure resumes it");
+                tracing::warn!(%dictionary, %error, "a change of autocomplete features stopped; the next Describe, Configure or write of the dictionary resumes it");
             }
         });
     }
@@ -1340,7 +1397,7 @@ impl Autocomplete {
         let lease_ms = u64::try_from(CHANGE_LEASE.as_millis()).unwrap_or(u64::MAX);
         // The first step takes the lease unless another driver holds it (it then answers -2).
         // Steps refused because the range moved under them (busy writers) are read again; this
-        // many in a row stops the driver (the next Describe or Configure resumes the change).
+        // many in a row stops the driver (the next Describe, Configure or write resumes the change).
         let mut refused = 0;
         // A RANKED build step covers at most `most` terms, and declares every first-byte set
         // when `wide` (the step said it needs them).
@@ -1686,6 +1743,14 @@ impl Autocomplete {
             return Err(unexpected("complete reply"));
         };
         if matches!(next_group, Value::Int(-1)) {
+            if rows
+                .first()
+                .and_then(|p| bytes(p).ok())
+                .is_some_and(|p| !p.is_empty())
+            {
+                // Refused while the feature is being built: make sure the build goes on.
+                self.resume_change(dictionary, &keys);
+            }
             return Err(missing_feature(
                 request.mode,
                 request.order,

@@ -19,7 +19,7 @@
 -- ARGV[6..] per term: id, key, word count, the words
 --
 -- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11]), the features a
--- write needs (write_needs)}; {2} (nothing removed) when the step would leave the dictionary
+-- write needs and '+' while a change of them is under way (write_told)}; {2} (nothing removed) when the step would leave the dictionary
 -- with `low` terms or fewer while it is ranked: send it again with every first-byte set
 -- declared; {6, features} (nothing removed) when the step needs the keys of features ARGV[5]
 -- lacks: plan it for these.
@@ -30,9 +30,9 @@ local fstate = write_state(KEYS[5])
 -- and their thresholds count only those (ranking.lua): a term after it is in no ranked set.
 local building_r = fstate.building == 'r' and not has_feature(fstate.served, 'r')
 local limit = building_r and fstate.cursor or nil
-local needs = write_needs(fstate)
+local needs, told = write_needs(fstate), write_told(fstate)
 if missing_feature(ARGV[5], needs) then
-  return { 6, needs }
+  return { 6, told }
 end
 -- Gram sets lose the words that leave the vocabulary also while they are being deleted, so that
 -- the deletion, which walks the vocabulary, finds every one.
@@ -108,7 +108,7 @@ for i, at in ipairs(terms) do
   end
 end
 if #gone_ids == 0 then
-  return { 0, 0, redis.call('HLEN', data), work, needs }
+  return { 0, 0, redis.call('HLEN', data), work, told }
 end
 local lex_keys, word_keys = {}, {}
 for _, name in ipairs(lex_order) do
@@ -278,4 +278,4 @@ end
 if building_r and gone_r > 0 then
   redis.call('HSET', KEYS[5], 'n', ranked_count)
 end
-return { 0, #gone_ids, count, work, needs }
+return { 0, #gone_ids, count, work, told }
