@@ -68,8 +68,9 @@
 --
 -- Returns
 --   {0, term count, work done (units as in ARGV[11]), the features a write needs and '+' while a
---   change of them is under way (write_told), then per entry of the step 'a' or 'u' (added or updated) and the score after it}: applied (entries the record shows as applied already are not applied again:
---   their recorded outcome is returned)
+--   change of them is under way (write_told), then per entry of the step 'a' or 'u' (added or
+--   updated) and the score after it}: applied (entries the record shows as applied already are
+--   not applied again: their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
 --   {3}: the step would do more work than ARGV[11] allows: send fewer entries

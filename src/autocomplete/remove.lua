@@ -19,10 +19,10 @@
 -- ARGV[6..] per term: id, key, word count, the words
 --
 -- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11]), the features a
--- write needs and '+' while a change of them is under way (write_told)}; {2} (nothing removed) when the step would leave the dictionary
--- with `low` terms or fewer while it is ranked: send it again with every first-byte set
--- declared; {6, features} (nothing removed) when the step needs the keys of features ARGV[5]
--- lacks: plan it for these.
+-- write needs and '+' while a change of them is under way (write_told)}; {2} (nothing removed)
+-- when the step would leave the dictionary with `low` terms or fewer while it is ranked: send it
+-- again with every first-byte set declared; {6, features} (nothing removed, write_told) when the
+-- step needs the keys of features ARGV[5] lacks: plan it for these.
 local data, vocab, heavy_set, top = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, low, max_depth, wide = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local fstate = write_state(KEYS[5])
