@@ -822,3 +822,80 @@ async fn sharded_subscriptions_racing_a_killed_connection_succeed() {
     }
     assert!(killed >= ROUNDS as u64, "{killed} connections killed");
 }
+
+/// On a single Redis, subscriptions sent the moment the notifier's pub/sub connection is killed,
+/// before the drop is noticed, are made on the next connection instead of failing, as on a
+/// Cluster (above). Repeated, as each round races the kill against the notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_racing_a_killed_connection_succeed() {
+    use futures::future::join_all;
+
+    const ROUNDS: usize = 20;
+    const HELD: usize = 600;
+    const PER_ROUND: usize = 30;
+    let redis = RedisServer::start_standalone().await;
+    let backend = Redis::new(&redis.redis_config()).expect("redis config");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
+    let conn = redis.client().await;
+    let mut nodes = PubSubNodes {
+        conns: vec![conn.clone()],
+        sharded: false,
+    };
+    let held_names: Vec<String> = (0..HELD)
+        .map(|i| format!("{{held-{i}}}:released"))
+        .collect();
+    let mut held: Vec<Subscription> = join_all(held_names.iter().map(|n| notifier.subscribe(n)))
+        .await
+        .into_iter()
+        .map(|r| r.expect("a held subscription"))
+        .collect();
+    let bound = LOAD_TIMEOUT * 4;
+    let mut killed = 0;
+    for round in 1..=ROUNDS {
+        for s in &mut held {
+            s.arm();
+        }
+        let names: Vec<String> = (0..PER_ROUND)
+            .map(|i| format!("{{race-{round}-{i}}}:released"))
+            .collect();
+        let (n, subscribed) = within(
+            bound,
+            futures::future::join(
+                nodes.kill_pubsub(),
+                join_all(names.iter().map(|n| notifier.subscribe(n))),
+            ),
+            "the subscriptions racing the kill",
+        )
+        .await;
+        killed += n;
+        for (r, n) in subscribed.iter().zip(&names) {
+            if let Err(e) = r {
+                panic!("round {round}: subscribing {n}: {e}");
+            }
+        }
+        within(
+            bound,
+            async {
+                for s in &mut held {
+                    s.notified().await;
+                }
+            },
+            "every held waiter to be woken by the drop",
+        )
+        .await;
+        let again = within(
+            bound,
+            join_all(held.iter().map(Subscription::ensure)),
+            "every held channel to be subscribed again",
+        )
+        .await;
+        for (r, n) in again.iter().zip(&held_names) {
+            if let Err(e) = r {
+                panic!("round {round}: resubscribing {n}: {e}");
+            }
+        }
+    }
+    assert!(killed >= ROUNDS as u64, "{killed} connections killed");
+}

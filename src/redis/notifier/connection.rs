@@ -69,6 +69,9 @@ pub(super) enum Connection {
         sink: PubSubSink,
         stream: PubSubStream,
         timeout: Duration,
+        /// Set when a command found the connection broken (killed, reset), which its stream
+        /// may not have noticed yet.
+        broken: Arc<AtomicBool>,
     },
     /// A Redis Cluster: the connections to its masters, and the pushes they all send.
     Cluster {
@@ -132,6 +135,7 @@ impl Connection {
                     sink,
                     stream,
                     timeout,
+                    broken: Arc::default(),
                 })
             }
             Source::Cluster(cluster) => {
@@ -154,9 +158,18 @@ impl Connection {
     /// be in flight at once.
     pub(super) fn subscribe(&self, channels: Vec<String>) -> BoxFuture<'static, Outcome> {
         match self {
-            Self::Node { sink, timeout, .. } => {
-                node_command(sink.clone(), *timeout, channels, "SUBSCRIBE")
-            }
+            Self::Node {
+                sink,
+                timeout,
+                broken,
+                ..
+            } => node_command(
+                sink.clone(),
+                *timeout,
+                broken.clone(),
+                channels,
+                "SUBSCRIBE",
+            ),
             Self::Cluster { masters, .. } => masters.clone().command(channels, true).boxed(),
         }
     }
@@ -164,10 +177,29 @@ impl Connection {
     /// Unsubscribes `channels`, as [`subscribe`](Self::subscribe) subscribes them.
     pub(super) fn unsubscribe(&self, channels: Vec<String>) -> BoxFuture<'static, Outcome> {
         match self {
-            Self::Node { sink, timeout, .. } => {
-                node_command(sink.clone(), *timeout, channels, "UNSUBSCRIBE")
-            }
+            Self::Node {
+                sink,
+                timeout,
+                broken,
+                ..
+            } => node_command(
+                sink.clone(),
+                *timeout,
+                broken.clone(),
+                channels,
+                "UNSUBSCRIBE",
+            ),
             Self::Cluster { masters, .. } => masters.clone().command(channels, false).boxed(),
+        }
+    }
+
+    /// Whether a command found the single node's connection broken: it is given up, and what
+    /// was sent on it is sent again on the next one, instead of failing its waiters. (A Cluster
+    /// master's broken connection is replaced by the command itself.)
+    pub(super) fn broken(&self) -> bool {
+        match self {
+            Self::Node { broken, .. } => broken.load(Ordering::Relaxed),
+            Self::Cluster { .. } => false,
         }
     }
 
@@ -204,6 +236,7 @@ impl Connection {
 fn node_command(
     mut sink: PubSubSink,
     timeout: Duration,
+    broken: Arc<AtomicBool>,
     channels: Vec<String>,
     name: &'static str,
 ) -> BoxFuture<'static, Outcome> {
@@ -217,7 +250,12 @@ fn node_command(
         };
         let result = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(())) => Ok(Live::default()),
-            Ok(Err(e)) => Err(Error::from(e)),
+            Ok(Err(e)) => {
+                if e.is_connection_dropped() || e.is_io_error() {
+                    broken.store(true, Ordering::Relaxed);
+                }
+                Err(Error::from(e))
+            }
             Err(_) => Err(Error::Unavailable(format!(
                 "{name} of {} channels was not confirmed in time",
                 channels.len()

@@ -8,8 +8,8 @@
 //! while Redis answers, and one command is in flight per channel at a time, so a subscription
 //! and an unsubscription of the same channel can never overtake each other.
 //!
-//! When the connection drops, every waiter is woken (messages may have been missed) and the task
-//! reconnects at once, then with a capped backoff that a waiting subscriber cuts short; on the
+//! When the connection drops (or a command finds it broken before its stream reports the drop),
+//! every waiter is woken (messages may have been missed) and the task reconnects at once, then with a capped backoff that a waiting subscriber cuts short; on the
 //! new connection every channel that still has waiters is subscribed again in the same batches.
 //! On a Cluster, a master connection that dropped, or a channel whose slot moved, is reported by
 //! an event; the waiters concerned are woken, and the channels subscribed again on the slot's
@@ -148,7 +148,15 @@ impl Subscriber {
                         self.take(request);
                     }
                 }
-                Some(done) = in_flight.next(), if !in_flight.is_empty() => self.done(done),
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    if conn.broken() {
+                        // A command found the connection broken before its stream noticed: give
+                        // it up. Its channels' waiters are not answered with its error: the next
+                        // connection subscribes every channel with waiters and answers them.
+                        return true;
+                    }
+                    self.done(done);
+                }
                 event = conn.next() => match event {
                     None => return true,
                     Some(Event::Message(message)) => {
