@@ -899,3 +899,61 @@ async fn subscriptions_racing_a_killed_connection_succeed() {
     }
     assert!(killed >= ROUNDS as u64, "{killed} connections killed");
 }
+
+/// A wait whose stop has fired ends with the stop's error even when a message arrived
+/// meanwhile: at shutdown, what Baton releases of its own holds must not go to its own waiters.
+/// Each round publishes on the channel during the attempt, so that at the wait both the stop and
+/// the message are ready; one more attempt would mean the message won. Twenty rounds, where a
+/// wait that picked either at random would pass all with a chance of one in a million.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fired_stop_wins_over_a_message_that_came_meanwhile() {
+    use baton::{error::Error, wait};
+    let redis = RedisServer::start_standalone().await;
+    let (notifier, _stop) = notifier(&redis);
+    let publisher = redis.client().await;
+    for round in 0..20 {
+        let channel = format!("{{stop-{round}}}:released");
+        let attempts = std::sync::atomic::AtomicUsize::new(0);
+        let outcome = within(
+            Duration::from_secs(10),
+            wait::until(
+                &notifier,
+                &channel,
+                Wake::Every,
+                tokio::time::Instant::now() + Duration::from_secs(5),
+                std::future::ready(Error::ShuttingDown),
+                |_| {
+                    attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let mut publisher = publisher.clone();
+                    let channel = channel.clone();
+                    async move {
+                        let receivers: u64 = redis::cmd("PUBLISH")
+                            .arg(&channel)
+                            .arg("released")
+                            .query_async(&mut publisher)
+                            .await
+                            .expect("PUBLISH");
+                        assert_eq!(receivers, 1, "the waiter is subscribed");
+                        // Time for the message to reach the waiter before the attempt answers.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok(wait::Attempt::Busy {
+                            answer: (),
+                            retry_in: None,
+                        })
+                    }
+                },
+            ),
+            "the wait",
+        )
+        .await;
+        assert!(
+            matches!(outcome, Err(Error::ShuttingDown)),
+            "round {round}: {outcome:?}"
+        );
+        assert_eq!(
+            attempts.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "round {round}: the message won over the stop"
+        );
+    }
+}
