@@ -9,11 +9,11 @@
 //! and an unsubscription of the same channel can never overtake each other.
 //!
 //! When the connection drops (or a command finds it broken before its stream reports the drop),
-//! every waiter is woken (messages may have been missed) and the task reconnects at once, then with a capped backoff that a waiting subscriber cuts short; on the
-//! new connection every channel that still has waiters is subscribed again in the same batches.
-//! On a Cluster, a master connection that dropped, or a channel whose slot moved, is reported by
-//! an event; the waiters concerned are woken, and the channels subscribed again on the slot's
-//! current owner.
+//! every waiter is woken (messages may have been missed) and the task reconnects at once, then with
+//! a capped backoff that a waiting subscriber cuts short; on the new connection every channel that
+//! still has waiters is subscribed again in the same batches. On a Cluster, a master connection
+//! that dropped, or a channel whose slot moved, is reported by an event; the waiters concerned are
+//! woken, and the channels subscribed again on the slot's current owner.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque, hash_map::Entry},
