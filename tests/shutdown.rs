@@ -660,3 +660,83 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
         "{stderr}"
     );
 }
+
+/// A waiting `Hold` whose try is already in Redis when shutdown begins, and is granted there
+/// after it, is never told it holds the lock: the grant is given back and the stream ends
+/// UNAVAILABLE. The waiter tries again when the holder's lease (a unary `Acquire` of 1.5 s)
+/// expires; Redis is paused (`CLIENT PAUSE`) from before that moment to after shutdown begins,
+/// so that the try waits in Redis (Baton's command timeout is longer than the pause) while Baton
+/// starts shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_granted_as_shutdown_begins_is_given_back_unheard() {
+    let redis = RedisServer::start().await;
+    // Commands may wait out the pause below instead of timing out.
+    let mut baton = Baton::start_with(&redis, |c| {
+        c.redis.command_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let mut client = baton.client().await;
+    let acquired = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "contended".into(),
+            ttl: Some(ms(1_500)),
+            wait_timeout: None,
+            owner: String::new(),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    let held_at = Instant::now();
+    assert!(acquired.lease.is_some(), "{acquired:?}");
+    let mut waiter = client
+        .hold(pb::LockServiceHoldRequest {
+            name: "contended".into(),
+            ttl: Some(ms(10_000)),
+            wait_timeout: Some(ms(30_000)),
+            owner: String::new(),
+            ..Default::default()
+        })
+        .await
+        .expect("Hold")
+        .into_inner();
+    // Redis answers nothing from 1.2 s to 2.0 s after the grant: the waiter's try at the
+    // lease's expiry (1.5 s) waits in Redis, and shutdown begins at 1.7 s.
+    tokio::time::sleep_until(held_at + Duration::from_millis(1_200)).await;
+    let mut admin = redis.client().await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(800)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+    tokio::time::sleep_until(held_at + Duration::from_millis(1_700)).await;
+    baton.begin_shutdown();
+    let first = within(
+        Duration::from_secs(10),
+        waiter.message(),
+        "the waiter's answer",
+    )
+    .await;
+    match first {
+        Err(s) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
+        Ok(m) => panic!("a waiter granted as shutdown began must get UNAVAILABLE, got {m:?}"),
+    }
+    let key = baton.lock_key("contended");
+    support::wait_until(Duration::from_secs(5), "the grant to be given back", || {
+        let redis = &redis;
+        let key = key.clone();
+        async move {
+            if lock_exists(redis, &key).await {
+                Err("still held")
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    within(Duration::from_secs(10), baton.shutdown(), "the drain")
+        .await
+        .expect("a clean shutdown");
+}
