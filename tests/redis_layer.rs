@@ -737,35 +737,17 @@ async fn thousands_of_sharded_channels_resubscribe_pipelined() {
     }
 }
 
-/// On a Cluster, subscriptions sent the moment the notifier's master connections are killed,
-/// before each drop is reported, are made on new connections instead of failing: a waiter never
-/// sees an error for a connection Baton could replace at once. Each round kills the connections
-/// while new channels are being subscribed, and the first drop reported has every held channel
-/// subscribed again on the masters whose drop is not reported yet; every one must succeed.
-/// Repeated, as each round races the kill against the reports.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sharded_subscriptions_racing_a_killed_connection_succeed() {
+/// Holds 600 subscriptions, then 20 times kills the notifier's pub/sub connections on `nodes`
+/// while 30 new channels subscribe, waits for every held waiter to be woken by the drop and has
+/// each held channel subscribed again: every subscription and resubscription must succeed.
+/// Each round races the kill against the notifier noticing it.
+async fn subscriptions_race_kills(notifier: &Notifier, nodes: &mut PubSubNodes) {
     use futures::future::join_all;
 
     const ROUNDS: usize = 20;
     const HELD: usize = 600;
     const PER_ROUND: usize = 30;
-    let cluster = RedisCluster::start(3, 0).await;
-    let config = RedisConfig::with_topology(Topology::Cluster {
-        seeds: cluster.seed_urls(),
-    });
-    let backend = Redis::new(&config).expect("redis config");
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
-    let mut nodes = PubSubNodes {
-        conns: Vec::new(),
-        sharded: true,
-    };
-    for master in cluster.masters().await {
-        nodes.conns.push(cluster.node_client(master.port).await);
-    }
-    // Channels in many slots, with a connection to every master.
+    // Channels in many slots: on a Cluster, a connection to every master.
     let held_names: Vec<String> = (0..HELD)
         .map(|i| format!("{{held-{i}}}:released"))
         .collect();
@@ -823,81 +805,46 @@ async fn sharded_subscriptions_racing_a_killed_connection_succeed() {
     assert!(killed >= ROUNDS as u64, "{killed} connections killed");
 }
 
+/// On a Cluster, subscriptions sent the moment the notifier's master connections are killed,
+/// before each drop is reported, are made on new connections instead of failing: a waiter never
+/// sees an error for a connection Baton could replace at once. The first drop reported has every
+/// held channel subscribed again on the masters whose drop is not reported yet; every one must
+/// succeed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_subscriptions_racing_a_killed_connection_succeed() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let config = RedisConfig::with_topology(Topology::Cluster {
+        seeds: cluster.seed_urls(),
+    });
+    let backend = Redis::new(&config).expect("redis config");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
+    let mut nodes = PubSubNodes {
+        conns: Vec::new(),
+        sharded: true,
+    };
+    for master in cluster.masters().await {
+        nodes.conns.push(cluster.node_client(master.port).await);
+    }
+    subscriptions_race_kills(&notifier, &mut nodes).await;
+}
+
 /// On a single Redis, subscriptions sent the moment the notifier's pub/sub connection is killed,
 /// before the drop is noticed, are made on the next connection instead of failing, as on a
-/// Cluster (above). Repeated, as each round races the kill against the notice.
+/// Cluster (above).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_racing_a_killed_connection_succeed() {
-    use futures::future::join_all;
-
-    const ROUNDS: usize = 20;
-    const HELD: usize = 600;
-    const PER_ROUND: usize = 30;
     let redis = RedisServer::start_standalone().await;
     let backend = Redis::new(&redis.redis_config()).expect("redis config");
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let notifier = Notifier::start(backend.pubsub_source(), LOAD_TIMEOUT, shutdown);
-    let conn = redis.client().await;
     let mut nodes = PubSubNodes {
-        conns: vec![conn.clone()],
+        conns: vec![redis.client().await],
         sharded: false,
     };
-    let held_names: Vec<String> = (0..HELD)
-        .map(|i| format!("{{held-{i}}}:released"))
-        .collect();
-    let mut held: Vec<Subscription> = join_all(held_names.iter().map(|n| notifier.subscribe(n)))
-        .await
-        .into_iter()
-        .map(|r| r.expect("a held subscription"))
-        .collect();
-    let bound = LOAD_TIMEOUT * 4;
-    let mut killed = 0;
-    for round in 1..=ROUNDS {
-        for s in &mut held {
-            s.arm();
-        }
-        let names: Vec<String> = (0..PER_ROUND)
-            .map(|i| format!("{{race-{round}-{i}}}:released"))
-            .collect();
-        let (n, subscribed) = within(
-            bound,
-            futures::future::join(
-                nodes.kill_pubsub(),
-                join_all(names.iter().map(|n| notifier.subscribe(n))),
-            ),
-            "the subscriptions racing the kill",
-        )
-        .await;
-        killed += n;
-        for (r, n) in subscribed.iter().zip(&names) {
-            if let Err(e) = r {
-                panic!("round {round}: subscribing {n}: {e}");
-            }
-        }
-        within(
-            bound,
-            async {
-                for s in &mut held {
-                    s.notified().await;
-                }
-            },
-            "every held waiter to be woken by the drop",
-        )
-        .await;
-        let again = within(
-            bound,
-            join_all(held.iter().map(Subscription::ensure)),
-            "every held channel to be subscribed again",
-        )
-        .await;
-        for (r, n) in again.iter().zip(&held_names) {
-            if let Err(e) = r {
-                panic!("round {round}: resubscribing {n}: {e}");
-            }
-        }
-    }
-    assert!(killed >= ROUNDS as u64, "{killed} connections killed");
+    subscriptions_race_kills(&notifier, &mut nodes).await;
 }
 
 /// A wait whose stop has fired ends with the stop's error even when a message arrived

@@ -157,39 +157,24 @@ impl Connection {
     /// sent when the returned future is first polled; it owns what it needs, so any number can
     /// be in flight at once.
     pub(super) fn subscribe(&self, channels: Vec<String>) -> BoxFuture<'static, Outcome> {
-        match self {
-            Self::Node {
-                sink,
-                timeout,
-                broken,
-                ..
-            } => node_command(
-                sink.clone(),
-                *timeout,
-                broken.clone(),
-                channels,
-                "SUBSCRIBE",
-            ),
-            Self::Cluster { masters, .. } => masters.clone().command(channels, true).boxed(),
-        }
+        self.command(channels, true)
     }
 
     /// Unsubscribes `channels`, as [`subscribe`](Self::subscribe) subscribes them.
     pub(super) fn unsubscribe(&self, channels: Vec<String>) -> BoxFuture<'static, Outcome> {
+        self.command(channels, false)
+    }
+
+    /// Subscribes (`subscribe`) or unsubscribes `channels`.
+    fn command(&self, channels: Vec<String>, subscribe: bool) -> BoxFuture<'static, Outcome> {
         match self {
             Self::Node {
                 sink,
                 timeout,
                 broken,
                 ..
-            } => node_command(
-                sink.clone(),
-                *timeout,
-                broken.clone(),
-                channels,
-                "UNSUBSCRIBE",
-            ),
-            Self::Cluster { masters, .. } => masters.clone().command(channels, false).boxed(),
+            } => node_command(sink.clone(), *timeout, broken.clone(), channels, subscribe),
+            Self::Cluster { masters, .. } => masters.clone().command(channels, subscribe).boxed(),
         }
     }
 
@@ -238,11 +223,16 @@ fn node_command(
     timeout: Duration,
     broken: Arc<AtomicBool>,
     channels: Vec<String>,
-    name: &'static str,
+    subscribe: bool,
 ) -> BoxFuture<'static, Outcome> {
+    let name = if subscribe {
+        "SUBSCRIBE"
+    } else {
+        "UNSUBSCRIBE"
+    };
     async move {
         let sent = async {
-            if name == "SUBSCRIBE" {
+            if subscribe {
                 sink.subscribe(channels.as_slice()).await
             } else {
                 sink.unsubscribe(channels.as_slice()).await
