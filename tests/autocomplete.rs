@@ -4489,7 +4489,7 @@ async fn ranked_added_to_a_dictionary_with_terms_is_built_exactly_under_writes()
     configure(&mut client, d, &[]).await.expect("none");
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(19_195);
     let mut model = std::collections::BTreeMap::new();
-    while model.len() < 2500 {
+    while model.len() < 3500 {
         model.insert(ranked_term(&mut rng), f64::from(rng.random_range(-20..60)));
     }
     let initial: Vec<pb::AutocompleteTerm> = model.iter().map(|(d, s)| scored(d, *s)).collect();

@@ -73,7 +73,8 @@
 --   not applied again: their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
---   {3}: the step would do more work than ARGV[11] allows: send fewer entries
+--   {3, fits}: the step would do more work than ARGV[11] allows: its first `fits` entries would
+--   not, and the entry after them needs a step of its own (ranking.lua)
 --   {4, n}: the record shows the batch's first n entries applied, fewer than the step's
 --   position: send the entries from n on
 --   {5}: the record belongs to another batch
@@ -133,7 +134,7 @@ local terms, state = {}, {}
 for e = skip + 1, #entries do
   local id = argv[entries[e]]
   if state[id] == nil then
-    state[id] = { at = entries[e] }
+    state[id] = { at = entries[e], entry = e }
     terms[#terms + 1] = id
   end
 end
@@ -222,7 +223,7 @@ for _, id in ipairs(terms) do
     end
   end
   if maintains(fstate, 'r', member) and (not t.old or t.score ~= t.old_score) then
-    ranked.term(key, member, t.score, t.old and t.old_score)
+    ranked.term(key, member, t.score, t.old and t.old_score, t.entry)
     if not t.old then
       new_ranked_terms = new_ranked_terms + 1
     end
@@ -281,9 +282,9 @@ local has = hash_values(heavy_set, fields)
 local count = call('HLEN', data) + new_terms
 -- The size of the ranked sets' dictionary once the step's terms are in.
 local ranked_count = building_r and fstate.indexed + new_ranked_terms or count
-local refused = ranked.plan(has, ranked_count)
+local refused, fits = ranked.plan(has, ranked_count)
 if refused then
-  return { refused }
+  return { refused, fits }
 end
 check_declared()
 

@@ -27,8 +27,9 @@
 --
 -- Returns {1} when the step was applied ({1, work done} for build-r, in add.lua's units), {0}
 -- when the state or the range changed since Baton read them (nothing changed), {-2} when another
--- driver holds the lease, {2} when no change is under way (the lease is released); build-r: {3}
--- when the step would do more work than its room (send fewer terms), {4} when it would make the
+-- driver holds the lease, {2} when no change is under way (the lease is released); build-r:
+-- {3, fits} when the step would do more work than its room (its first `fits` terms would not, and
+-- the term after them needs a step of its own: ranking.lua), {4} when it would make the
 -- ranked sets' dictionary pass `heavy` terms (send it again with wide set and every lex set and
 -- first-byte ranked set declared); nothing changed in either case.
 local data, vocab, heavy_set, top, fkey, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -279,14 +280,14 @@ elseif op == 'build-r' then
   for i = 1, k do
     local m = now[i]
     ranked.term(string.sub(m, 1, string.find(m, '\0', 1, true) - 1), m,
-      (parse_value(values[ids[i]])))
+      (parse_value(values[ids[i]])), nil, i)
   end
   local fields = { '' }
   ranked.fields(fields)
   local has = hash_values(heavy_set, fields)
-  local refused = ranked.plan(has, indexed + k)
+  local refused, fits = ranked.plan(has, indexed + k)
   if refused then
-    return { refused == 2 and 4 or 3 }
+    return { refused == 2 and 4 or 3, fits }
   end
   check_declared()
   local mark, marks = marker(has)

@@ -137,14 +137,15 @@ pub const STEP_WORK: usize = 1000;
 pub const STEP_ENTRIES: usize = 64;
 /// The most work one step of a write batch does, in [`STEP_WORK`] units, by construction: a
 /// step of more than one entry does at most [`STEP_WORK`] and [`CUT_RESERVE`] (what its entries
-/// were planned to cost and the copies and cut-backs its script counts before writing, else it
-/// is sent again in smaller steps); a step of one entry may pass that by the copies of making the dictionary
+/// were planned to cost and the copies and cut-backs its script counts before writing, else its
+/// entries that fit go without the one that brings the work, which goes with half the rest, down
+/// to alone); a step of one entry may pass that by the copies of making the dictionary
 /// ranked (4 per term, at most [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The
 /// scripts return the work they did, and [`heaviest_step`] keeps the most seen.
 pub const MAX_STEP_WORK: usize = STEP_WORK + CUT_RESERVE + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
 /// Work a step keeps beyond [`STEP_WORK`] for two cut-backs (of a deep set and of `top`, at most
 /// [`DEEP_RANKED`] / 2 members and a read each), so that a set that needs one does not send
-/// the step back to be halved.
+/// the step back to be cut.
 pub const CUT_RESERVE: usize = 2 * (DEEP_RANKED / 2 + 1);
 /// Lex sets there can be: one per ASCII byte but 0, and per first byte of a multi-byte
 /// character (0xC2 to 0xF4).
@@ -1085,9 +1086,15 @@ impl Autocomplete {
         }
         let mut outcomes: Vec<Option<(bool, f64)>> = vec![None; terms.len()];
         let mut term_count = 0;
-        let (mut at, mut most, mut wide) = (0, STEP_ENTRIES, false);
+        // `cut`: after a step refused as too much work, the entry that brings the work (the
+        // entries before it go without it) and the most entries the step it starts may take.
+        let (mut at, mut cut, mut wide) = (0, None, false);
         while at < terms.len() {
-            let end = next_step(&batch.planned[at..], most) + at;
+            let end = match cut {
+                Some((from, most)) if from == at => next_step(&batch.planned[at..], most) + at,
+                Some((from, _)) => (next_step(&batch.planned[at..], STEP_ENTRIES) + at).min(from),
+                None => next_step(&batch.planned[at..], STEP_ENTRIES) + at,
+            };
             let invocation = batch.step(&self.inner.add, at, end, wide);
             let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, terms.len()).await?;
             let [status, rest @ ..] = reply.as_slice() else {
@@ -1100,7 +1107,8 @@ impl Autocomplete {
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
-                    (at, most, wide) = (end, STEP_ENTRIES, false);
+                    (at, wide) = (end, false);
+                    cut = cut.filter(|&(from, _)| from >= at);
                     let needs = self.note_write_features(dictionary, &batch.keys, needs)?;
                     if needs != batch.features && at < terms.len() {
                         batch.replan(at, needs);
@@ -1124,7 +1132,13 @@ impl Autocomplete {
                     ));
                 }
                 (2, []) => wide = true,
-                (3, []) => most = ((end - at) / 2).max(1),
+                (3, [fits]) => {
+                    // The entries that fit go first; the step from the one that brings the work
+                    // takes half of the rest (a step of one entry is never refused so).
+                    let fits = usize::try_from(int(fits)?).map_err(|_| unexpected("fits"))?;
+                    let from = at + fits.min(end - at - 1);
+                    cut = Some((from, ((end - from) / 2).max(1)));
+                }
                 (4, [done]) => {
                     at = usize::try_from(int(done)?).map_err(|_| unexpected("record"))?;
                     at = at.min(terms.len());
@@ -1401,7 +1415,10 @@ impl Autocomplete {
         let mut refused = 0;
         // A RANKED build step covers at most `most` terms, and declares every first-byte set
         // when `wide` (the step said it needs them).
-        let (mut most, mut wide) = (CHANGE_STEP, false);
+        // After a step refused as too much work, `then` is what the step after the next covers:
+        // the next covers the terms that fit, the one after it half of the rest, from the term
+        // that brings the work.
+        let (mut most, mut then, mut wide) = (CHANGE_STEP, CHANGE_STEP, false);
         loop {
             let (touched, args) = self.next_change_step(&keys, most, wide).await?;
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
@@ -1415,9 +1432,17 @@ impl Autocomplete {
                         HEAVIEST_BUILD_STEP
                             .fetch_max(count_u64(work)?, std::sync::atomic::Ordering::Relaxed);
                     }
-                    (refused, most, wide) = (0, CHANGE_STEP, false);
+                    (refused, most, then, wide) = (0, then, CHANGE_STEP, false);
                 }
-                Some(3) => most = (most / 2).max(1),
+                Some(3) => {
+                    let fits = reply.get(1).map(int).transpose()?.unwrap_or(0);
+                    let fits = usize::try_from(fits).map_err(|_| unexpected("fits"))?;
+                    (most, then) = if fits == 0 || fits >= most {
+                        ((most / 2).max(1), CHANGE_STEP)
+                    } else {
+                        (fits, ((most - fits) / 2).max(1))
+                    };
+                }
                 Some(4) => wide = true,
                 Some(0) if refused < 100 => refused += 1,
                 Some(0) => {

@@ -29,12 +29,15 @@
 --              the same as limit; a build step: its last term, its terms being in the lex sets)
 --   o.new_lex  lex set name -> true for the lex sets the step creates
 -- and returns W with
---   W.term(key, member, score, old_score)  a term of D entering it (old_score nil) or moving
+--   W.term(key, member, score, old_score, entry)  a term of D entering it (old_score nil) or
+--                         moving, brought by the step's entry `entry` (1-based, in step order)
 --   W.fields(fields)      appends the fields of `h` the plan needs ('' first is the caller's)
 --   W.plan(has, count)    reads what the writes need, `has` holding those fields and `count`
 --                         the size of D once the step's terms are in; nil when the step can go
---                         on, 2 when it needs every first-byte set declared, 3 when it would do
---                         more work than it may
+--                         on, 2 when it needs every first-byte set declared, 3 and `fits` when
+--                         it would do more work than it may: its first `fits` entries would not
+--                         (they touch none of the sets it cannot afford), and the next one is
+--                         to go in a step of its own
 --   W.apply(mark)         writes, after the step's lex members and data; `mark(name, value)`
 --                         notes a field of `h` to set
 local function ranked_writer(o)
@@ -48,6 +51,13 @@ local function ranked_writer(o)
   local levels, groups, moves, deeps, deep_order = {}, {}, {}, {}, {}
   local has, created, extra, first_bytes = nil, {}, 0, nil
   local last_top, top_joins, top_leaves, top_card = nil, {}, {}, nil
+  -- The first entry of the step that brings work the step cannot afford (plan).
+  local over = nil
+  local function over_at(entry)
+    if over == nil or entry < over then
+      over = entry
+    end
+  end
 
   -- The upper end of prefix p's range in its lex set, within `lim`.
   local function upto(lim, p)
@@ -58,17 +68,17 @@ local function ranked_writer(o)
     return '(' .. hi
   end
 
-  function W.term(key, member, score, old_score)
+  function W.term(key, member, score, old_score, entry)
     local new_ranked = rank_bytes(score) .. member
     local old_ranked = old_score and (rank_bytes(old_score) .. member)
-    moves[#moves + 1] = { new_ranked, old_ranked }
+    moves[#moves + 1] = { new_ranked, old_ranked, entry }
     local list = ranked_prefixes(key, max_depth)
     for l = 1, #list do
       local p = list[l]
       local g = groups[p]
       if g == nil then
         g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {},
-          new = 0 }
+          new = 0, entry = entry }
         g.key = declared(base, g.name)
         groups[p] = g
         levels[l] = levels[l] or {}
@@ -86,7 +96,8 @@ local function ranked_writer(o)
     if p then
       local d = deeps[p]
       if d == nil then
-        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {}, new = 0 }
+        d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {}, new = 0,
+          entry = entry }
         d.key = declared(base, d.name)
         deeps[p] = d
         deep_order[#deep_order + 1] = d
@@ -114,7 +125,7 @@ local function ranked_writer(o)
   -- What a step of one entry may do beyond its room: make D ranked (4 units a term, at most
   -- heavy + 1 terms, and a field per possible lex set). Its other creations leave room for two
   -- cut-backs.
-  local allowance = 4 * (heavy + 1) + #(all_first_byte_names())
+  local allowance = 4 * (heavy + 1) + FIRST_BYTES
   local reserve = 2 * (cut_most + 1)
   -- Counts `cost` units of work beyond the entries' own; false when the step cannot afford it.
   -- A cost that must be paid (`must`) is refused only to a step of more than one entry; an
@@ -153,7 +164,7 @@ local function ranked_writer(o)
       -- set, and into the top set: 4 units a term of D (count).
       local lex_names, ranked_names = all_first_byte_names()
       if not afford(4 * count + #lex_names, true) then
-        return 3
+        return 3, moves[1][3] - 1
       end
       local exists = redis.call('HMGET', heavy_set, unpack(lex_names))
       work = work + #lex_names
@@ -180,6 +191,7 @@ local function ranked_writer(o)
               g.create, created[g.prefix] = true, true
             else
               too_much = true
+              over_at(g.entry)
             end
           end
         end
@@ -194,6 +206,7 @@ local function ranked_writer(o)
             d.create = true
           else
             too_much = true
+            over_at(d.entry)
           end
         end
       elseif has[d.name] then
@@ -217,6 +230,7 @@ local function ranked_writer(o)
           work = work + 1
           if d.card + #d.joins / 2 > 2 * deep_size and not afford(cut_most + 1, true) then
             too_much = true
+            over_at(d.entry)
           end
         end
       end
@@ -225,6 +239,7 @@ local function ranked_writer(o)
     last_top = has[''] and redis.call('ZRANGE', top, -1, -1)[1]
     if last_top then
       work = work + 1
+      local first_join
       for _, move in ipairs(moves) do
         if move[2] and not lt(last_top, move[2]) then
           top_leaves[#top_leaves + 1] = move[2]
@@ -232,6 +247,7 @@ local function ranked_writer(o)
         if lt(move[1], last_top) then
           top_joins[#top_joins + 1] = '0'
           top_joins[#top_joins + 1] = move[1]
+          first_join = first_join or move[3]
         end
       end
       if #top_joins > 0 then
@@ -239,11 +255,12 @@ local function ranked_writer(o)
         work = work + 1
         if top_card + #top_joins / 2 > 2 * top_size and not afford(cut_most + 1, true) then
           too_much = true
+          over_at(first_join)
         end
       end
     end
     if too_much and not single then
-      return 3
+      return 3, over - 1
     end
     return nil
   end

@@ -82,6 +82,10 @@ local function check_declared()
   end
 end
 
+-- How many lex sets (and first-byte ranked sets) there can be: one per byte a matching form can
+-- start with (all_first_byte_names), counted once rather than built by every call.
+local FIRST_BYTES = 127 + (244 - 194 + 1)
+
 -- The names of every lex set and first-byte ranked set there can be, in byte order, which a
 -- step declares only when it asks for every one (`wide`).
 local function all_first_byte_names()

@@ -9,6 +9,7 @@
 //! target/release/loadgen report docs/PERFORMANCE.md                   # rewrite its tables
 //! target/release/loadgen report --check docs/PERFORMANCE.md           # fail if out of date
 //! target/release/loadgen table unary docs/perf/primitives.json        # one table to stdout
+//! target/release/loadgen terms --terms 1000000 --out terms.tsv        # the terms, for the CLI
 //! ```
 //!
 //! `run` measures Baton from the `baton` binary beside `loadgen` (build both in the same
@@ -37,6 +38,16 @@ enum Command {
         check: bool,
         /// The document (its markers name JSON files relative to it).
         document: PathBuf,
+    },
+    /// Write the autocomplete scenario's terms as a file `baton autocomplete load` reads
+    /// (`display<TAB>score<TAB>payload`, one a line), to load them through the CLI.
+    Terms {
+        /// How many terms (the scenario's first ones).
+        #[arg(long, default_value_t = 1_000_000)]
+        terms: usize,
+        /// The file to write (stdout when not given).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Print one table of JSON files to stdout.
     Table {
@@ -311,6 +322,28 @@ fn main() -> ExitCode {
                 && let Err(e) = std::fs::write(&document, rendered)
             {
                 eprintln!("loadgen report: writing {}: {e}", document.display());
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Terms { terms, out } => {
+            let mut text = String::new();
+            for t in loadgen::autocomplete::terms::generate(terms, loadgen::autocomplete::SEED) {
+                text.push_str(&t.display);
+                text.push('\t');
+                text.push_str(&t.score.to_string());
+                if let Some(p) = &t.payload {
+                    text.push('\t');
+                    text.push_str(&String::from_utf8_lossy(p));
+                }
+                text.push('\n');
+            }
+            let written = match &out {
+                Some(path) => std::fs::write(path, text),
+                None => std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes()),
+            };
+            if let Err(e) = written {
+                eprintln!("loadgen terms: {e}");
                 return ExitCode::FAILURE;
             }
             ExitCode::SUCCESS
