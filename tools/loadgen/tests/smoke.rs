@@ -368,3 +368,46 @@ fn the_performance_document_is_generated() {
         "docs/PERFORMANCE.md differs from what its JSON renders to: run `cargo run -p loadgen -- report docs/PERFORMANCE.md`"
     );
 }
+
+/// `loadgen terms` writes the autocomplete scenario's terms as a file for `baton autocomplete
+/// load`: the same terms for the same count, one a line, `display<TAB>score[<TAB>payload]`, in
+/// the scenario's order.
+#[test]
+fn the_terms_file_is_the_scenarios_terms() {
+    let loadgen = || std::process::Command::new(env!("CARGO_BIN_EXE_loadgen"));
+    let path = std::env::temp_dir().join(format!("loadgen-terms-{}.tsv", std::process::id()));
+    let status = loadgen()
+        .args(["terms", "--terms", "500", "--out"])
+        .arg(&path)
+        .status()
+        .expect("loadgen runs");
+    assert!(status.success(), "loadgen terms: {status}");
+    let written = std::fs::read_to_string(&path).expect("the file");
+    std::fs::remove_file(&path).expect("removed");
+    let out = loadgen()
+        .args(["terms", "--terms", "500"])
+        .output()
+        .expect("loadgen runs");
+    assert!(out.status.success(), "loadgen terms: {:?}", out.status);
+    assert_eq!(
+        String::from_utf8(out.stdout).expect("UTF-8"),
+        written,
+        "the same terms twice"
+    );
+    let want = loadgen::autocomplete::terms::generate(500, loadgen::autocomplete::SEED);
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(lines.len(), want.len());
+    for (line, term) in lines.iter().zip(&want) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        assert_eq!(fields[0], term.display, "{line:?}");
+        assert_eq!(fields[1].parse::<f64>().ok(), Some(term.score), "{line:?}");
+        match &term.payload {
+            Some(p) => assert_eq!(
+                fields.get(2).map(|f| f.as_bytes()),
+                Some(&p[..]),
+                "{line:?}"
+            ),
+            None => assert_eq!(fields.len(), 2, "{line:?}"),
+        }
+    }
+}
