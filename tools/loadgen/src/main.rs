@@ -52,8 +52,8 @@ enum Command {
     /// Print one table of JSON files to stdout.
     Table {
         /// The table: run, targets, targets-measured, unary, cpu, contention, leases, leader-failover,
-        /// autocomplete-load, autocomplete, autocomplete-memory, functions, redis-failover,
-        /// builds, idle.
+        /// autocomplete-load, autocomplete, autocomplete-memory, autocomplete-baseline,
+        /// autocomplete-modes, autocomplete-layouts, functions, redis-failover, builds, idle.
         table: String,
         /// The runs.
         files: Vec<PathBuf>,

@@ -62,3 +62,7 @@ pub const TERMS: &str = "terms";
 pub const MEMORY: &str = "memory_bytes";
 /// Seconds a failover or a load took.
 pub const TOOK: &str = "took_s";
+/// Keys a layout of the lex index took.
+pub const KEYS: &str = "keys";
+/// Of those, the keys Redis kept listpack-encoded.
+pub const LISTPACK_KEYS: &str = "listpack_keys";

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The tables a marker may name.
-pub const TABLES: [&str; 17] = [
+pub const TABLES: [&str; 18] = [
     "run",
     "targets",
     "targets-measured",
@@ -41,6 +41,7 @@ pub const TABLES: [&str; 17] = [
     "autocomplete-memory",
     "autocomplete-baseline",
     "autocomplete-modes",
+    "autocomplete-layouts",
     "functions",
     "redis-failover",
     "builds",
@@ -126,6 +127,7 @@ pub fn table_of(table: &str, runs: &[Run]) -> Result<String, String> {
         "autocomplete-memory" => autocomplete_memory(one()?),
         "autocomplete-baseline" => autocomplete_baseline(one()?),
         "autocomplete-modes" => autocomplete_modes(one()?),
+        "autocomplete-layouts" => crate::report::layouts::table(one()?),
         "functions" => functions(one()?),
         "redis-failover" => redis_failover(one()?),
         "builds" => builds(one()?),
@@ -791,7 +793,7 @@ fn autocomplete(run: &Run) -> String {
         r.scenario == "autocomplete"
             && !matches!(
                 r.case.as_str(),
-                "load" | "memory" | "memory-features" | "baseline" | "build-ranked"
+                "load" | "memory" | "memory-features" | "baseline" | "layout" | "build-ranked"
             )
     });
     let mut md = String::from(
@@ -1340,6 +1342,7 @@ fn builds(run: &Run) -> String {
     md
 }
 
+pub mod layouts;
 pub mod targets;
 
 /// The records of `scenario` in `runs`, of each run's last build (the current one when a run

@@ -222,6 +222,29 @@ async fn autocomplete_loads_and_completes() {
         .find(|r| r.case == "memory")
         .expect("memory per index");
     assert!(memory.values.keys().any(|k| k.starts_with("bytes:l")));
+    // The other layouts of the lex members, each measured on the same Redis.
+    let layouts: Vec<&Record> = run.records.iter().filter(|r| r.case == "layout").collect();
+    assert_eq!(
+        layouts.iter().map(|r| r.side.as_str()).collect::<Vec<_>>(),
+        ["chunks", "short", "short-chunks"]
+    );
+    for r in &layouts {
+        let keys = value(r, names::KEYS) as usize;
+        let want = if r.side == "short" {
+            1
+        } else {
+            options
+                .terms
+                .div_ceil(loadgen::autocomplete::baseline::LAYOUT_CHUNK)
+        };
+        assert_eq!(keys, want, "{}", r.side);
+        assert!(
+            value(r, names::LISTPACK_KEYS) as usize <= keys,
+            "{}",
+            r.side
+        );
+        assert!(value(r, names::MEMORY) > 0.0, "{}", r.side);
+    }
     let mut baton_cpu = 0.0;
     let queries: Vec<&Record> = run
         .records
@@ -230,7 +253,7 @@ async fn autocomplete_loads_and_completes() {
             r.scenario == "autocomplete"
                 && !matches!(
                     r.case.as_str(),
-                    "load" | "memory" | "baseline" | "memory-features"
+                    "load" | "memory" | "baseline" | "layout" | "memory-features"
                 )
         })
         .collect();
@@ -356,17 +379,22 @@ async fn a_sentinel_failover_completes() {
 /// `docs/PERFORMANCE.md` is what its committed JSON renders to: no figure is edited by hand.
 #[test]
 fn the_performance_document_is_generated() {
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/PERFORMANCE.md");
-    let text = std::fs::read_to_string(&doc).expect("docs/PERFORMANCE.md");
-    assert!(
-        text.contains("<!-- loadgen: "),
-        "the document has generated tables"
-    );
-    let rendered = report::render_document(&text, doc.parent().expect("docs/")).expect("renders");
-    assert!(
-        rendered == text,
-        "docs/PERFORMANCE.md differs from what its JSON renders to: run `cargo run -p loadgen -- report docs/PERFORMANCE.md`"
-    );
+    for name in ["PERFORMANCE.md", "autocomplete.md"] {
+        let doc = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs")
+            .join(name);
+        let text = std::fs::read_to_string(&doc).expect("the document");
+        assert!(
+            text.contains("<!-- loadgen: "),
+            "docs/{name} has generated tables"
+        );
+        let rendered =
+            report::render_document(&text, doc.parent().expect("docs/")).expect("renders");
+        assert!(
+            rendered == text,
+            "docs/{name} differs from what its JSON renders to: run `cargo run -p loadgen -- report docs/{name}`"
+        );
+    }
 }
 
 /// `loadgen terms` writes the autocomplete scenario's terms as a file for `baton autocomplete

@@ -232,7 +232,152 @@ pub async fn bare_sorted_set(
         .query_async(&mut admin)
         .await
         .expect("UNLINK");
+    freed(&mut admin).await;
     Loaded { took, bytes }
+}
+
+/// Waits until Redis's background thread has freed what `UNLINK` gave it, so that the next
+/// `used_memory` growth measured does not shrink by it.
+async fn freed(conn: &mut MultiplexedConnection) {
+    within(
+        Duration::from_secs(60),
+        async {
+            loop {
+                let info: String = redis::cmd("INFO")
+                    .arg("memory")
+                    .query_async(conn)
+                    .await
+                    .expect("INFO memory");
+                let pending = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("lazyfree_pending_objects:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if pending == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+        "Redis to free an unlinked set",
+    )
+    .await;
+}
+
+/// Members per key of a chunked layout ([`layouts`]): below Redis's default
+/// `zset-max-listpack-entries` (128), so that a chunk whose members are all at most
+/// `zset-max-listpack-value` (64) bytes is kept as one compact listpack.
+pub const LAYOUT_CHUNK: usize = 100;
+
+/// One way of laying out a dictionary's lex index, measured by [`layouts`].
+#[derive(Debug)]
+pub struct Layout {
+    /// Its name (the record's side).
+    pub name: &'static str,
+    /// Keys it took.
+    pub keys: usize,
+    /// Of those, the keys Redis kept listpack-encoded.
+    pub listpack: usize,
+    /// Its load time and `used_memory` growth.
+    pub loaded: Loaded,
+}
+
+/// The lex members of `terms` laid out three more ways on the same Redis, beside the one sorted
+/// set of [`bare_sorted_set`], each loaded, measured and deleted in turn:
+/// - `chunks`: the lex members in byte order, cut into consecutive runs of [`LAYOUT_CHUNK`], a
+///   sorted set each;
+/// - `short`: one sorted set of short members, the matching form, `\0` and a 4-byte reference
+///   to the term (its number), which would keep the display text in the data hash only;
+/// - `short-chunks`: those short members in chunks.
+pub async fn layouts(conn: &MultiplexedConnection, terms: &[GeneratedTerm]) -> Vec<Layout> {
+    let (mut full, mut short) = (Vec::new(), Vec::new());
+    for (i, t) in terms.iter().enumerate() {
+        let text = Text::new(&t.display).expect("generated terms are not blank");
+        let mut m = text.key.into_bytes();
+        m.push(0);
+        let mut s = m.clone();
+        m.extend_from_slice(text.id.as_bytes());
+        s.extend_from_slice(&u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes());
+        full.push(m);
+        short.push(s);
+    }
+    full.sort();
+    short.sort();
+    let mut out = Vec::new();
+    for (name, members, chunk) in [
+        ("chunks", &full, LAYOUT_CHUNK),
+        ("short", &short, members_len(&short)),
+        ("short-chunks", &short, LAYOUT_CHUNK),
+    ] {
+        out.push(layout(conn, name, members, chunk).await);
+    }
+    out
+}
+
+/// The number of members, at least 1.
+fn members_len(members: &[Vec<u8>]) -> usize {
+    members.len().max(1)
+}
+
+/// Loads `members` as sorted sets of `chunk` consecutive members each, measures them and
+/// deletes them.
+async fn layout(
+    conn: &MultiplexedConnection,
+    name: &'static str,
+    members: &[Vec<u8>],
+    chunk: usize,
+) -> Layout {
+    let mut admin = conn.clone();
+    let before = probe::used_memory(&mut admin).await;
+    let started = Instant::now();
+    let keys: Vec<String> = (0..members.len().div_ceil(chunk))
+        .map(|i| format!("bench:layout:{i:07}"))
+        .collect();
+    // Whole sets of up to CHUNK members a command, pipelined a few sets at a time.
+    let mut pipe = redis::pipe();
+    let mut queued = 0;
+    for (key, set) in keys.iter().zip(members.chunks(chunk)) {
+        for part in set.chunks(CHUNK) {
+            let cmd = pipe.cmd("ZADD").arg(key);
+            for m in part {
+                cmd.arg(0).arg(m);
+            }
+            cmd.ignore();
+            queued += part.len();
+        }
+        if queued >= CHUNK {
+            let () = pipe.query_async(&mut admin).await.expect("ZADD");
+            (pipe, queued) = (redis::pipe(), 0);
+        }
+    }
+    if queued > 0 {
+        let () = pipe.query_async(&mut admin).await.expect("ZADD");
+    }
+    let took = started.elapsed().as_secs_f64();
+    let bytes = probe::used_memory(&mut admin).await.saturating_sub(before);
+    let mut listpack = 0;
+    for part in keys.chunks(CHUNK) {
+        let mut pipe = redis::pipe();
+        for key in part {
+            pipe.cmd("OBJECT").arg("ENCODING").arg(key);
+        }
+        let encodings: Vec<String> = pipe.query_async(&mut admin).await.expect("OBJECT");
+        listpack += encodings.iter().filter(|e| *e == "listpack").count();
+    }
+    for part in keys.chunks(CHUNK) {
+        let _: u64 = redis::cmd("UNLINK")
+            .arg(part)
+            .query_async(&mut admin)
+            .await
+            .expect("UNLINK");
+    }
+    freed(&mut admin).await;
+    Layout {
+        name,
+        keys: keys.len(),
+        listpack,
+        loaded: Loaded { took, bytes },
+    }
 }
 
 /// A server with RediSearch loaded, killed when dropped.

@@ -226,6 +226,21 @@ pub async fn run(options: &Options, stage: &Stage, records: &mut Vec<Record>) {
         bare.bytes as f64 / terms.len().max(1) as f64
     );
     records.push(baseline_record("zadd", terms.len(), &bare));
+    // Other layouts of the same lex members, to weigh what a more compact index would save.
+    for layout in baseline::layouts(&probe.admin, &terms).await {
+        eprintln!(
+            "autocomplete: lex members as {}: {} keys ({} listpack), {:.0} B/term",
+            layout.name,
+            layout.keys,
+            layout.listpack,
+            layout.loaded.bytes as f64 / terms.len().max(1) as f64
+        );
+        let mut r = baseline_record(layout.name, terms.len(), &layout.loaded);
+        r.case = "layout".to_owned();
+        r.set(names::KEYS, layout.keys as f64);
+        r.set(names::LISTPACK_KEYS, layout.listpack as f64);
+        records.push(r);
+    }
     // The query kinds measured: every one, or those the options name, on a dictionary declared
     // with only the features they need.
     let cases: Vec<Case> = Case::ALL
