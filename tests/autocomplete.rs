@@ -2484,6 +2484,127 @@ async fn request_id_applies_a_batch_once() {
     assert_eq!(elsewhere.added, 10);
 }
 
+/// A batch with a request id whose steps create ranked sets midway (a prefix passing 256 terms,
+/// deep sets, so that steps are refused as too much work and cut where their entries fit), sent
+/// at the same time by three callers through two Batons on one Redis, then again: each entry is
+/// applied once (increments counted once), every caller gets the same answer, and the ranked
+/// sets and every query by score equal the model of the batch applied once.
+#[tokio::test]
+async fn a_batch_creating_ranked_sets_midway_applies_once_through_two_batons() {
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (redis, baton, client) = setup().await;
+    let other = Baton::start_with(&redis, |c| {
+        c.redis.key_prefix = baton.prefix().to_owned();
+        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
+    })
+    .await;
+    let other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
+    let d = "midway";
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(20_261_127);
+    let mut model = std::collections::BTreeMap::new();
+    // 240 terms under "ab" (its set is created past 256) and 400 others: the dictionary is
+    // ranked before the batch.
+    while model.len() < 640 {
+        let display = if model.len() < 240 {
+            format!(
+                "ab{} {}",
+                ["ca", "ba", "nab"][rng.random_range(0..3)],
+                rng.random_range(0..100_000)
+            )
+        } else {
+            ranked_term(&mut rng)
+        };
+        model.insert(display, f64::from(rng.random_range(-20..60)));
+    }
+    let initial: Vec<pb::AutocompleteTerm> = model.iter().map(|(t, s)| scored(t, *s)).collect();
+    add(&mut client.clone(), d, initial).await;
+    let existing: Vec<String> = model.keys().cloned().collect();
+    // The batch: new terms under "ab" and elsewhere (scores set), increments of existing terms
+    // and of the batch's own, in an order that spreads the new "ab" terms over many steps.
+    let mut entries = Vec::new();
+    let mut fresh = Vec::new();
+    for i in 0..1000 {
+        let entry = match i % 4 {
+            0 => {
+                let t = format!(
+                    "ab{} {}",
+                    ["cab", "zu", "mo"][rng.random_range(0..3)],
+                    100_000 + i
+                );
+                fresh.push(t.clone());
+                scored(&t, f64::from(rng.random_range(-20..60)))
+            }
+            1 => {
+                let t = ranked_term(&mut rng);
+                fresh.push(t.clone());
+                scored(&t, f64::from(rng.random_range(-20..60)))
+            }
+            2 => pb::AutocompleteTerm {
+                increment: true,
+                ..scored(
+                    &existing[rng.random_range(0..existing.len())],
+                    f64::from(rng.random_range(1..9)),
+                )
+            },
+            _ => pb::AutocompleteTerm {
+                increment: true,
+                ..scored(
+                    &fresh[rng.random_range(0..fresh.len())],
+                    f64::from(rng.random_range(1..9)),
+                )
+            },
+        };
+        entries.push(entry);
+    }
+    let request = pb::AutocompleteServiceAddRequest {
+        dictionary: d.into(),
+        terms: entries.clone(),
+        request_id: "midway-1".into(),
+    };
+    let mut calls = JoinSet::new();
+    for mut c in [client.clone(), client.clone(), other_client.clone()] {
+        let r = request.clone();
+        calls.spawn(async move { c.add(r).await.map(tonic::Response::into_inner) });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = within(Duration::from_secs(120), calls.join_next(), "the calls").await {
+        answers.push(done.expect("no panic").expect("Add"));
+    }
+    let again = other_client
+        .clone()
+        .add(request.clone())
+        .await
+        .expect("the batch again")
+        .into_inner();
+    answers.push(again);
+    assert!(
+        answers.iter().all(|a| a == &answers[0]),
+        "every caller, the same answer"
+    );
+    // The model: the batch applied once, entry by entry.
+    let mut added = 0;
+    for (i, e) in entries.iter().enumerate() {
+        let score = e.score.expect("a score");
+        let now = match model.get(&e.display) {
+            Some(old) if e.increment => old + score,
+            None if e.increment => score,
+            _ => score,
+        };
+        if !model.contains_key(&e.display) {
+            added += 1;
+        }
+        model.insert(e.display.clone(), now);
+        assert_eq!(answers[0].scores[i], now, "entry {i}: {}", e.display);
+    }
+    assert_eq!(answers[0].added, added);
+    assert_eq!(answers[0].updated, 1000 - added);
+    assert_eq!(answers[0].term_count, model.len() as u64);
+    let mut conn = redis.conn().await;
+    let (prefixes, _, _) = check_ranked_sets(&mut conn, baton.prefix(), d, &model).await;
+    assert!(prefixes >= 1, "the batch created a prefix's ranked set");
+    check_score_queries(&mut client.clone(), d, &model, true).await;
+}
+
 /// On a Redis Cluster, an Add or a Remove made while the dictionary's slot is half migrated
 /// (the lex set of its term already moved, the term data not yet) changes nothing and fails
 /// UNAVAILABLE; Adds (a batch of many steps with a request id among them) go on while the rest

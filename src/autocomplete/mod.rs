@@ -1092,8 +1092,10 @@ impl Autocomplete {
         while at < terms.len() {
             let end = match cut {
                 Some((from, most)) if from == at => next_step(&batch.planned[at..], most) + at,
-                Some((from, _)) => (next_step(&batch.planned[at..], STEP_ENTRIES) + at).min(from),
-                None => next_step(&batch.planned[at..], STEP_ENTRIES) + at,
+                Some((from, _)) if from > at => {
+                    (next_step(&batch.planned[at..], STEP_ENTRIES) + at).min(from)
+                }
+                _ => next_step(&batch.planned[at..], STEP_ENTRIES) + at,
             };
             let invocation = batch.step(&self.inner.add, at, end, wide);
             let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, terms.len()).await?;

@@ -306,17 +306,12 @@ pub async fn layouts(conn: &MultiplexedConnection, terms: &[GeneratedTerm]) -> V
     let mut out = Vec::new();
     for (name, members, chunk) in [
         ("chunks", &full, LAYOUT_CHUNK),
-        ("short", &short, members_len(&short)),
+        ("short", &short, short.len().max(1)),
         ("short-chunks", &short, LAYOUT_CHUNK),
     ] {
         out.push(layout(conn, name, members, chunk).await);
     }
     out
-}
-
-/// The number of members, at least 1.
-fn members_len(members: &[Vec<u8>]) -> usize {
-    members.len().max(1)
 }
 
 /// Loads `members` as sorted sets of `chunk` consecutive members each, measures them and
