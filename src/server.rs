@@ -223,10 +223,15 @@ pub async fn serve_until(
         redis.command_timeout(),
         shutdown.child_token(),
     );
-    let autocomplete_api = AutocompleteApi::new(Autocomplete::new(redis.clone()));
     let pings = config.client_keepalive_interval;
-    // Clean-ups (releases, waiters' removals) and keepalive streams: the drain waits for them.
+    // Clean-ups (releases, waiters' removals), keepalive streams and the drivers of changes of
+    // autocomplete features: the drain waits for them.
     let tasks = TaskTracker::new();
+    let autocomplete_api = AutocompleteApi::new(Autocomplete::with_shutdown(
+        redis.clone(),
+        shutdown.clone(),
+        tasks.clone(),
+    ));
     let locks = Locks::new(Lock::new(redis.clone()), notifier.clone(), tasks.clone());
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
     let elections = Elections::new(

@@ -4192,6 +4192,94 @@ async fn a_change_whose_driver_died_is_finished_by_another_baton() {
     );
 }
 
+/// A Baton shut down gracefully while it drives a change of features stops after its current
+/// step and gives the change's lease back before it exits: the change stays under way, with no
+/// lease left to lapse, and another Baton takes it over at its first look and finishes it.
+#[tokio::test]
+async fn a_driver_shut_down_gives_the_change_back() {
+    let (redis, mut baton, mut client) = setup().await;
+    let d = "handover";
+    configure(&mut client, d, &[]).await.expect("none");
+    let terms = change_terms(20_000, 11);
+    for chunk in terms.chunks(1000) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        add_all(&mut client, d, &refs).await;
+    }
+    let prefix = baton.prefix().to_owned();
+    let lease = format!("{prefix}{{ac:{d}}}:f:lease");
+    let mut conn = redis.conn().await;
+    configure(&mut client, d, &[Feature::Words, Feature::Substring])
+        .await
+        .expect("the change");
+    // The driver holds the lease from its first step on.
+    within(
+        Duration::from_secs(30),
+        async {
+            loop {
+                let holder: Option<String> = redis::cmd("GET")
+                    .arg(&lease)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("GET");
+                if holder.is_some() {
+                    return;
+                }
+                // A background job whose steps publish nothing: a short pause between looks.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        },
+        "the driver to take the lease",
+    )
+    .await;
+    baton.shutdown().await.expect("a graceful stop");
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(&lease)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(holder, None, "the lease was given back at shutdown");
+    let other = Baton::start_with(&redis, |c| {
+        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
+        c.redis.key_prefix = prefix;
+    })
+    .await;
+    let mut other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
+    let stopped = other_client
+        .describe(pb::AutocompleteServiceDescribeRequest {
+            dictionary: d.to_owned(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner();
+    assert!(
+        stopped.change.is_some(),
+        "the change was still under way when its driver stopped (else the test proves nothing: \
+         give it more terms)"
+    );
+    let (done, _) = until_changed(&mut other_client, d).await;
+    assert_eq!(
+        done.features().collect::<Vec<_>>(),
+        vec![Feature::Words, Feature::Substring]
+    );
+    assert_eq!(
+        complete(
+            &mut other_client,
+            d,
+            "smi",
+            Mode::WordPrefix,
+            Order::Lexicographic,
+            1000
+        )
+        .await
+        .len(),
+        terms
+            .iter()
+            .filter(|t| t.contains("smith"))
+            .count()
+            .min(1000)
+    );
+}
+
 /// The keys every `Add` step (EVALSHA) in the slow log declared, most first: the log keeps every
 /// call once `slowlog-log-slower-than` is 0.
 async fn declared_keys_per_step(conn: &mut support::RedisConn) -> Vec<u64> {

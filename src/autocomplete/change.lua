@@ -8,6 +8,7 @@
 -- KEYS[6] the change's lease (a string: the driving Baton's id, with a ttl)
 -- KEYS[7..] every other key the step touches
 -- ARGV[1] base   ARGV[2] the driver's id   ARGV[3] the lease's ttl (ms)   ARGV[4] the step:
+--   'release': the driver stops; the lease is deleted if it holds it ({1}), nothing else changes
 --   'drop-r', names...: delete these ranked sets (fields of heavy), and the top set once none is
 --        left
 --   'drop-w', k, words (k), grams...: delete the postings of these first k vocabulary words and
@@ -38,6 +39,13 @@ local base, owner, ttl, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local holder = redis.call('GET', lease)
 if holder and holder ~= owner then
   return { -2 }
+end
+if op == 'release' then
+  -- The driver stops (its Baton shuts down): the lease goes, the change stays under way.
+  if holder then
+    redis.call('DEL', lease)
+  end
+  return { 1 }
 end
 local st = redis.call('HMGET', fkey, 's', 'g', 'b', 'c', 'n', 'd', 'dc')
 local served, target, building, cursor = st[1] or ALL_FEATURES, st[2], st[3], st[4]

@@ -26,7 +26,7 @@
 //! | `PREFIX{ac:NAME}:v` | sorted set (scores 0) | the vocabulary: every word of every term | while the dictionary has terms |
 //! | `PREFIX{ac:NAME}:vg:G` | set | the vocabulary words containing gram `G` (2 or 3 characters, or 1 non-ASCII character) | while such a word exists |
 //! | `PREFIX{ac:NAME}:f` | hash | `s` → the served [`Features`] as letters (`r`, `w`, `s`; absent: every feature), and the state of a change of them under way ([`FeatureChange`], `features.lua`) | from `Configure` on; not removed with the last term |
-//! | `PREFIX{ac:NAME}:f:lease` | string | the id of the Baton driving a change of features | [`CHANGE_LEASE`], renewed by each step |
+//! | `PREFIX{ac:NAME}:f:lease` | string | the id of the Baton driving a change of features | [`CHANGE_LEASE`], renewed by each step; deleted when that Baton shuts down gracefully |
 //! | `PREFIX{ac:NAME}:q:ID` | list | what the `Add` batch with request id `ID` did: its fingerprint, then per entry applied `a`/`u` and the score after it | [`REQUEST_MEMORY`] after its last step ([`AUTO_REQUEST_MEMORY`] for ids Baton made up) |
 //! | `PREFIX{acr:NAME}` | sorted set | item id → last recorded (µs, Redis clock) | the list's ttl, set anew by each record |
 //! | `PREFIX{acr:NAME}:items` | hash | item id → matching form, display text, payload | as above |
@@ -47,6 +47,7 @@ use std::{
 
 use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     error::{Error, Field},
@@ -967,6 +968,11 @@ struct Inner {
     /// Per dictionary (its key base), when this Baton last looked for a driver of a change of its
     /// features under way ([`CHANGE_CHECK`]).
     change_checks: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+    /// Cancelled when Baton shuts down: drivers of changes of features then give their lease
+    /// back, so that another Baton takes the change over at once.
+    stop: CancellationToken,
+    /// The drivers of changes of features, which shutdown waits for (their lease given back).
+    drivers: TaskTracker,
     add: Script,
     scores: Script,
     remove: Script,
@@ -983,13 +989,22 @@ struct Inner {
 }
 
 impl Autocomplete {
-    /// Dictionaries and recent lists stored in `redis`.
+    /// Dictionaries and recent lists stored in `redis`, never shut down.
     pub fn new(redis: Redis) -> Self {
+        Self::with_shutdown(redis, CancellationToken::new(), TaskTracker::new())
+    }
+
+    /// Dictionaries and recent lists stored in `redis`: once `stop` is cancelled, the changes of
+    /// features this Baton drives stop after their current step and give their lease back, in
+    /// tasks of `drivers` (which shutdown waits for), and no new one starts.
+    pub fn with_shutdown(redis: Redis, stop: CancellationToken, drivers: TaskTracker) -> Self {
         Self {
             inner: Arc::new(Inner {
                 redis,
                 write_features: std::sync::Mutex::default(),
                 change_checks: std::sync::Mutex::default(),
+                stop,
+                drivers,
                 add: Script::new(scripts::ADD),
                 scores: Script::new(scripts::SCORES),
                 remove: Script::new(scripts::REMOVE),
@@ -1395,11 +1410,14 @@ impl Autocomplete {
     }
 
     /// Drives the change of `dictionary`'s features under way, in the background, unless another
-    /// Baton holds its lease.
+    /// Baton holds its lease or this one is shutting down.
     pub fn drive(&self, dictionary: &str) {
+        if self.inner.stop.is_cancelled() {
+            return;
+        }
         let this = self.clone();
         let dictionary = dictionary.to_owned();
-        tokio::spawn(async move {
+        self.inner.drivers.spawn(async move {
             if let Err(error) = this.run_change(&dictionary).await {
                 tracing::warn!(%dictionary, %error, "a change of autocomplete features stopped; the next Describe, Configure or write of the dictionary resumes it");
             }
@@ -1422,6 +1440,15 @@ impl Autocomplete {
         // that brings the work.
         let (mut most, mut then, mut wide) = (CHANGE_STEP, CHANGE_STEP, false);
         loop {
+            if self.inner.stop.is_cancelled() {
+                // Shutting down: the lease goes back (if this driver holds it), so that another
+                // Baton resumes the change at its next look instead of after the lease lapses.
+                let release: &[&[u8]] = &[b"release"];
+                let invocation =
+                    scripts::change(&self.inner.change, &keys, &owner, lease_ms, &[], release);
+                let _: Vec<Value> = self.inner.redis.eval(&invocation).await?;
+                return Ok(());
+            }
             let (touched, args) = self.next_change_step(&keys, most, wide).await?;
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let invocation =
