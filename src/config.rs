@@ -104,7 +104,7 @@ pub struct ServeArgs {
     /// address while the API stays on the socket or localhost); empty: none.
     #[arg(long, env = "BATON_HEALTH_LISTEN", default_value = "")]
     pub health_listen: String,
-    /// Redis URL (redis://[user:password@]host:port[/db] or unix:///path); with
+    /// Redis URL (`redis://[user:password@]host:port[/db]` or `unix:///path`); with
     /// `--redis-mode cluster` a comma-separated list of seed nodes, with `sentinel` of Sentinels.
     #[arg(long, env = "BATON_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
     pub redis_url: String,

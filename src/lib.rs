@@ -33,7 +33,8 @@
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
 //! - [`codec`]: the protobuf codec of the generated services, with small per-call buffers.
-//! - [`client`]: `baton health` and `baton hold`, small command-line clients of a running Baton.
+//! - [`cli`]: the `baton` command-line client of a running Baton (`lock`, `describe`, `health`,
+//!   `autocomplete load`...).
 
 #![warn(missing_docs)]
 

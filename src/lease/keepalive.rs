@@ -1,6 +1,6 @@
 //! Keepalive: a lease kept alive for as long as its client keeps its stream open.
 //!
-//! [`Kept::run`] renews a [`Renewable`] lease about every third of its ttl and reports each
+//! `Kept::run` renews a [`Renewable`] lease about every third of its ttl and reports each
 //! renewal. It tracks, by this process's monotonic clock, the earliest moment the lease could
 //! expire in Redis: a renewal confirmed by a reply to a call sent at `t` keeps the lease until at
 //! least `t + remaining`. When no renewal has been confirmed by that moment minus a safety margin,

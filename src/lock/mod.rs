@@ -44,7 +44,7 @@
 //! | `PREFIX{lock:NAME}:released` | pub/sub channel | a broadcast per release that frees the lock, or `@WAITER` for the fair queue's head | — |
 //!
 //! Expired leases, holds and registrations are dropped by the next script that changes the lock;
-//! [`Locks::describe`] ignores them without writing. `prelude.lua` describes the hash's fields.
+//! [`Lock::describe`] ignores them without writing. `prelude.lua` describes the hash's fields.
 //!
 //! The acquisition algorithm (waiting, clean-ups, keepalive) is the shared [`lease::Engine`];
 //! this module is the lock's key layout and scripts ([`scripts`]), its request, grant and
