@@ -28,6 +28,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+step "cargo doc (the crate's documentation builds without warnings: links resolve)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p baton
 step "buf lint"
 .tools/node_modules/.bin/buf lint
 step "Python tests: the contract from a generated client, the Helm chart, the image"
