@@ -74,7 +74,7 @@
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
 --   {3, fits}: the step would do more work than ARGV[11] allows: its first `fits` entries would
---   not, and the entry after them needs a step of its own (ranking.lua)
+--   not, and the entry after them brings that work (ranking.lua)
 --   {4, n}: the record shows the batch's first n entries applied, fewer than the step's
 --   position: send the entries from n on
 --   {5}: the record belongs to another batch

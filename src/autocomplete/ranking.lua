@@ -36,8 +36,9 @@
 --                         the size of D once the step's terms are in; nil when the step can go
 --                         on, 2 when it needs every first-byte set declared, 3 and `fits` when
 --                         it would do more work than it may: its first `fits` entries would not
---                         (they touch none of the sets it cannot afford), and the next one is
---                         to go in a step of its own
+--                         (they touch none of the sets it cannot afford, or leave the prefix of
+--                         one it cannot create at most `heavy` terms), and the next one brings
+--                         that work
 --   W.apply(mark)         writes, after the step's lex members and data; `mark(name, value)`
 --                         notes a field of `h` to set
 local function ranked_writer(o)
@@ -49,6 +50,8 @@ local function ranked_writer(o)
   local cut_most = math.floor(deep_size / 2)
   local W = {}
   local levels, groups, moves, deeps, deep_order = {}, {}, {}, {}, {}
+  -- The entries of the terms new to D, in step order.
+  local new_entries = {}
   local has, created, extra, first_bytes = nil, {}, 0, nil
   local last_top, top_joins, top_leaves, top_card = nil, {}, {}, nil
   -- The first entry of the step that brings work the step cannot afford (plan).
@@ -72,13 +75,16 @@ local function ranked_writer(o)
     local new_ranked = rank_bytes(score) .. member
     local old_ranked = old_score and (rank_bytes(old_score) .. member)
     moves[#moves + 1] = { new_ranked, old_ranked, entry }
+    if not old_ranked then
+      new_entries[#new_entries + 1] = entry
+    end
     local list = ranked_prefixes(key, max_depth)
     for l = 1, #list do
       local p = list[l]
       local g = groups[p]
       if g == nil then
         g = { prefix = p, name = set_name(p), parent = list[l - 1], adds = {}, removes = {},
-          new = 0, entry = entry }
+          new = 0, entry = entry, entries = {} }
         g.key = declared(base, g.name)
         groups[p] = g
         levels[l] = levels[l] or {}
@@ -90,6 +96,7 @@ local function ranked_writer(o)
         g.removes[#g.removes + 1] = old_ranked
       else
         g.new = g.new + 1
+        g.entries[g.new] = entry
       end
     end
     local p = first_chars(key, max_depth + 1)
@@ -97,7 +104,7 @@ local function ranked_writer(o)
       local d = deeps[p]
       if d == nil then
         d = { prefix = p, name = 't:' .. p, parent = list[#list], adds = {}, removes = {}, new = 0,
-          entry = entry }
+          entry = entry, entries = {} }
         d.key = declared(base, d.name)
         deeps[p] = d
         deep_order[#deep_order + 1] = d
@@ -107,6 +114,7 @@ local function ranked_writer(o)
         d.removes[#d.removes + 1] = old_ranked
       else
         d.new = d.new + 1
+        d.entries[d.new] = entry
       end
     end
   end
@@ -143,6 +151,13 @@ local function ranked_writer(o)
     return fits
   end
 
+  -- The entry of the step whose term takes group g's prefix (of n terms with the step's) past
+  -- `heavy` terms: the entries before it leave the prefix at most `heavy` terms, with no set to
+  -- create. Its first entry when the prefix had passed `heavy` before the step.
+  local function crossing(g, n)
+    return g.entries[heavy - (n - g.new) + 1] or g.entry
+  end
+
   -- The terms of D with prefix p once the step's new ones are in.
   local function prefix_count(p, new)
     work = work + 1
@@ -164,7 +179,9 @@ local function ranked_writer(o)
       -- set, and into the top set: 4 units a term of D (count).
       local lex_names, ranked_names = all_first_byte_names()
       if not afford(4 * count + #lex_names, true) then
-        return 3, moves[1][3] - 1
+        -- The entries before the one whose term takes D past `heavy` terms fit.
+        local past = new_entries[heavy - (count - #new_entries) + 1] or moves[1][3]
+        return 3, past - 1
       end
       local exists = redis.call('HMGET', heavy_set, unpack(lex_names))
       work = work + #lex_names
@@ -191,7 +208,7 @@ local function ranked_writer(o)
               g.create, created[g.prefix] = true, true
             else
               too_much = true
-              over_at(g.entry)
+              over_at(crossing(g, n))
             end
           end
         end
@@ -206,7 +223,7 @@ local function ranked_writer(o)
             d.create = true
           else
             too_much = true
-            over_at(d.entry)
+            over_at(crossing(d, n))
           end
         end
       elseif has[d.name] then
