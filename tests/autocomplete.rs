@@ -2493,12 +2493,7 @@ async fn request_id_applies_a_batch_once() {
 async fn a_batch_creating_ranked_sets_midway_applies_once_through_two_batons() {
     use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
     let (redis, baton, client) = setup().await;
-    let other = Baton::start_with(&redis, |c| {
-        c.redis.key_prefix = baton.prefix().to_owned();
-        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
-    })
-    .await;
-    let other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
+    let (_other, other_client) = other_baton(&redis, &baton).await;
     let d = "midway";
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(20_261_127);
     let mut model = std::collections::BTreeMap::new();
@@ -4205,8 +4200,7 @@ async fn a_driver_shut_down_gives_the_change_back() {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         add_all(&mut client, d, &refs).await;
     }
-    let prefix = baton.prefix().to_owned();
-    let lease = format!("{prefix}{{ac:{d}}}:f:lease");
+    let lease = format!("{}{{ac:{d}}}:f:lease", baton.prefix());
     let mut conn = redis.conn().await;
     configure(&mut client, d, &[Feature::Words, Feature::Substring])
         .await
@@ -4216,12 +4210,7 @@ async fn a_driver_shut_down_gives_the_change_back() {
         Duration::from_secs(30),
         async {
             loop {
-                let holder: Option<String> = redis::cmd("GET")
-                    .arg(&lease)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("GET");
-                if holder.is_some() {
+                if lease_holder(&mut conn, &lease).await.is_some() {
                     return;
                 }
                 // A background job whose steps publish nothing: a short pause between looks.
@@ -4232,25 +4221,13 @@ async fn a_driver_shut_down_gives_the_change_back() {
     )
     .await;
     baton.shutdown().await.expect("a graceful stop");
-    let holder: Option<String> = redis::cmd("GET")
-        .arg(&lease)
-        .query_async(&mut conn)
-        .await
-        .expect("GET");
-    assert_eq!(holder, None, "the lease was given back at shutdown");
-    let other = Baton::start_with(&redis, |c| {
-        c.redis.command_timeout = TEST_COMMAND_TIMEOUT;
-        c.redis.key_prefix = prefix;
-    })
-    .await;
-    let mut other_client = AutocompleteServiceClient::new(channel(other.addr()).await);
-    let stopped = other_client
-        .describe(pb::AutocompleteServiceDescribeRequest {
-            dictionary: d.to_owned(),
-        })
-        .await
-        .expect("Describe")
-        .into_inner();
+    assert_eq!(
+        lease_holder(&mut conn, &lease).await,
+        None,
+        "the lease was given back at shutdown"
+    );
+    let (_other, mut other_client) = other_baton(&redis, &baton).await;
+    let stopped = until_described(&mut other_client, d).await;
     assert!(
         stopped.change.is_some(),
         "the change was still under way when its driver stopped (else the test proves nothing: \
@@ -4278,6 +4255,15 @@ async fn a_driver_shut_down_gives_the_change_back() {
             .count()
             .min(1000)
     );
+}
+
+/// Who holds the lease `key` of a change of features (its driver's id), if anyone.
+async fn lease_holder(conn: &mut support::RedisConn, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("GET")
 }
 
 /// The keys every `Add` step (EVALSHA) in the slow log declared, most first: the log keeps every

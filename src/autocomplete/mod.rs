@@ -558,6 +558,15 @@ fn next_step(planned: &[Planned], most: usize) -> usize {
     planned.len().min(most).max(1)
 }
 
+/// How a step of `len` entries (or terms) refused as too much work, its first `fits` fitting,
+/// goes on: those entries first (fewer than `len`), then at most the returned number from the
+/// entry that brings the work, half of the rest, so that repeated refusals come down to that
+/// entry alone (a step of one is never refused so).
+fn after_refusal(len: usize, fits: usize) -> (usize, usize) {
+    let fits = fits.min(len.saturating_sub(1));
+    (fits, ((len - fits) / 2).max(1))
+}
+
 /// The keys a step's entries may touch, each once, and every first-byte set when `wide` holds
 /// them: what the step declares beyond the dictionary's own keys.
 fn declared<'k>(step: &'k [Planned], wide: Option<&'k [String]>) -> Vec<&'k str> {
@@ -1150,11 +1159,9 @@ impl Autocomplete {
                 }
                 (2, []) => wide = true,
                 (3, [fits]) => {
-                    // The entries that fit go first; the step from the one that brings the work
-                    // takes half of the rest (a step of one entry is never refused so).
                     let fits = usize::try_from(int(fits)?).map_err(|_| unexpected("fits"))?;
-                    let from = at + fits.min(end - at - 1);
-                    cut = Some((from, ((end - from) / 2).max(1)));
+                    let (fits, rest) = after_refusal(end - at, fits);
+                    cut = Some((at + fits, rest));
                 }
                 (4, [done]) => {
                     at = usize::try_from(int(done)?).map_err(|_| unexpected("record"))?;
@@ -1466,10 +1473,9 @@ impl Autocomplete {
                 Some(3) => {
                     let fits = reply.get(1).map(int).transpose()?.unwrap_or(0);
                     let fits = usize::try_from(fits).map_err(|_| unexpected("fits"))?;
-                    (most, then) = if fits == 0 || fits >= most {
-                        ((most / 2).max(1), CHANGE_STEP)
-                    } else {
-                        (fits, ((most - fits) / 2).max(1))
+                    (most, then) = match after_refusal(most, fits) {
+                        (0, rest) => (rest, CHANGE_STEP),
+                        (fits, rest) => (fits, rest),
                     };
                 }
                 Some(4) => wide = true,

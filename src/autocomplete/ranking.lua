@@ -50,8 +50,6 @@ local function ranked_writer(o)
   local cut_most = math.floor(deep_size / 2)
   local W = {}
   local levels, groups, moves, deeps, deep_order = {}, {}, {}, {}, {}
-  -- The entries of the terms new to D, in step order.
-  local new_entries = {}
   local has, created, extra, first_bytes = nil, {}, 0, nil
   local last_top, top_joins, top_leaves, top_card = nil, {}, {}, nil
   -- The first entry of the step that brings work the step cannot afford (plan).
@@ -75,9 +73,6 @@ local function ranked_writer(o)
     local new_ranked = rank_bytes(score) .. member
     local old_ranked = old_score and (rank_bytes(old_score) .. member)
     moves[#moves + 1] = { new_ranked, old_ranked, entry }
-    if not old_ranked then
-      new_entries[#new_entries + 1] = entry
-    end
     local list = ranked_prefixes(key, max_depth)
     for l = 1, #list do
       local p = list[l]
@@ -180,6 +175,12 @@ local function ranked_writer(o)
       local lex_names, ranked_names = all_first_byte_names()
       if not afford(4 * count + #lex_names, true) then
         -- The entries before the one whose term takes D past `heavy` terms fit.
+        local new_entries = {}
+        for _, move in ipairs(moves) do
+          if not move[2] then
+            new_entries[#new_entries + 1] = move[3]
+          end
+        end
         local past = new_entries[heavy - (count - #new_entries) + 1] or moves[1][3]
         return 3, past - 1
       end

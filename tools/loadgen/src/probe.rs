@@ -117,13 +117,18 @@ pub async fn command_stats(conn: &mut MultiplexedConnection) -> BTreeMap<String,
 
 /// `used_memory` of `INFO memory`, bytes.
 pub async fn used_memory(conn: &mut MultiplexedConnection) -> u64 {
+    memory_field(conn, "used_memory").await
+}
+
+/// The integer field `name` of `INFO memory` (0 when absent).
+pub async fn memory_field(conn: &mut MultiplexedConnection, name: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(conn)
         .await
         .expect("INFO memory");
     info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }

@@ -243,17 +243,7 @@ async fn freed(conn: &mut MultiplexedConnection) {
         Duration::from_secs(60),
         async {
             loop {
-                let info: String = redis::cmd("INFO")
-                    .arg("memory")
-                    .query_async(conn)
-                    .await
-                    .expect("INFO memory");
-                let pending = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("lazyfree_pending_objects:"))
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(0);
-                if pending == 0 {
+                if probe::memory_field(conn, "lazyfree_pending_objects").await == 0 {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
