@@ -607,6 +607,51 @@ async fn one_shot_commands_print_text_and_json() {
     let page: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(page["suggestions"][0]["display"], "Anna Smith");
     assert_eq!(page["suggestions"][0]["match"], "word_prefix");
+
+    // Fuzzy: "anan" is one transposition from "Anna..."; --max-edits 0 keeps exact prefixes only.
+    let fuzzy = ["complete", "people", "anan", "--mode", "fuzzy", "--json"];
+    let (code, out, _) = run(&addr, &fuzzy).await;
+    assert_eq!(code, 0);
+    let page: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let found: Vec<_> = page["suggestions"]
+        .as_array()
+        .expect("suggestions")
+        .iter()
+        .map(|s| {
+            (
+                s["display"].as_str(),
+                s["match"].as_str(),
+                s["edit_distance"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (Some("Anna Smith"), Some("fuzzy"), Some(1)),
+            (Some("Annabel"), Some("fuzzy"), Some(1)),
+        ]
+    );
+    assert_eq!(page["incomplete"], false);
+    let (code, out, _) = run(&addr, &[&fuzzy[..], &["--max-edits", "0"]].concat()).await;
+    assert_eq!(code, 0);
+    let page: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(page["suggestions"], serde_json::json!([]));
+    let (code, _, stderr) = run(&addr, &[&fuzzy[..], &["--max-edits", "3"]].concat()).await;
+    assert_ne!(code, 0);
+    assert!(stderr.contains("max_edits"), "{stderr}");
+
+    // Pages: the token goes to standard error in text mode, and --page-token takes it back.
+    let (code, out, stderr) = run(&addr, &["complete", "people", "ann", "--limit", "1"]).await;
+    assert_eq!((code, out.as_str()), (0, "Anna Smith\n"));
+    let token = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("next page: "))
+        .unwrap_or_else(|| panic!("a next page on standard error: {stderr}"));
+    let (code, out, stderr) =
+        run(&addr, &["complete", "people", "ann", "--limit", "1", token]).await;
+    assert_eq!((code, out.as_str()), (0, "Annabel\n"), "{stderr}");
+    assert!(!stderr.contains("next page"), "{stderr}");
 }
 
 /// SIGTERM to baton is passed to the command, which traps it and exits 0: baton waits for it,

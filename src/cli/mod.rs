@@ -331,6 +331,14 @@ pub struct CompleteArgs {
     /// Sort by score (highest first) instead of lexicographically.
     #[arg(long)]
     pub by_score: bool,
+    /// `--mode fuzzy` only: the most edits a match may need (0 to 2; default: what the query's
+    /// length allows).
+    #[arg(long)]
+    pub max_edits: Option<u32>,
+    /// The page after an earlier answer's `next_page_token` (printed with `--json`, or on
+    /// standard error).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub page_token: String,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -261,8 +261,8 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
                 limit: args.limit,
                 mode: mode.into(),
                 order: order.into(),
-                page_token: String::new(),
-                max_edits: None,
+                page_token: args.page_token.clone(),
+                max_edits: args.max_edits,
             },
             &args.client,
         ))
@@ -277,9 +277,20 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
     let suggestions: Vec<Value> = page
         .suggestions
         .iter()
-        .map(|s| json!({"display": s.display, "score": s.score, "match": kind(s.match_kind())}))
+        .map(|s| {
+            json!({
+                "display": s.display,
+                "score": s.score,
+                "match": kind(s.match_kind()),
+                "edit_distance": s.edit_distance,
+            })
+        })
         .collect();
-    let value = json!({"suggestions": suggestions, "next_page_token": page.next_page_token});
+    let value = json!({
+        "suggestions": suggestions,
+        "next_page_token": page.next_page_token,
+        "incomplete": page.incomplete,
+    });
     let text = page
         .suggestions
         .iter()
@@ -288,8 +299,17 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
         .join("\n");
     if args.json {
         println!("{value}");
-    } else if !text.is_empty() {
-        println!("{text}");
+    } else {
+        if !text.is_empty() {
+            println!("{text}");
+        }
+        // Standard output holds the suggestions alone; what else a shell user needs goes aside.
+        if !page.next_page_token.is_empty() {
+            eprintln!("next page: --page-token={}", page.next_page_token);
+        }
+        if page.incomplete {
+            eprintln!("incomplete: Baton stopped at its work budget; more matches may exist");
+        }
     }
     Ok(0)
 }

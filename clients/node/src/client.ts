@@ -363,7 +363,7 @@ export interface RateLimitDecision {
 export type Term = string | { display: string; score?: number; increment?: boolean; payload?: Uint8Array };
 
 /** How a query matches. */
-export type MatchMode = "prefix" | "word_prefix" | "suffix" | "contains" | "automatic";
+export type MatchMode = "prefix" | "word_prefix" | "suffix" | "contains" | "automatic" | "fuzzy";
 /** An index a dictionary can keep: "ranked" (score order), "words" (word prefix), "substring"
  * (suffix, contains, automatic; needs "words"). */
 export type Feature = "ranked" | "words" | "substring";
@@ -374,6 +374,16 @@ export interface Suggestion {
   score: number;
   payload: Uint8Array;
   match: string;
+  /** Fuzzy mode: the fewest edits that turn a prefix of the term into the query (0, 1 or 2). */
+  editDistance: number;
+}
+
+/** One page of completions; `nextPageToken` asks for the next one ("" when none). */
+export interface Completions {
+  suggestions: Suggestion[];
+  nextPageToken: string;
+  /** Fuzzy mode: Baton stopped at its fixed work budget, so more matches may exist. */
+  incomplete: boolean;
 }
 
 /** One item of a recent list. */
@@ -390,6 +400,7 @@ const MODES: Record<MatchMode, AutocompleteMatchMode> = {
   suffix: AutocompleteMatchMode.SUFFIX,
   contains: AutocompleteMatchMode.CONTAINS,
   automatic: AutocompleteMatchMode.AUTOMATIC,
+  fuzzy: AutocompleteMatchMode.FUZZY,
 };
 
 const FEATURES: Record<Feature, AutocompleteFeature> = {
@@ -1011,12 +1022,17 @@ export class Autocomplete {
     return featureNames((await this.client.call((o) => this.stub.describe({ dictionary }, o))).features);
   }
 
-  /** One page of terms matching `query`. */
+  /** One page of terms matching `query`. In "fuzzy" mode (typos; one page) `maxEdits` (0 to 2)
+   * lowers the edits the query's length allows. */
   async complete(
     dictionary: string,
     query: string,
-    options: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string } = {},
-  ): Promise<{ suggestions: Suggestion[]; nextPageToken: string }> {
+    options: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string; maxEdits?: number } = {},
+  ): Promise<Completions> {
+    const maxEdits = options.maxEdits;
+    if (maxEdits !== undefined && !(Number.isInteger(maxEdits) && maxEdits >= 0 && maxEdits <= 2)) {
+      throw new RangeError(`maxEdits must be 0, 1 or 2, not ${maxEdits}`);
+    }
     const request = {
       dictionary,
       query,
@@ -1024,11 +1040,19 @@ export class Autocomplete {
       mode: MODES[options.mode ?? "prefix"],
       order: options.order === "score" ? AutocompleteOrder.SCORE : AutocompleteOrder.LEXICOGRAPHIC,
       pageToken: options.pageToken ?? "",
+      maxEdits,
     };
     const r = await this.client.call((o) => this.stub.complete(request, o));
     return {
-      suggestions: r.suggestions.map((s) => ({ display: s.display, score: s.score, payload: s.payload, match: matchKind(s.matchKind) })),
+      suggestions: r.suggestions.map((s) => ({
+        display: s.display,
+        score: s.score,
+        payload: s.payload,
+        match: matchKind(s.matchKind),
+        editDistance: s.editDistance,
+      })),
       nextPageToken: r.nextPageToken,
+      incomplete: r.incomplete,
     };
   }
 

@@ -27,6 +27,7 @@ export {
   type SemaphoreOptions,
   type SemaphoreState,
   type Suggestion,
+  type Completions,
   type Term,
 } from "./client.js";
 export {

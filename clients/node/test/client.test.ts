@@ -84,6 +84,22 @@ for (const transport of ["tcp", "unix"] as const) {
       assert.deepEqual(page.suggestions.map((s) => s.display), ["Straße"]);
       assert.equal(page.suggestions[0].match, "prefix");
       assert.equal(await client.autocomplete.size(name), 3n);
+      // Typos: "stre" is one substitution from "stra..." and "stro...".
+      const fuzzy = await client.autocomplete.complete(name, "stre", { mode: "fuzzy" });
+      assert.deepEqual(fuzzy.suggestions.map((s) => [s.display, s.match, s.editDistance]), [
+        ["Straße", "fuzzy", 1],
+        ["Stroud", "fuzzy", 1],
+      ]);
+      assert.equal(fuzzy.incomplete, false);
+      const byScore = await client.autocomplete.complete(name, "stre", { mode: "fuzzy", order: "score" });
+      assert.deepEqual(byScore.suggestions.map((s) => s.display), ["Stroud", "Straße"]);
+      assert.deepEqual((await client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: 0 })).suggestions, []);
+      await assert.rejects(client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: 3 }), RangeError);
+      await assert.rejects(client.autocomplete.complete(name, "stra", { maxEdits: 1 }), /max_edits/);
+      const first = await client.autocomplete.complete(name, "str", { limit: 1 });
+      assert.deepEqual(first.suggestions.map((s) => s.display), ["Straße"]);
+      const second = await client.autocomplete.complete(name, "str", { limit: 1, pageToken: first.nextPageToken });
+      assert.deepEqual(second.suggestions.map((s) => s.display), ["Stroud"]);
       await client.autocomplete.recordRecent(name, "alice");
       await client.autocomplete.recordRecent(name, "bob");
       assert.deepEqual((await client.autocomplete.recent(name)).items.map((i) => i.display), ["bob", "alice"]);

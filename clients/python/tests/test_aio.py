@@ -101,6 +101,10 @@ async def test_semaphore_and_plain_calls(server, transport, name):
         await client.autocomplete.add(name, ["alpha", "beta"])
         page = await client.autocomplete.complete(name, "al")
         assert [s.display for s in page.suggestions] == ["alpha"]
+        page = await client.autocomplete.complete(name, "apl", mode="fuzzy", max_edits=1)
+        assert [(s.display, s.match, s.edit_distance) for s in page.suggestions] == [
+            ("alpha", "fuzzy", 1)]
+        assert not page.incomplete
         with pytest.raises(baton.InvalidArgument) as raised:
             await client.acquire_permits(name, limit=0, ttl=1)
         assert raised.value.field == "limit"

@@ -193,6 +193,24 @@ def test_autocomplete(server, transport, name):
         assert [s.display for s in page.suggestions] == ["Straße"]
         assert page.suggestions[0].match == "prefix"
         assert client.autocomplete.size(name) == 3
+        # Typos: "stre" is one substitution from "stra..." and "stro...", and "Zoë" is left out.
+        page = client.autocomplete.complete(name, "stre", mode="fuzzy")
+        assert [(s.display, s.match, s.edit_distance) for s in page.suggestions] == [
+            ("Straße", "fuzzy", 1), ("Stroud", "fuzzy", 1)]
+        assert not page.incomplete and page.next_page_token == ""
+        page = client.autocomplete.complete(name, "stre", mode="fuzzy", order="score")
+        assert [s.display for s in page.suggestions] == ["Stroud", "Straße"]
+        assert client.autocomplete.complete(name, "stre", mode="fuzzy", max_edits=0).suggestions == []
+        with pytest.raises(ValueError):
+            client.autocomplete.complete(name, "stre", mode="fuzzy", max_edits=3)
+        with pytest.raises(baton.InvalidArgument) as raised:
+            client.autocomplete.complete(name, "stra", max_edits=1)
+        assert raised.value.field == "max_edits"
+        # Pages: the token of one page asks for the next.
+        first = client.autocomplete.complete(name, "str", limit=1)
+        assert [s.display for s in first.suggestions] == ["Straße"] and first.next_page_token
+        second = client.autocomplete.complete(name, "str", limit=1, page_token=first.next_page_token)
+        assert [s.display for s in second.suggestions] == ["Stroud"]
         assert client.autocomplete.remove(name, "Zoë") == 1
         client.autocomplete.record_recent(name, "alice")
         client.autocomplete.record_recent(name, "bob")

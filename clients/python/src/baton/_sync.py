@@ -534,10 +534,12 @@ class Autocomplete:
         return t.feature_names(self._client._call(self._stub.Describe, request).features)
 
     def complete(self, dictionary: str, query: str, *, limit: int = 10, mode: str = "prefix",
-                 order: str = "lexicographic", page_token: str = "") -> t.Completions:
+                 order: str = "lexicographic", page_token: str = "",
+                 max_edits: Optional[int] = None) -> t.Completions:
         """One page of terms matching `query`. `mode`: "prefix", "word_prefix", "suffix",
-        "contains" or "automatic"; `order`: "lexicographic" or "score"."""
-        request = t.complete_request(dictionary, query, limit, mode, order, page_token)
+        "contains", "automatic" or "fuzzy" (typos: one page, `max_edits` 0 to 2 lowers the edits
+        the query's length allows); `order`: "lexicographic" or "score"."""
+        request = t.complete_request(dictionary, query, limit, mode, order, page_token, max_edits)
         return t.completions(self._client._call(self._stub.Complete, request))
 
     def record_recent(self, list_name: str, display: str, *, payload: Optional[bytes] = None,

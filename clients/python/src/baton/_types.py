@@ -198,7 +198,8 @@ class Suggestion:
     display: str
     score: float
     payload: bytes
-    match: str  # "exact", "prefix", "word_prefix", "suffix" or "contains"
+    match: str  # "exact", "prefix", "word_prefix", "suffix", "contains" or "fuzzy"
+    edit_distance: int = 0  # fuzzy mode: the fewest edits from a prefix of the term to the query
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ class Completions:
 
     suggestions: List[Suggestion]
     next_page_token: str
+    # Fuzzy mode: Baton stopped at its fixed work budget, so more matches may exist.
+    incomplete: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ class RecordResult:
 
 # --- requests -------------------------------------------------------------------------------
 
-_MODES = {"prefix": 1, "word_prefix": 2, "suffix": 3, "contains": 4, "automatic": 5}
+_MODES = {"prefix": 1, "word_prefix": 2, "suffix": 3, "contains": 4, "automatic": 5, "fuzzy": 6}
 _ORDERS = {"lexicographic": 1, "score": 2}
 _FEATURES = {"ranked": 1, "words": 2, "substring": 3}
 _FEATURE_NAMES = {v: k for k, v in _FEATURES.items()}
@@ -311,10 +314,15 @@ def add_request(dictionary, terms: Iterable, request_id: Optional[str]):
         dictionary=dictionary, terms=[term(t) for t in terms], request_id=request_id or new_key())
 
 
-def complete_request(dictionary, query, limit, mode, order, page_token):
-    return ac_pb.AutocompleteServiceCompleteRequest(
+def complete_request(dictionary, query, limit, mode, order, page_token, max_edits=None):
+    request = ac_pb.AutocompleteServiceCompleteRequest(
         dictionary=dictionary, query=query, limit=limit, mode=_enum(_MODES, mode, "mode"),
         order=_enum(_ORDERS, order, "order"), page_token=page_token)
+    if max_edits is not None:
+        if not 0 <= max_edits <= 2:
+            raise ValueError(f"max_edits must be 0, 1 or 2, not {max_edits}")
+        request.max_edits = max_edits
+    return request
 
 
 def configure_request(dictionary, features):
@@ -405,8 +413,9 @@ def _kind(kind: int) -> str:
 
 
 def completions(r) -> Completions:
-    return Completions([Suggestion(s.display, s.score, s.payload, _kind(s.match_kind))
-                        for s in r.suggestions], r.next_page_token)
+    return Completions([Suggestion(s.display, s.score, s.payload, _kind(s.match_kind),
+                                   s.edit_distance) for s in r.suggestions],
+                       r.next_page_token, r.incomplete)
 
 
 def recent_page(r) -> RecentPage:

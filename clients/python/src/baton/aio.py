@@ -527,9 +527,9 @@ class Autocomplete:
 
     async def complete(self, dictionary: str, query: str, *, limit: int = 10,
                        mode: str = "prefix", order: str = "lexicographic",
-                       page_token: str = "") -> t.Completions:
-        """One page of terms matching `query`."""
-        request = t.complete_request(dictionary, query, limit, mode, order, page_token)
+                       page_token: str = "", max_edits: Optional[int] = None) -> t.Completions:
+        """One page of terms matching `query` (as `baton.Baton`'s `complete`)."""
+        request = t.complete_request(dictionary, query, limit, mode, order, page_token, max_edits)
         return t.completions(await self._client._call(self._stub.Complete, request))
 
     async def record_recent(self, list_name: str, display: str, *,
