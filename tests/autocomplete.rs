@@ -3351,6 +3351,49 @@ async fn fuzzy_says_when_the_budget_cut_it_short() {
     assert_eq!(displays(&r.suggestions), all[..1000].to_vec());
 }
 
+/// By score, a walk the budget cuts short has looked at the terms sharing the query's first
+/// character first: a two-typo match under the last first character of the dictionary is found
+/// although the walk of the 625 two-letter prefixes before it runs out of budget, where a walk
+/// in byte order never reached it. In lexicographic order the walk keeps to byte order.
+#[tokio::test]
+async fn fuzzy_by_score_looks_under_the_querys_first_character_first() {
+    let (_redis, _baton, mut client) = setup().await;
+    configure(&mut client, "spread", &[]).await.unwrap();
+    let letters = || (b'a'..=b'y').map(char::from);
+    let mut terms: Vec<pb::AutocompleteTerm> = letters()
+        .flat_map(|x| letters().map(move |y| scored(&format!("{x}{y} filler"), 1.0)))
+        .collect();
+    terms.push(scored("Zebra Crossing", 5.0));
+    for chunk in terms.chunks(500) {
+        add(&mut client, "spread", chunk.to_vec()).await;
+    }
+    // "zerba crosing": a transposition and a deletion from "zebra crossing".
+    let r = page(
+        &mut client,
+        fuzzy("spread", "zerba crosing", Order::Score, 10),
+    )
+    .await;
+    assert!(
+        r.incomplete,
+        "the walk of distance 2 fit in the budget: {r:?}"
+    );
+    assert_eq!(displays(&r.suggestions), ["Zebra Crossing"]);
+    assert_eq!(
+        (
+            r.suggestions[0].edit_distance,
+            r.suggestions[0].match_kind()
+        ),
+        (2, Kind::Fuzzy)
+    );
+    let r = page(
+        &mut client,
+        fuzzy("spread", "zerba crosing", Order::Lexicographic, 10),
+    )
+    .await;
+    assert!(r.incomplete);
+    assert!(r.suggestions.is_empty(), "{r:?}");
+}
+
 /// By score, a dictionary with ranked sets answers fuzzy queries whose groups are far larger
 /// than the budget whole: a range all within the walk's distance is read best first from the
 /// ranked sets (its terms that come closer skipped one by one), not read whole and ranked. The

@@ -24,7 +24,8 @@
 -- at distance t its whole range is the group's; farther, only the children continuing the query
 -- (or transposing its last two characters) can reach t, and only those are looked up (visit).
 -- Each walk visits nodes in byte order, so a group's terms are found in
--- lexicographic order; by score they are ranked here. By score, when the dictionary has ranked
+-- lexicographic order; by score they are ranked here (and the walk starts at the query's first
+-- character, so that a walk the budget cuts short has looked there first). By score, when the dictionary has ranked
 -- sets, a range of more than `heavy` terms whose terms are all within the walk's distance is not
 -- read whole: its best terms at exactly that distance are read best first (best.lua), as many as
 -- the page can take, each checked for a closer prefix.
@@ -273,6 +274,19 @@ for t = 1, maxk do
     present = redis.call('HMGET', heavy, unpack(names))
   end
   local found = groups[t]
+  -- By score a group is ranked whole, so the order of the walk changes no complete group: it
+  -- starts at the query's own first character, where a walk the budget cuts short finds the
+  -- likeliest matches (a typo is rarely the first character), then takes the others in byte
+  -- order. In lexicographic order the walk keeps to byte order, as it stops once the page is full.
+  local own = nil
+  if order == 'score' then
+    own = char_at(qs, 1)
+    local set = set_of[byte(qs)]
+    if set ~= nil and next_member(set, '[' .. own, '(' .. own .. '\255') ~= nil then
+      local crow, cleast = next_row(root, nil, own, nil)
+      visit(found, t, set, own, 1, crow, cleast, root, own, n)
+    end
+  end
   for i = 1, #names do
     if exhausted or full(found) then
       break
@@ -286,8 +300,10 @@ for t = 1, maxk do
           break
         end
         local c = char_at(m, 1)
-        local crow, cleast = next_row(root, nil, c, nil)
-        visit(found, t, set, c, 1, crow, cleast, root, c, n)
+        if c ~= own then
+          local crow, cleast = next_row(root, nil, c, nil)
+          visit(found, t, set, c, 1, crow, cleast, root, c, n)
+        end
         lo = '(' .. c .. '\255'
       end
     end
