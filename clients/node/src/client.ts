@@ -1080,8 +1080,8 @@ export class Autocomplete {
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
   }
 
-  /** One page of the recent list's items matching `query`. */
-  async completeRecent(list: string, query: string, options: { limit?: number; mode?: MatchMode; pageToken?: string } = {}) {
+  /** One page of the recent list's items matching `query` (every mode but "fuzzy", which is for dictionaries). */
+  async completeRecent(list: string, query: string, options: { limit?: number; mode?: Exclude<MatchMode, "fuzzy">; pageToken?: string } = {}) {
     const request = { list, query, limit: options.limit ?? 10, mode: MODES[options.mode ?? "prefix"], pageToken: options.pageToken ?? "" };
     const r = await this.client.call((o) => this.stub.completeRecent(request, o));
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };

@@ -562,6 +562,7 @@ class Autocomplete:
 
     def complete_recent(self, list_name: str, query: str, *, limit: int = 10,
                         mode: str = "prefix", page_token: str = "") -> t.RecentPage:
-        """One page of the recent list's items matching `query`, most recent first."""
+        """One page of the recent list's items matching `query`, most recent first (every mode
+        but "fuzzy", which is for dictionaries)."""
         request = t.complete_recent_request(list_name, query, limit, mode, page_token)
         return t.recent_page(self._client._call(self._stub.CompleteRecent, request))
