@@ -1,16 +1,26 @@
--- Fuzzy completion: one page of the terms a prefix of which is within `max edits` edits of the
+-- Fuzzy completion, one step: the terms a prefix of which is within `max edits` edits of the
 -- query (optimal string alignment distance over characters: substitution, insertion, deletion,
--- transposition of adjacent characters). Reads only (flags=no-writes).
+-- transposition of adjacent characters), walked in steps of bounded work that Baton chains into
+-- one page. Reads only (flags=no-writes).
 --
 -- KEYS[1] data   KEYS[2] h (the heavy hash: 'l:XX' -> 1 for every lex set there is)
 -- KEYS[3..] every lex set there can be, in byte order (all_lex_names)
 -- ARGV[1] order: 'lex' | 'score'   ARGV[2] limit   ARGV[3] max edits (0 to 2)
--- ARGV[4] call budget: the most Redis reads of index sets   ARGV[5] entry budget: the most lex
---         members those reads may return   ARGV[6] the normalized query (at most 32 characters)
+-- ARGV[4] this step's call budget: the most Redis reads of index sets   ARGV[5] its entry
+--         budget: the most lex members those reads may return
+-- ARGV[6] the normalized query (at most 32 characters)
 -- ARGV[7] base   ARGV[8] max depth   ARGV[9] heavy (as in ranked.lua)
+-- ARGV[10] the stage to start at: 0 is group 0 (the query's own range); 2t - 1 the walk of
+--          distance t under the query's first character (by score only), 2t the rest of it
+-- ARGV[11] the position in that stage: everything before it in the stage's byte order is done
+--          ('' for the stage's start)
+-- ARGV[12] matches found in the groups before the stage's   ARGV[13] in the stage's group
 --
--- Returns {1 when the budget ran out before every candidate was looked at (else 0), then per
--- result: id, data value, match kind (EXACT, PREFIX or FUZZY), distance}.
+-- Returns {1 when every stage is done (else 0: the step's budget ran out first), the stage and
+-- the position to go on from, the calls and entries the step used, the matches it found at
+-- distance 0, 1 and 2, then per match kept (at most `limit` of each distance, the first by their
+-- sort key): distance, sort key (the lex member; by score, rank bytes then the lex member), id,
+-- data value, match kind (EXACT, PREFIX or FUZZY)}.
 --
 -- The lex sets are walked as a trie of characters: the children of a prefix p are found by a
 -- skip scan (ZRANGE (p<c>\255 ... BYLEX LIMIT 0 1 gives the next existing character after c),
@@ -23,14 +33,21 @@
 -- whole range is one group. A node whose row's least cell is t has no descendant closer than t:
 -- at distance t its whole range is the group's; farther, only the children continuing the query
 -- (or transposing its last two characters) can reach t, and only those are looked up (visit).
--- Each walk visits nodes in byte order, so a group's terms are found in
--- lexicographic order; by score they are ranked here (and the walk starts at the query's first
--- character, so that a walk the budget cuts short has looked there first). By score, when the dictionary has ranked
--- sets, a range of more than `heavy` terms whose terms are all within the walk's distance is not
--- read whole: its best terms at exactly that distance are read best first (best.lua), as many as
--- the page can take, each checked for a closer prefix.
+-- Each walk visits nodes in byte order, so a group's terms are found in lexicographic order; by
+-- score they are ranked (by Baton, over the steps), and the walk starts at the query's first
+-- character, so that a walk the budget cuts short has looked there first. By score, when the
+-- dictionary has ranked sets, a range of more than `heavy` terms whose terms are all within the
+-- walk's distance is not read whole: its best terms at exactly that distance are read best first
+-- (best.lua), as many as the page can take, each checked for a closer prefix.
+--
+-- Steps: the walk's order is fixed by the query, so a position (a lex member or a prefix followed
+-- by \255, everything before which is done) says where a step stopped; the next step walks down
+-- to it again from the root, seeking past what is done, and goes on. A range read whole moves the
+-- position member by member, a node it leaves moves it past the node; a best-first read is done
+-- in one step.
 local order, need, maxk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local calls, entries = tonumber(ARGV[4]), tonumber(ARGV[5])
+local given_calls, given_entries = calls, entries
 local qs = ARGV[6]
 local q = utf8_chars(qs)
 local n = #q
@@ -44,14 +61,16 @@ for i = 1, #firsts do
   set_of[firsts[i]] = KEYS[2 + i]
 end
 
-local exhausted = false
-local groups = { [0] = {}, {}, {} } -- lex members found, per distance
-local before = 0 -- results in the groups before the one being walked
+local exhausted = false -- whether this step's budget ran out
+local groups = { [0] = {}, {}, {} } -- lex members found in this step, per distance
+local stage, X = tonumber(ARGV[10]), ARGV[11] -- where this step starts; X is '' past its stage
+local pos = X -- where the next step would start, in the current stage
+local before, have = tonumber(ARGV[12]), tonumber(ARGV[13]) -- matches of earlier steps
 
 -- Whether the group being walked (in `found`) can stop: in lexicographic order once the page is
 -- full, as the walk finds terms in order; by score only when the whole group is seen.
 local function full(found)
-  return order == 'lex' and before + #found >= need
+  return order == 'lex' and before + have + #found >= need
 end
 
 -- Reads the members of set from lo to hi (ZRANGE BYLEX bounds) into found, within the budgets.
@@ -64,13 +83,16 @@ local function take(found, set, lo, hi)
     end
     local chunk = math.min(entries, 256)
     if order == 'lex' then
-      chunk = math.min(chunk, need - before - #found)
+      chunk = math.min(chunk, need - before - have - #found)
     end
     calls = calls - 1
     local rows = redis.call('ZRANGE', set, cur, hi, 'BYLEX', 'LIMIT', 0, chunk)
     entries = entries - #rows
     for i = 1, #rows do
       found[#found + 1] = rows[i]
+    end
+    if #rows > 0 then
+      pos = rows[#rows]
     end
     if #rows < chunk then
       return
@@ -175,9 +197,21 @@ local function best_in(found, t, set, p, row, prow, last)
   end
 end
 
+-- Whether everything under prefix p was done by an earlier step (the start is past it).
+local function done(p)
+  return X ~= '' and not lt(X, p .. '\255')
+end
+
+-- Whether the start of this step falls within p's range: some of it was done.
+local function within(p)
+  return X ~= '' and lt(p, X)
+end
+
 -- Visits trie node p (depth characters, in lex set `set`) for the walk of distance t: row is its
 -- row, prow its parent's, last its last character, hit the best distance of p and its prefixes.
-local function visit(found, t, set, p, depth, row, least, prow, last, hit)
+-- Within the start of the step, it seeks past what is done.
+local visit
+local function node(found, t, set, p, depth, row, least, prow, last, hit)
   if row[n] < hit then
     hit = row[n]
   end
@@ -188,7 +222,9 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
     -- No longer prefix comes closer than t (no cell of a descendant's row is below the least
     -- of this row or of its parent's less one): the whole range is at distance hit.
     if hit == t then
-      if large(set, p) then
+      if within(p) then
+        take(found, set, '(' .. X, '(' .. p .. '\255')
+      elseif large(set, p) then
         best_in(found, t, set, p, nil)
       else
         take(found, set, '[' .. p, '(' .. p .. '\255')
@@ -196,7 +232,7 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
     end
     return
   end
-  if hit == t and large(set, p) then
+  if hit == t and not within(p) and large(set, p) then
     -- Every term of p is within t, some closer: the best of those at t, checked one by one.
     best_in(found, t, set, p, row, prow, last)
     return
@@ -220,22 +256,31 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
       end
     end
     table.sort(cs, lt)
+    local from = within(p) and char_at(X, #p + 1) or nil
     for _, c in ipairs(cs) do
       if exhausted or full(found) then
         return
       end
       local pc = p .. c
-      if next_member(set, '[' .. pc, '(' .. pc .. '\255') ~= nil then
+      if (from == nil or not lt(c, from)) and next_member(set, '[' .. pc, '(' .. pc .. '\255') ~= nil then
         local crow, cleast = next_row(row, prow, c, last)
         visit(found, t, set, pc, depth + 1, crow, cleast, row, c, hit)
       end
     end
     return
   end
-  if hit == t then
-    take(found, set, '[' .. p .. '\0', '(' .. p .. '\1') -- the terms equal to p
-  end
   local lo, hi = '(' .. p .. '\0\255', '(' .. p .. '\255'
+  if not within(p) then
+    if hit == t then
+      take(found, set, '[' .. p .. '\0', '(' .. p .. '\1') -- the terms equal to p
+    end
+  elseif lt(X, p .. '\1') then
+    if hit == t then
+      take(found, set, '(' .. X, '(' .. p .. '\1') -- the rest of the terms equal to p
+    end
+  else
+    lo = '[' .. p .. char_at(X, #p + 1) -- the children from the one the start is in
+  end
   while not exhausted and not full(found) do
     local m = next_member(set, lo, hi)
     if m == nil then
@@ -248,52 +293,76 @@ local function visit(found, t, set, p, depth, row, least, prow, last, hit)
   end
 end
 
--- Group 0: the terms starting with the query.
-local first = set_of[byte(qs)]
-if first ~= nil then
-  if large(first, qs) then
-    best_in(groups[0], 0, first, qs, nil)
-  else
-    take(groups[0], first, '[' .. qs, '(' .. qs .. '\255')
+-- node, skipping what earlier steps did, and moving the position past p once it is done.
+visit = function(found, t, set, p, depth, row, least, prow, last, hit)
+  if done(p) then
+    return
+  end
+  node(found, t, set, p, depth, row, least, prow, last, hit)
+  if not exhausted then
+    pos = p .. '\255'
   end
 end
 
--- Groups 1 and 2: the trie walks, from the first characters of the lex sets that exist.
 local root = { [0] = 0 }
 for j = 1, n do
   root[j] = j
 end
 local present
-for t = 1, maxk do
-  before = before + #groups[t - 1]
-  if exhausted or before >= need then
-    break
+
+-- Stage 0, group 0: the terms starting with the query.
+local function group_zero()
+  local set = set_of[byte(qs)]
+  if set == nil then
+    return
   end
+  if X ~= '' then
+    take(groups[0], set, '(' .. X, '(' .. qs .. '\255')
+  elseif large(set, qs) then
+    best_in(groups[0], 0, set, qs, nil)
+  else
+    take(groups[0], set, '[' .. qs, '(' .. qs .. '\255')
+  end
+end
+
+-- The walk of distance t under the query's own first character. By score a group is ranked
+-- whole, so the order of the walk changes no complete group: it starts there, where a walk the
+-- budget cuts short finds the likeliest matches (a typo is rarely the first character), then
+-- takes the others in byte order. In lexicographic order the walk keeps to byte order, as it
+-- stops once the page is full.
+local function walk_own(t)
+  local own = char_at(qs, 1)
+  local set = set_of[byte(qs)]
+  if set ~= nil and next_member(set, '[' .. own, '(' .. own .. '\255') ~= nil then
+    local crow, cleast = next_row(root, nil, own, nil)
+    visit(groups[t], t, set, own, 1, crow, cleast, root, own, n)
+  end
+end
+
+-- The walk of distance t from the first characters of the lex sets that exist (but the query's
+-- own by score, walked before).
+local function walk_rest(t)
+  local found = groups[t]
+  local own = order == 'score' and char_at(qs, 1) or nil
   if present == nil then
+    if calls <= 0 then
+      exhausted = true
+      return
+    end
     calls = calls - 1
     present = redis.call('HMGET', heavy, unpack(names))
   end
-  local found = groups[t]
-  -- By score a group is ranked whole, so the order of the walk changes no complete group: it
-  -- starts at the query's own first character, where a walk the budget cuts short finds the
-  -- likeliest matches (a typo is rarely the first character), then takes the others in byte
-  -- order. In lexicographic order the walk keeps to byte order, as it stops once the page is full.
-  local own = nil
-  if order == 'score' then
-    own = char_at(qs, 1)
-    local set = set_of[byte(qs)]
-    if set ~= nil and next_member(set, '[' .. own, '(' .. own .. '\255') ~= nil then
-      local crow, cleast = next_row(root, nil, own, nil)
-      visit(found, t, set, own, 1, crow, cleast, root, own, n)
-    end
-  end
+  local from = X ~= '' and byte(X) or nil -- the first byte of the step's start
   for i = 1, #names do
     if exhausted or full(found) then
       break
     end
-    if present[i] then
+    if present[i] and (from == nil or firsts[i] >= from) then
       local set = KEYS[2 + i]
       local lo = '-'
+      if from == firsts[i] then
+        lo = '[' .. char_at(X, 1)
+      end
       while not exhausted and not full(found) do
         local m = next_member(set, lo, '+')
         if m == nil then
@@ -310,17 +379,46 @@ for t = 1, maxk do
   end
 end
 
--- The page: each group in the requested order, up to the limit.
-local reply = { exhausted and 1 or 0 }
-local room = need
-for t = 0, maxk do
-  local found = groups[t]
-  if room <= 0 or #found == 0 then
-    if room <= 0 then
-      break
+-- The stages, from where the step starts until its budget runs out or the page is known.
+local finished = false
+while true do
+  local t = math.floor((stage + 1) / 2)
+  if stage == 0 then
+    group_zero()
+  elseif stage % 2 == 1 then
+    if order == 'score' then
+      walk_own(t)
     end
   else
-    local rows = {}
+    walk_rest(t)
+  end
+  if exhausted then
+    break
+  end
+  if full(groups[t]) or stage == 2 * maxk then
+    finished = true
+    break
+  end
+  if stage % 2 == 0 then
+    -- Group t is whole: the next group is walked only if the page has room left.
+    before, have = before + have + #groups[t], 0
+    if before >= need then
+      finished = true
+      break
+    end
+  end
+  stage, X, pos = stage + 1, '', ''
+end
+
+-- The reply: what the step found, and its first matches of each distance by sort key.
+local reply = { finished and 1 or 0, stage, pos, math.max(given_calls - calls, 0),
+  math.max(given_entries - entries, 0), #groups[0], #groups[1], #groups[2] }
+for t = 0, 2 do
+  local found = groups[t]
+  local rows = {}
+  if order == 'score' then
+    -- By score every match's value is needed to rank it; a term's ranked member (rank bytes,
+    -- then its lex member) sorts in result order byte by byte.
     for first_row = 1, #found, 1000 do
       local ids = {}
       for i = first_row, math.min(first_row + 999, #found) do
@@ -330,40 +428,49 @@ for t = 0, maxk do
       for i = 1, #ids do
         local v = values[i]
         if v then -- always, as reads are atomic; a term is whole or absent
-          rows[#rows + 1] = { found[first_row + i - 1], ids[i], v, (parse_value(v)) }
+          local m = found[first_row + i - 1]
+          rows[#rows + 1] = { rank_bytes((parse_value(v))) .. m, m, ids[i], v }
         end
       end
     end
-    if order == 'score' then
-      -- A term's ranked member (rank bytes, then its lex member) sorts in result order byte by
-      -- byte: sorted by Lua's own string comparison, with no Lua function per comparison, when
-      -- the locale compares bytes (rank.lua).
-      local keyed, by_key = {}, {}
-      for i, r in ipairs(rows) do
-        local k = rank_bytes(r[4]) .. r[1]
-        keyed[i], by_key[k] = k, r
-      end
-      if BYTEWISE then
-        table.sort(keyed)
-      else
-        table.sort(keyed, lt)
-      end
-      for i, k in ipairs(keyed) do
-        rows[i] = by_key[k]
+    local keyed, by_key = {}, {}
+    for i, r in ipairs(rows) do
+      keyed[i], by_key[r[1]] = r[1], r
+    end
+    if BYTEWISE then
+      table.sort(keyed)
+    else
+      table.sort(keyed, lt)
+    end
+    for i, k in ipairs(keyed) do
+      rows[i] = by_key[k]
+    end
+  else
+    -- In lexicographic order the walk found them in order: the first ones are the page's.
+    local ids = {}
+    for i = 1, math.min(need, #found) do
+      ids[i] = id_of(found[i])
+    end
+    if #ids > 0 then
+      local values = redis.call('HMGET', data, unpack(ids))
+      for i = 1, #ids do
+        if values[i] then
+          rows[#rows + 1] = { found[i], found[i], ids[i], values[i] }
+        end
       end
     end
-    for i = 1, math.min(room, #rows) do
-      local r = rows[i]
-      local kind = 6 -- FUZZY
-      if t == 0 then
-        kind = find(r[1], '\0', 1, true) == #qs + 1 and 1 or 2 -- EXACT or PREFIX
-      end
-      reply[#reply + 1] = r[2]
-      reply[#reply + 1] = r[3]
-      reply[#reply + 1] = kind
-      reply[#reply + 1] = t
+  end
+  for i = 1, math.min(need, #rows) do
+    local r = rows[i]
+    local kind = 6 -- FUZZY
+    if t == 0 then
+      kind = find(r[2], '\0', 1, true) == #qs + 1 and 1 or 2 -- EXACT or PREFIX
     end
-    room = room - math.min(room, #rows)
+    reply[#reply + 1] = t
+    reply[#reply + 1] = r[1]
+    reply[#reply + 1] = r[3]
+    reply[#reply + 1] = r[4]
+    reply[#reply + 1] = kind
   end
 end
 return reply

@@ -9,10 +9,7 @@
 
 use redis::{Script, ScriptInvocation};
 
-use super::{
-    BUDGET, DictionaryKeys, FUZZY_CALLS, FUZZY_ENTRIES, GATHER, HEAVY_PREFIX, MAX_RANKED_DEPTH,
-    RecentKeys, text,
-};
+use super::{BUDGET, DictionaryKeys, GATHER, HEAVY_PREFIX, MAX_RANKED_DEPTH, RecentKeys, text};
 use super::{DEEP_RANKED, LIGHT_PREFIX, MAX_ABS_SCORE, ScoreChange, TOP_RANKED};
 
 /// `add.lua`: add or update a step of an `Add` batch.
@@ -432,8 +429,8 @@ impl Complete<'_> {
     }
 }
 
-/// `fuzzy.lua`'s arguments: the one page of terms a prefix of which is within `max_edits` edits
-/// of `query`.
+/// `fuzzy.lua`'s arguments: one step of the walk for the terms a prefix of which is within
+/// `max_edits` edits of `query`.
 #[derive(Debug, Clone, Copy)]
 pub struct Fuzzy<'a> {
     /// The dictionary.
@@ -446,6 +443,18 @@ pub struct Fuzzy<'a> {
     pub max_edits: u32,
     /// The query's matching form (not empty).
     pub query: &'a str,
+    /// The most reads of index sets this step makes.
+    pub calls: usize,
+    /// The most lex members those reads may return.
+    pub entries: usize,
+    /// The stage the step starts at (0 for the first step).
+    pub stage: i64,
+    /// The position in that stage the previous step stopped at (empty for the stage's start).
+    pub position: &'a [u8],
+    /// Matches earlier steps found in the groups before the stage's.
+    pub before: usize,
+    /// Matches earlier steps found in the stage's group.
+    pub have: usize,
 }
 
 impl Fuzzy<'_> {
@@ -461,12 +470,16 @@ impl Fuzzy<'_> {
             .arg(self.order)
             .arg(self.limit)
             .arg(self.max_edits)
-            .arg(FUZZY_CALLS)
-            .arg(FUZZY_ENTRIES)
+            .arg(self.calls)
+            .arg(self.entries)
             .arg(self.query)
             .arg(&self.keys.base)
             .arg(MAX_RANKED_DEPTH)
-            .arg(HEAVY_PREFIX);
+            .arg(HEAVY_PREFIX)
+            .arg(self.stage)
+            .arg(self.position)
+            .arg(self.before)
+            .arg(self.have);
         invocation
     }
 }

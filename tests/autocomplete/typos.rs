@@ -149,6 +149,16 @@ async fn fuzzy_finds_typos_and_ranks_exact_prefixes_first() {
         got(page(&mut client, ask("smtih", Order::Lexicographic)).await),
         [("Smith".to_owned(), 1, Kind::Fuzzy)]
     );
+    // The proto's examples: a substitution is one edit; "sitt" is two from every prefix of
+    // "smith" ("smit": a substitution and another), more than 4 characters allow.
+    assert_eq!(
+        got(page(&mut client, ask("smyth", Order::Lexicographic)).await),
+        [("Smith".to_owned(), 1, Kind::Fuzzy)]
+    );
+    assert_eq!(
+        got(page(&mut client, ask("sitt", Order::Lexicographic)).await),
+        []
+    );
     // Exact prefix first, then the typos, each group in the requested order.
     assert_eq!(
         got(page(&mut client, ask("john", Order::Score)).await),
@@ -421,10 +431,15 @@ async fn fuzzy_says_when_the_budget_cut_it_short() {
 /// By score, a walk the budget cuts short has looked at the terms sharing the query's first
 /// character first: a two-typo match under the last first character of the dictionary is found
 /// although the walk of the 625 two-letter prefixes before it runs out of budget, where a walk
-/// in byte order never reached it. In lexicographic order the walk keeps to byte order.
+/// in byte order never reached it. In lexicographic order the walk keeps to byte order. The walk
+/// runs in script calls of bounded reads.
 #[tokio::test]
 async fn fuzzy_by_score_looks_under_the_querys_first_character_first() {
-    let (_redis, _baton, mut client) = setup().await;
+    use baton::autocomplete::{FUZZY_CALLS, FUZZY_STEP_CALLS};
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = start_baton(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
     configure(&mut client, "spread", &[]).await.unwrap();
     let letters = || (b'a'..=b'y').map(char::from);
     let mut terms: Vec<pb::AutocompleteTerm> = letters()
@@ -435,6 +450,8 @@ async fn fuzzy_by_score_looks_under_the_querys_first_character_first() {
         add(&mut client, "spread", chunk.to_vec()).await;
     }
     // "zerba crosing": a transposition and a deletion from "zebra crossing".
+    let mut conn = redis.conn().await;
+    conn.reset_stats().await;
     let r = page(
         &mut client,
         fuzzy("spread", "zerba crosing", Order::Score, 10),
@@ -443,6 +460,15 @@ async fn fuzzy_by_score_looks_under_the_querys_first_character_first() {
     assert!(
         r.incomplete,
         "the walk of distance 2 fit in the budget: {r:?}"
+    );
+    // The walk ran in script calls of at most FUZZY_STEP_CALLS reads, FUZZY_CALLS in all.
+    let (steps, reads) = (
+        conn.command_calls("evalsha").await,
+        conn.command_calls("zrange").await + conn.command_calls("zlexcount").await,
+    );
+    assert!(
+        steps >= (FUZZY_CALLS / FUZZY_STEP_CALLS) as u64 && reads <= FUZZY_CALLS as u64,
+        "{steps} script calls made {reads} reads"
     );
     assert_eq!(displays(&r.suggestions), ["Zebra Crossing"]);
     assert_eq!(
