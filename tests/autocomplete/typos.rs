@@ -641,3 +641,152 @@ async fn fuzzy_validation_names_the_field() {
         .expect_err("fuzzy recent");
     invalid(&status, "mode");
 }
+
+/// Fuzzy walks made in several steps while a writer adds and removes other terms: every answer
+/// holds each term once, at its true distance, each distance in the requested order; a complete
+/// answer holds every match among the terms nobody touched (pages of more than a step's entries
+/// included); terms written meanwhile may be found or not, as with pages.
+#[tokio::test]
+async fn fuzzy_walks_in_steps_under_writes_stay_consistent() {
+    use baton::autocomplete::FUZZY_STEP_ENTRIES;
+    use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
+    let (_redis, baton, mut client) = setup().await;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(20);
+    let alphabet: Vec<char> = "abcdeknoséß".chars().collect();
+    let mut all: Vec<ModelTerm> = Vec::new();
+    let mut seen = HashSet::new();
+    while all.len() < 3000 {
+        // Half the terms start with "abc", so that a page of "abc" or of a typo of it takes
+        // more entries than a step reads.
+        let head = if all.len().is_multiple_of(2) {
+            "abc"
+        } else {
+            ""
+        };
+        let display: String = head
+            .chars()
+            .chain(
+                (0..rng.random_range(1..9)).map(|_| alphabet[rng.random_range(0..alphabet.len())]),
+            )
+            .collect();
+        let key = lex_key(&display);
+        if seen.insert(key.1.clone()) {
+            all.push(ModelTerm {
+                display,
+                key,
+                score: f64::from(rng.random_range(0..50u32)),
+            });
+        }
+    }
+    // The first 2,500 stay; the writer adds and removes the other 500 all along.
+    let (stable, churn) = all.split_at(2500);
+    add_model_terms(&mut client, "busy", stable, 500).await;
+    let by_display: HashMap<&str, &ModelTerm> =
+        all.iter().map(|t| (t.display.as_str(), t)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+        let churn: Vec<(String, f64)> =
+            churn.iter().map(|t| (t.display.clone(), t.score)).collect();
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                for part in churn.chunks(50) {
+                    add(
+                        &mut client,
+                        "busy",
+                        part.iter().map(|(d, s)| scored(d, *s)).collect(),
+                    )
+                    .await;
+                    let displays: Vec<&str> = part.iter().map(|(d, _)| d.as_str()).collect();
+                    remove(&mut client, "busy", &displays).await;
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let (mut complete, mut long) = (0, 0);
+    for round in 0..80 {
+        let query: String = match round % 4 {
+            0 => "abc".to_owned(),
+            1 => ["abd", "acb", "bc", "abcd"][rng.random_range(0..4)].to_owned(),
+            _ => {
+                let t: Vec<char> = stable[rng.random_range(0..stable.len())]
+                    .key
+                    .0
+                    .chars()
+                    .collect();
+                let mut q = t[..rng.random_range(3.min(t.len())..=t.len())].to_vec();
+                let i = rng.random_range(0..q.len());
+                q[i] = alphabet[rng.random_range(0..alphabet.len())];
+                q.into_iter().collect()
+            }
+        };
+        let qc: Vec<char> = baton::autocomplete::text::query_form(&query)
+            .chars()
+            .collect();
+        let edits = allowed_edits(qc.len());
+        let order = if round % 8 < 4 {
+            Order::Lexicographic
+        } else {
+            Order::Score
+        };
+        let limit = 1000;
+        let r = page(&mut client, fuzzy("busy", &query, order, limit)).await;
+        // Where a term sorts in the answer: distance, then the order's key.
+        let rank = |d: usize, t: &ModelTerm| match order {
+            Order::Score => (d, -t.score, t.key.clone()),
+            _ => (d, 0.0, t.key.clone()),
+        };
+        let mut shown = HashSet::new();
+        let mut last = None;
+        for s in &r.suggestions {
+            assert!(
+                shown.insert(s.display.as_str()),
+                "{:?} twice for {query:?}",
+                s.display
+            );
+            let term = by_display[s.display.as_str()];
+            let d = prefix_distance(&term.key.0.chars().collect::<Vec<_>>(), &qc);
+            assert_eq!(s.edit_distance as usize, d, "{:?} for {query:?}", s.display);
+            assert!(d <= edits);
+            let at = rank(d, term);
+            if let Some(before) = &last {
+                assert!(before < &at, "{:?} out of order for {query:?}", s.display);
+            }
+            last = Some(at);
+        }
+        if !r.incomplete {
+            // Every untouched match that sorts before the page's end is in it (all of them
+            // when the page is not full).
+            complete += 1;
+            let full = r.suggestions.len() == limit as usize;
+            for t in stable {
+                let d = prefix_distance(&t.key.0.chars().collect::<Vec<_>>(), &qc);
+                if d <= edits && (!full || Some(rank(d, t)) < last) {
+                    assert!(
+                        shown.contains(t.display.as_str()),
+                        "{:?} missing for {query:?}",
+                        t.display
+                    );
+                }
+            }
+            if r.suggestions.len() > FUZZY_STEP_ENTRIES {
+                long += 1; // more than one step's reads could hold
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = within(Duration::from_secs(60), writer, "the writer")
+        .await
+        .expect("the writer");
+    assert!(rounds > 0, "the writer never finished a round");
+
+    assert!(complete >= 40, "only {complete} of 80 answers complete");
+    assert!(
+        long >= 5,
+        "only {long} complete answers of more than one step's entries"
+    );
+}
