@@ -2145,9 +2145,9 @@ struct FuzzyStep {
 
 /// A fuzzy page gathered over the steps of its walk (`fuzzy.lua`): each step reads at most
 /// [`FUZZY_STEP_CALLS`] index sets ([`FUZZY_LEX_STEP_CALLS`] in lexicographic order), all of them
-/// at most [`FUZZY_CALLS`]; a step that makes no
-/// progress on that budget (a best-first read larger than a step) is given what is left of the
-/// call's budget at once, as a single long step, before the walk says it is incomplete.
+/// at most [`FUZZY_CALLS`]. After a step that made no progress on its budget (a best-first read
+/// larger than a step), the next one gets what is left of the call's budget at once, as a single
+/// longer step, before the walk says it is incomplete.
 struct FuzzyWalk {
     limit: usize,
     /// The most reads of index sets a step makes.
@@ -2262,7 +2262,8 @@ impl FuzzyWalk {
             return Ok(());
         }
         let (next, at) = (int(next)?, bytes(at)?);
-        if next < self.stage || !(0..=4).contains(&next) {
+        // Stages run from 0 to 2 × the most edits, forward only.
+        if next < self.stage || next > 2 * i64::from(MAX_FUZZY_EDITS) {
             return Err(unexpected("fuzzy stage"));
         }
         if next == self.stage && at == self.position {
