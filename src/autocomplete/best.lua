@@ -89,11 +89,7 @@ local function best_of(base, lex, data, heavy_set, q, need, pos, depth, heavy, b
           ranked[#ranked + 1] = r
         end
       end
-      if BYTEWISE then
-        table.sort(ranked)
-      else
-        table.sort(ranked, lt)
-      end
+      sort_bytes(ranked)
       for i = 1, math.min(#ranked, need + 1) do
         rows[i] = ranked[i]
       end

@@ -277,11 +277,7 @@ local function merge(keys, want, ranked)
       end
       st.at = at
     end
-    if BYTEWISE then
-      table.sort(cands)
-    else
-      table.sort(cands, lt)
-    end
+    sort_bytes(cands)
     for i, m in ipairs(cands) do
       out[#out + 1] = ranked and string.sub(m, 9) or m
       kinds[#kinds + 1] = kind_of[m]

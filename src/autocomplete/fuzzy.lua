@@ -437,11 +437,7 @@ for t = 0, 2 do
     for i, r in ipairs(rows) do
       keyed[i], by_key[r[1]] = r[1], r
     end
-    if BYTEWISE then
-      table.sort(keyed)
-    else
-      table.sort(keyed, lt)
-    end
+    sort_bytes(keyed)
     for i, k in ipairs(keyed) do
       rows[i] = by_key[k]
     end

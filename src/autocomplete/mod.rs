@@ -36,6 +36,7 @@
 //! of tonic.
 
 pub mod cursor;
+mod fuzzy;
 pub mod scripts;
 pub mod service;
 pub mod text;
@@ -1882,7 +1883,7 @@ impl Autocomplete {
             None => fuzzy_edits(chars),
         };
         let keys = self.dictionary_keys(dictionary);
-        let mut walk = FuzzyWalk::new(request.limit, request.order);
+        let mut walk = fuzzy::FuzzyWalk::new(request.limit, request.order);
         while let Some(step) = walk.next_step() {
             let invocation = scripts::Fuzzy {
                 keys: &keys,
@@ -2131,176 +2132,6 @@ fn recent_items(rows: &[Value], with_kind: bool) -> Result<Vec<RecentItem>, Erro
         });
     }
     Ok(items)
-}
-
-/// Where the next step of a fuzzy walk starts, and the budget it gets.
-struct FuzzyStep {
-    calls: usize,
-    entries: usize,
-    stage: i64,
-    position: Vec<u8>,
-    before: usize,
-    have: usize,
-}
-
-/// A fuzzy page gathered over the steps of its walk (`fuzzy.lua`): each step reads at most
-/// [`FUZZY_STEP_CALLS`] index sets ([`FUZZY_LEX_STEP_CALLS`] in lexicographic order), all of them
-/// at most [`FUZZY_CALLS`]. After a step that made no progress on its budget (a best-first read
-/// larger than a step), the next one gets what is left of the call's budget at once, as a single
-/// longer step, before the walk says it is incomplete.
-struct FuzzyWalk {
-    limit: usize,
-    /// The most reads of index sets a step makes.
-    step_calls: usize,
-    calls: usize,
-    entries: usize,
-    /// Where the next step starts: stage and position.
-    stage: i64,
-    position: Vec<u8>,
-    /// Whether the next step gets the whole budget left (the last one made no progress).
-    wide: bool,
-    /// `Some(incomplete)` once the walk is over.
-    over: Option<bool>,
-    /// Matches found per distance, over the steps.
-    found: [usize; 3],
-    /// The matches kept: distance, sort key, suggestion.
-    kept: Vec<(u8, Vec<u8>, Suggestion)>,
-}
-
-impl FuzzyWalk {
-    fn new(limit: u32, order: Order) -> Self {
-        Self {
-            limit: limit as usize,
-            step_calls: match order {
-                Order::Lexicographic => FUZZY_LEX_STEP_CALLS,
-                Order::Score => FUZZY_STEP_CALLS,
-            },
-            calls: FUZZY_CALLS,
-            entries: FUZZY_ENTRIES,
-            stage: 0,
-            position: Vec::new(),
-            wide: false,
-            over: None,
-            found: [0; 3],
-            kept: Vec::new(),
-        }
-    }
-
-    /// The next step to run, or `None` once the walk is over.
-    fn next_step(&self) -> Option<FuzzyStep> {
-        if self.over.is_some() {
-            return None;
-        }
-        // The stage's group: stage 0 is group 0, stages 2t - 1 and 2t group t.
-        let group = usize::try_from((self.stage + 1) / 2).map_or(0, |g| g.min(2));
-        let (calls, entries) = if self.wide {
-            (self.calls, self.entries)
-        } else {
-            (
-                self.calls.min(self.step_calls),
-                self.entries.min(FUZZY_STEP_ENTRIES),
-            )
-        };
-        Some(FuzzyStep {
-            calls,
-            entries,
-            stage: self.stage,
-            position: self.position.clone(),
-            before: self.found[..group].iter().sum(),
-            have: self.found[group],
-        })
-    }
-
-    /// Takes in the reply of the step `next_step` gave.
-    fn absorb(&mut self, reply: &[Value]) -> Result<(), Error> {
-        let [
-            finished,
-            next,
-            at,
-            used_calls,
-            used_entries,
-            f0,
-            f1,
-            f2,
-            rows @ ..,
-        ] = reply
-        else {
-            return Err(unexpected("fuzzy reply"));
-        };
-        self.calls = self.calls.saturating_sub(count(used_calls)?);
-        self.entries = self.entries.saturating_sub(count(used_entries)?);
-        for (n, f) in self.found.iter_mut().zip([f0, f1, f2]) {
-            *n += count(f)?;
-        }
-        for row in rows.chunks(5) {
-            let [distance, key, id, value, kind] = row else {
-                return Err(unexpected("fuzzy row"));
-            };
-            let distance = u8::try_from(int(distance)?)
-                .ok()
-                .filter(|d| *d <= 2)
-                .ok_or_else(|| unexpected("distance"))?;
-            let (score, display, payload) = parse_value(id, value)?;
-            self.kept.push((
-                distance,
-                bytes(key)?,
-                Suggestion {
-                    display,
-                    score,
-                    payload,
-                    kind: MatchKind::from_script(int(kind)?)?,
-                    distance: u32::from(distance),
-                },
-            ));
-        }
-        if int(finished)? != 0 {
-            self.over = Some(false);
-            return Ok(());
-        }
-        if self.calls == 0 || self.entries == 0 {
-            self.over = Some(true);
-            return Ok(());
-        }
-        let (next, at) = (int(next)?, bytes(at)?);
-        // Stages run from 0 to 2 × the most edits, forward only.
-        if next < self.stage || next > 2 * i64::from(MAX_FUZZY_EDITS) {
-            return Err(unexpected("fuzzy stage"));
-        }
-        if next == self.stage && at == self.position {
-            // No progress on a step's budget: one step with all that is left, then no more.
-            if self.wide {
-                self.over = Some(true);
-                return Ok(());
-            }
-            self.wide = true;
-        } else {
-            self.wide = false;
-        }
-        (self.stage, self.position) = (next, at);
-        Ok(())
-    }
-
-    /// The page: each distance in its order (sort keys sort in result order), fewest edits
-    /// first; a term that two steps both found (a step done again) counts once.
-    fn page(mut self) -> Page<Suggestion> {
-        self.kept.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        let mut seen = std::collections::HashSet::new();
-        Page {
-            items: self
-                .kept
-                .into_iter()
-                .map(|(_, _, s)| s)
-                .filter(|s| seen.insert(s.display.clone()))
-                .take(self.limit)
-                .collect(),
-            next_page_token: String::new(),
-            incomplete: self.over.unwrap_or(true),
-        }
-    }
-}
-
-fn count(v: &Value) -> Result<usize, Error> {
-    usize::try_from(int(v)?).map_err(|_| unexpected("count"))
 }
 
 /// Parses a data hash value "<score>\0<display>\0<payload>".
