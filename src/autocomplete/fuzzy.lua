@@ -15,12 +15,16 @@
 -- ARGV[11] the position in that stage: everything before it in the stage's byte order is done
 --          ('' for the stage's start)
 -- ARGV[12] matches found in the groups before the stage's   ARGV[13] in the stage's group
+-- ARGV[14] when the position is a trie node whose best-first read an earlier step began: the
+--          ranked member that read stopped at ('' otherwise)   ARGV[15] the matches that read
+--          found so far
 --
 -- Returns {1 when every stage is done (else 0: the step's budget ran out first), the stage and
 -- the position to go on from, the calls and entries the step used, the matches it found at
--- distance 0, 1 and 2, then per match kept (at most `limit` of each distance, the first by their
--- sort key): distance, sort key (the lex member; by score, rank bytes then the lex member), id,
--- data value, match kind (EXACT, PREFIX or FUZZY)}.
+-- distance 0, 1 and 2, where a best-first read goes on from and its matches so far (ARGV[14] and
+-- ARGV[15] of the next step), then per match kept (at most `limit` of each distance, the first
+-- by their sort key): distance, sort key (the lex member; by score, rank bytes then the lex
+-- member), id, data value, match kind (EXACT, PREFIX or FUZZY)}.
 --
 -- The lex sets are walked as a trie of characters: the children of a prefix p are found by a
 -- skip scan (ZRANGE (p<c>\255 ... BYLEX LIMIT 0 1 gives the next existing character after c),
@@ -43,8 +47,10 @@
 -- Steps: the walk's order is fixed by the query, so a position (a lex member or a prefix followed
 -- by \255, everything before which is done) says where a step stopped; the next step walks down
 -- to it again from the root, seeking past what is done, and goes on. A range read whole moves the
--- position member by member, a node it leaves moves it past the node; a best-first read is done
--- in one step.
+-- position member by member, a node it leaves moves it past the node. A best-first read that the
+-- budget cuts short leaves the position at its node (the prefix itself, which sorts after what is
+-- done before the node and before all of the node's range) with the ranked member it stopped at,
+-- and the next step's read of that node goes on from there.
 local order, need, maxk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local calls, entries = tonumber(ARGV[4]), tonumber(ARGV[5])
 local given_calls, given_entries = calls, entries
@@ -66,6 +72,10 @@ local groups = { [0] = {}, {}, {} } -- lex members found in this step, per dista
 local stage, X = tonumber(ARGV[10]), ARGV[11] -- where this step starts; X is '' past its stage
 local pos = X -- where the next step would start, in the current stage
 local before, have = tonumber(ARGV[12]), tonumber(ARGV[13]) -- matches of earlier steps
+-- A best-first read of node X to go on with (from after ranked member R, with G matches found),
+-- and where this step's own read stopped (the next step's R and G).
+local R, G = ARGV[14], tonumber(ARGV[15])
+local resume, resume_got = '', 0
 
 -- Whether the group being walked (in `found`) can stop: in lexicographic order once the page is
 -- full, as the walk finds terms in order; by score only when the whole group is seen.
@@ -179,21 +189,34 @@ end
 -- Adds to found the best terms of p's range (all within distance t of the query: p is) whose
 -- distance is exactly t, as many as the page can still take, read best first from the ranked
 -- sets. A `row` of nil takes every term (none can come closer).
+-- A read an earlier step began (the position is p, R where it stopped) goes on after R, for what
+-- the page can still take beyond the G matches it found; one the budget cuts short here leaves
+-- the position at p.
 local function best_in(found, t, set, p, row, prow, last)
+  local from, got = '', 0
+  if R ~= '' and p == X then
+    from, got = R, G
+  end
+  local want = need - before - got
+  if want <= 0 then
+    return
+  end
   local keep = nil
   if row ~= nil then
     keep = function(m)
       return not closer(sub(m, 9, find(m, '\0', 9, true) - 1), #p, row, prow, last, t)
     end
   end
-  local rows, stopped, spent, used = best_of(base, set, data, heavy, p, need - before - 1, '',
+  local rows, stopped, spent, used = best_of(base, set, data, heavy, p, want - 1, from,
     depth, heavy_terms, math.min(entries, calls), keep)
   entries, calls = entries - spent, calls - used
+  local took = math.min(#rows, want)
+  for i = 1, took do
+    found[#found + 1] = sub(rows[i], 9)
+  end
   if stopped then
     exhausted = true
-  end
-  for i = 1, math.min(#rows, need - before) do
-    found[#found + 1] = sub(rows[i], 9)
+    pos, resume, resume_got = p, stopped, got + took
   end
 end
 
@@ -316,7 +339,10 @@ local function group_zero()
   if set == nil then
     return
   end
-  if X ~= '' then
+  if R ~= '' or X == qs then
+    -- A best-first read an earlier step began (a range read whole leaves lex members instead).
+    best_in(groups[0], 0, set, qs, nil)
+  elseif X ~= '' then
     take(groups[0], set, '(' .. X, '(' .. qs .. '\255')
   elseif large(set, qs) then
     best_in(groups[0], 0, set, qs, nil)
@@ -407,12 +433,12 @@ while true do
       break
     end
   end
-  stage, X, pos = stage + 1, '', ''
+  stage, X, pos, R, G = stage + 1, '', '', '', 0
 end
 
 -- The reply: what the step found, and its first matches of each distance by sort key.
 local reply = { finished and 1 or 0, stage, pos, math.max(given_calls - calls, 0),
-  math.max(given_entries - entries, 0), #groups[0], #groups[1], #groups[2] }
+  math.max(given_entries - entries, 0), #groups[0], #groups[1], #groups[2], resume, resume_got }
 for t = 0, 2 do
   local found = groups[t]
   local rows = {}

@@ -22,22 +22,31 @@ pub(super) struct FuzzyStep {
     pub(super) before: usize,
     /// Matches earlier steps found in the stage's group.
     pub(super) have: usize,
+    /// The ranked member where the best-first read of the node at `position` stopped (empty
+    /// when the position is not inside such a read).
+    pub(super) resume: Vec<u8>,
+    /// The matches that read found so far.
+    pub(super) resumed_found: usize,
 }
 
 /// A fuzzy page gathered over the steps of its walk (`fuzzy.lua`): each step reads at most
 /// [`FUZZY_STEP_CALLS`] index sets ([`FUZZY_LEX_STEP_CALLS`] in lexicographic order), all of them
-/// at most [`FUZZY_CALLS`]. After a step that made no progress on its budget (a best-first read
-/// larger than a step), the next one gets what is left of the call's budget at once, as a single
-/// longer step, before the walk says it is incomplete.
+/// at most [`FUZZY_CALLS`]. A best-first read larger than a step goes on in the next step from
+/// the ranked member it stopped at. Should a step still make no progress on its budget, the next
+/// one gets what is left of the call's budget at once, as a single longer step, before the walk
+/// says it is incomplete.
 pub(super) struct FuzzyWalk {
     limit: usize,
     /// The most reads of index sets a step makes.
     step_calls: usize,
     calls: usize,
     entries: usize,
-    /// Where the next step starts: stage and position.
+    /// Where the next step starts: stage, position, and where in the position's best-first
+    /// read (with the matches it found so far).
     stage: i64,
     position: Vec<u8>,
+    resume: Vec<u8>,
+    resumed_found: usize,
     /// Whether the next step gets the whole budget left (the last one made no progress).
     wide: bool,
     /// `Some(incomplete)` once the walk is over.
@@ -60,6 +69,8 @@ impl FuzzyWalk {
             entries: FUZZY_ENTRIES,
             stage: 0,
             position: Vec::new(),
+            resume: Vec::new(),
+            resumed_found: 0,
             wide: false,
             over: None,
             found: [0; 3],
@@ -89,6 +100,8 @@ impl FuzzyWalk {
             position: self.position.clone(),
             before: self.found[..group].iter().sum(),
             have: self.found[group],
+            resume: self.resume.clone(),
+            resumed_found: self.resumed_found,
         })
     }
 
@@ -103,6 +116,8 @@ impl FuzzyWalk {
             f0,
             f1,
             f2,
+            resume,
+            resumed_found,
             rows @ ..,
         ] = reply
         else {
@@ -142,12 +157,12 @@ impl FuzzyWalk {
             self.over = Some(true);
             return Ok(());
         }
-        let (next, at) = (int(next)?, bytes(at)?);
+        let (next, at, resume) = (int(next)?, bytes(at)?, bytes(resume)?);
         // Stages run from 0 to 2 × the most edits, forward only.
         if next < self.stage || next > 2 * i64::from(MAX_FUZZY_EDITS) {
             return Err(unexpected("fuzzy stage"));
         }
-        if next == self.stage && at == self.position {
+        if next == self.stage && at == self.position && resume == self.resume {
             // No progress on a step's budget: one step with all that is left, then no more.
             if self.wide {
                 self.over = Some(true);
@@ -157,7 +172,8 @@ impl FuzzyWalk {
         } else {
             self.wide = false;
         }
-        (self.stage, self.position) = (next, at);
+        (self.stage, self.position, self.resume) = (next, at, resume);
+        self.resumed_found = count(resumed_found)?;
         Ok(())
     }
 

@@ -1897,6 +1897,8 @@ impl Autocomplete {
                 position: &step.position,
                 before: step.before,
                 have: step.have,
+                resume: &step.resume,
+                resumed_found: step.resumed_found,
             }
             .invocation(&self.inner.fuzzy);
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;

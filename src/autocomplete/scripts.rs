@@ -455,6 +455,11 @@ pub struct Fuzzy<'a> {
     pub before: usize,
     /// Matches earlier steps found in the stage's group.
     pub have: usize,
+    /// When the position is a trie node whose best-first read an earlier step began: the ranked
+    /// member that read stopped at (empty otherwise).
+    pub resume: &'a [u8],
+    /// The matches that best-first read found so far.
+    pub resumed_found: usize,
 }
 
 impl Fuzzy<'_> {
@@ -479,7 +484,9 @@ impl Fuzzy<'_> {
             .arg(self.stage)
             .arg(self.position)
             .arg(self.before)
-            .arg(self.have);
+            .arg(self.have)
+            .arg(self.resume)
+            .arg(self.resumed_found);
         invocation
     }
 }

@@ -790,3 +790,56 @@ async fn fuzzy_walks_in_steps_under_writes_stay_consistent() {
         "only {long} complete answers of more than one step's entries"
     );
 }
+
+/// By score, a best-first read larger than a step goes on in the next step from where it
+/// stopped. Here the terms starting with "abcde" rank below 1,200 others starting with "abc":
+/// the read from the ranked sets passes all of those before it finds the page, more than a
+/// step's budget and more than a single call could read, in steps of a bounded size. The
+/// answers, exact prefixes and one typo away, are whole and equal the reference model.
+#[tokio::test]
+async fn fuzzy_best_first_reads_go_on_across_steps() {
+    use baton::autocomplete::{FUZZY_CALLS, FUZZY_STEP_CALLS};
+    // Reads node-wide counters: on a Cluster, one of this test's own.
+    let redis = RedisServer::start_private().await;
+    let baton = start_baton(&redis).await;
+    let mut client = AutocompleteServiceClient::new(channel(baton.addr()).await);
+    let mut terms: Vec<ModelTerm> = Vec::new();
+    let mut push = |display: String, score: u32| {
+        terms.push(ModelTerm {
+            key: lex_key(&display),
+            display,
+            score: f64::from(score),
+        });
+    };
+    // 1,200 terms under "abc" ranked above the 300 under "abcde".
+    for i in 0..1200u32 {
+        push(format!("abc{:04} high", i), 100 + i % 400);
+    }
+    for i in 0..300u32 {
+        push(format!("abcde {:03} low", i), i % 50);
+    }
+    add_model_terms(&mut client, "deep", &terms, 500).await;
+    let mut conn = redis.conn().await;
+    for (query, limit) in [("abcde", 10), ("abcde", 40), ("abdce", 10), ("abcdf", 10)] {
+        conn.reset_stats().await;
+        let r = page(&mut client, fuzzy("deep", query, Order::Score, limit)).await;
+        let steps = conn.command_calls("evalsha").await;
+        let edits = allowed_edits(query.chars().count());
+        let model = fuzzy_model(&terms, query, edits, Order::Score);
+        assert!(
+            !r.incomplete,
+            "{query:?}, limit {limit}: ran out of budget in {steps} steps"
+        );
+        assert_eq!(
+            distances_and_displays(&r),
+            model_page(&terms, &model, limit as usize),
+            "{query:?}, limit {limit}"
+        );
+        // Reading past 1,200 better terms takes several steps of at most FUZZY_STEP_CALLS
+        // entries each (a step's best-first read gets at most that many).
+        assert!(
+            steps > (1200 / FUZZY_STEP_CALLS) as u64 && steps <= FUZZY_CALLS as u64,
+            "{query:?}: {steps} script calls"
+        );
+    }
+}
