@@ -199,3 +199,53 @@ impl FuzzyWalk {
 fn count(v: &Value) -> Result<usize, Error> {
     usize::try_from(int(v)?).map_err(|_| unexpected("count"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step's reply with no match: finished or not, where the next step starts, the calls and
+    /// entries it used, and where its best-first read stopped.
+    fn reply(finished: i64, stage: i64, at: &[u8], calls: i64, resume: &[u8]) -> Vec<Value> {
+        vec![
+            Value::Int(finished),
+            Value::Int(stage),
+            Value::BulkString(at.to_vec()),
+            Value::Int(calls),
+            Value::Int(10),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::BulkString(resume.to_vec()),
+            Value::Int(0),
+        ]
+    }
+
+    #[test]
+    fn a_read_that_goes_on_is_progress_and_one_that_does_not_ends_the_walk() {
+        let mut walk = FuzzyWalk::new(10, Order::Score);
+        walk.absorb(&reply(0, 1, b"ab", 200, b"r1")).unwrap();
+        // The same node, the read further on: a step of the usual size.
+        walk.absorb(&reply(0, 1, b"ab", 200, b"r2")).unwrap();
+        let step = walk.next_step().unwrap();
+        assert_eq!(
+            (step.calls, step.resume.as_slice()),
+            (FUZZY_STEP_CALLS, &b"r2"[..])
+        );
+        // No progress: one step with all that is left, then the walk is over, incomplete.
+        walk.absorb(&reply(0, 1, b"ab", 10, b"r2")).unwrap();
+        let step = walk.next_step().unwrap();
+        assert_eq!(step.calls, FUZZY_CALLS - 410);
+        walk.absorb(&reply(0, 1, b"ab", 5, b"r2")).unwrap();
+        assert!(walk.next_step().is_none());
+        assert!(walk.page().incomplete);
+    }
+
+    #[test]
+    fn a_stage_that_goes_back_is_refused() {
+        let mut walk = FuzzyWalk::new(10, Order::Lexicographic);
+        walk.absorb(&reply(0, 2, b"x\xff", 1, b"")).unwrap();
+        assert!(walk.absorb(&reply(0, 1, b"y\xff", 1, b"")).is_err());
+        assert!(walk.absorb(&reply(0, 5, b"y\xff", 1, b"")).is_err());
+    }
+}
