@@ -2,7 +2,7 @@
 // in BATON_BIN (scripts/client-tests.sh builds it); everything is stopped by pid.
 
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, openSync } from "node:fs";
+import { mkdtempSync, openSync, rmSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -48,6 +48,14 @@ export function redisCli(port: number, ...args: string[]): string[] {
 }
 
 export const workdir = mkdtempSync(join(tmpdir(), "baton-node-client-"));
+// The servers' logs and sockets go when the tests pass; after a failure they stay for reading.
+process.on("exit", (code) => {
+  if (code === 0) {
+    rmSync(workdir, { recursive: true, force: true });
+  } else {
+    console.error(`the test servers' logs are in ${workdir}`);
+  }
+});
 
 /** redis-server on a free port, no persistence. */
 export class Redis {
