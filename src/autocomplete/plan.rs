@@ -1,0 +1,282 @@
+//! The planning of `Add` and `Remove` batches into steps of bounded work ([`STEP_WORK`]): what
+//! each step holds and declares, and where a refused step is cut.
+
+use super::*;
+
+/// An `Add` batch, ready to be sent in steps.
+pub(super) struct AddBatch<'a> {
+    pub(super) keys: DictionaryKeys,
+    pub(super) terms: &'a [NewTerm],
+    pub(super) words: Vec<Vec<&'a str>>,
+    /// The features the steps are planned for: their keys are declared, the rest not.
+    pub(super) features: Features,
+    pub(super) planned: Vec<Planned>,
+    pub(super) record_key: Option<String>,
+    pub(super) fingerprint: Option<String>,
+    pub(super) memory_ms: u64,
+}
+
+impl<'a> AddBatch<'a> {
+    pub(super) fn new(
+        keys: DictionaryKeys,
+        terms: &'a [NewTerm],
+        record: Option<&Record>,
+        features: Features,
+    ) -> Self {
+        let words: Vec<Vec<&str>> = terms.iter().map(|t| text::words(&t.text.key)).collect();
+        let planned = plan(
+            &keys,
+            terms.iter().map(|t| t.text.key.as_str()),
+            &words,
+            features,
+        );
+        Self {
+            record_key: record.map(|r| keys.record(&r.id)),
+            fingerprint: record.map(|_| batch_fingerprint(terms)),
+            memory_ms: record.map_or(0, |r| {
+                u64::try_from(r.memory.as_millis()).unwrap_or(u64::MAX)
+            }),
+            keys,
+            terms,
+            words,
+            features,
+            planned,
+        }
+    }
+
+    /// Plans the entries from `at` on for `features` (a step answered that it needs them).
+    pub(super) fn replan(&mut self, at: usize, features: Features) {
+        let keys = self.terms[at..].iter().map(|t| t.text.key.as_str());
+        let planned = plan(&self.keys, keys, &self.words[at..], features);
+        self.planned.truncate(at);
+        self.planned.extend(planned);
+        self.features = features;
+    }
+
+    /// The call of add.lua for the entries `at..end`, declaring every first-byte set when `wide`.
+    pub(super) fn step<'s>(
+        &self,
+        script: &'s Script,
+        at: usize,
+        end: usize,
+        wide: bool,
+    ) -> ScriptInvocation<'s> {
+        let keys = &self.keys;
+        let wide_sets = wide.then(|| keys.first_byte_sets());
+        let touched = declared(&self.planned[at..end], wide_sets.as_deref());
+        let planned: usize = self.planned[at..end].iter().map(|p| p.work).sum();
+        scripts::Add {
+            keys,
+            record: self.record_key.as_deref(),
+            touched: &touched,
+            wide,
+            fingerprint: self.fingerprint.as_deref().unwrap_or(""),
+            first: at,
+            memory_ms: self.memory_ms,
+            room: (STEP_WORK + CUT_RESERVE).saturating_sub(planned),
+            features: &self.features.letters(),
+        }
+        .invocation(
+            script,
+            self.terms[at..end]
+                .iter()
+                .zip(&self.words[at..end])
+                .map(|(term, words)| scripts::AddEntry {
+                    id: &term.text.id,
+                    key: &term.text.key,
+                    display: term.text.stored_display(),
+                    score: term.score,
+                    payload: term.payload.as_deref(),
+                    // Words serve only the word and gram indexes.
+                    words: if self.features.words { words } else { &[] },
+                }),
+        )
+    }
+}
+
+/// One entry of a write batch, planned: the keys its step may touch and the work it may cost.
+pub(super) struct Planned {
+    pub(super) keys: Vec<String>,
+    pub(super) work: usize,
+}
+
+impl Planned {
+    /// The plan of a term with matching form `key` and words `words` in the dictionary `keys`
+    /// with `features`: the keys of those features only, and their work.
+    pub(super) fn new(
+        keys: &DictionaryKeys,
+        key: &str,
+        words: &[&str],
+        features: Features,
+    ) -> Self {
+        let mut planned = Vec::with_capacity(4 + 2 * words.len());
+        planned.push(keys.lex_of(key));
+        let (mut grams, mut word_count, mut sets) = (0, 0, None);
+        if features.words {
+            word_count = words.len();
+            for word in words {
+                planned.push(keys.word(word));
+                if features.substring {
+                    for gram in text::grams(word) {
+                        planned.push(keys.vocab_gram(gram));
+                        grams += 1;
+                    }
+                }
+            }
+        }
+        if features.ranked {
+            let ranked = keys.ranked_sets_of(key);
+            sets = Some(ranked.len());
+            planned.extend(ranked);
+            planned.extend(keys.deep_set_of(key));
+        }
+        Self {
+            keys: planned,
+            work: entry_work(word_count, grams, sets),
+        }
+    }
+}
+
+/// The plans of the terms with matching forms `forms` and words `words` for `features`.
+pub(super) fn plan<'k>(
+    keys: &DictionaryKeys,
+    forms: impl Iterator<Item = &'k str>,
+    words: &[Vec<&str>],
+    features: Features,
+) -> Vec<Planned> {
+    forms
+        .zip(words)
+        .map(|(form, w)| Planned::new(keys, form, w, features))
+        .collect()
+}
+
+/// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units (a member or
+/// field read or written, as the scripts count them): its data, lex member and record (12), its
+/// words' postings and vocabulary entries (4 a word), for a word new to the vocabulary one set
+/// per gram, and, in a ranked dictionary (`ranked_sets` given), per ranked set (and its deep set
+/// and the top set) its field in `h`, a count, a member added and one removed (4 each). Copies
+/// into ranked sets a step creates and cut-backs are counted by the script, within the room the
+/// step leaves ([`MAX_STEP_WORK`]).
+pub(super) fn entry_work(words: usize, grams: usize, ranked_sets: Option<usize>) -> usize {
+    12 + 4 * words + grams + ranked_sets.map_or(0, |n| 4 * (n + 2))
+}
+
+/// How many of the items of these work costs (at least one) one step takes within [`STEP_WORK`].
+pub(super) fn within_work(costs: impl Iterator<Item = usize>) -> usize {
+    let (mut work, mut n) = (0, 0);
+    for cost in costs {
+        work += cost;
+        if work > STEP_WORK {
+            return n.max(1);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// The most work any write step of this process did (units of [`STEP_WORK`]).
+pub(super) static HEAVIEST_STEP: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// The most work one write step (`Add`, `Remove`, or a step of a RANKED build) of this process
+/// did, as its script counted it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`], which tests
+/// check.
+pub fn heaviest_step() -> u64 {
+    HEAVIEST_STEP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The most work any step of a RANKED build of this process did (units of [`STEP_WORK`]).
+pub(super) static HEAVIEST_BUILD_STEP: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// The most work one step of a RANKED build (change.lua) of this process did, as its script
+/// counted it, in [`STEP_WORK`] units: at most [`MAX_STEP_WORK`] too (it is counted in
+/// [`heaviest_step`] as well).
+pub fn heaviest_build_step() -> u64 {
+    HEAVIEST_BUILD_STEP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes the work a write step's script reports doing.
+pub(super) fn note_step_work(v: &Value) -> Result<(), Error> {
+    let work = count_u64(v)?;
+    HEAVIEST_STEP.fetch_max(work, std::sync::atomic::Ordering::Relaxed);
+    tracing::trace!(work, "autocomplete write step");
+    Ok(())
+}
+
+/// How many of `planned` (at least one) the next step takes: at most `most`, within
+/// [`STEP_WORK`].
+pub(super) fn next_step(planned: &[Planned], most: usize) -> usize {
+    let mut work = 0;
+    for (n, p) in planned.iter().take(most).enumerate() {
+        work += p.work;
+        if work > STEP_WORK {
+            return n.max(1);
+        }
+    }
+    planned.len().min(most).max(1)
+}
+
+/// How a step of `len` entries (or terms) refused as too much work, its first `fits` fitting,
+/// goes on: those entries first (fewer than `len`), then at most the returned number from the
+/// entry that brings the work, half of the rest, so that repeated refusals come down to that
+/// entry alone (a step of one is never refused so).
+pub(super) fn after_refusal(len: usize, fits: usize) -> (usize, usize) {
+    let fits = fits.min(len.saturating_sub(1));
+    (fits, ((len - fits) / 2).max(1))
+}
+
+/// The keys a step's entries may touch, each once, and every first-byte set when `wide` holds
+/// them: what the step declares beyond the dictionary's own keys.
+pub(super) fn declared<'k>(step: &'k [Planned], wide: Option<&'k [String]>) -> Vec<&'k str> {
+    let mut seen = std::collections::HashSet::new();
+    step.iter()
+        .flat_map(|p| &p.keys)
+        .chain(wide.into_iter().flatten())
+        .map(String::as_str)
+        .filter(|key| seen.insert(*key))
+        .collect()
+}
+
+/// A fingerprint of an `Add` batch, kept in its record: the same request id sent with another
+/// batch is refused instead of answered with the other batch's outcome.
+pub(super) fn batch_fingerprint(terms: &[NewTerm]) -> String {
+    let mut h = cursor::Fnv::new();
+    for term in terms {
+        let (op, value) = match term.score {
+            ScoreChange::Keep => (0u8, 0.0),
+            ScoreChange::Set(v) => (1, v),
+            ScoreChange::Increment(v) => (2, v),
+        };
+        h.write(&(term.text.id.len() as u64).to_be_bytes());
+        h.write(term.text.id.as_bytes());
+        h.write(&(term.text.display.len() as u64).to_be_bytes());
+        h.write(term.text.display.as_bytes());
+        h.write(&[op]);
+        h.write(&value.to_bits().to_be_bytes());
+        match &term.payload {
+            None => h.write(&[0]),
+            Some(p) => {
+                h.write(&[1]);
+                h.write(&(p.len() as u64).to_be_bytes());
+                h.write(p);
+            }
+        }
+    }
+    format!("{:016x}:{}", h.finish(), terms.len())
+}
+
+/// An entry's outcome as a step reports it: whether it added the term, and the score after it.
+pub(super) fn outcome(v: &Value) -> Result<(bool, f64), Error> {
+    let raw = bytes(v)?;
+    let (how, score) = raw.split_first().ok_or_else(|| unexpected("outcome"))?;
+    let score = std::str::from_utf8(score)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or_else(|| unexpected("score"))?;
+    match how {
+        b'a' => Ok((true, score)),
+        b'u' => Ok((false, score)),
+        _ => Err(unexpected("outcome")),
+    }
+}
