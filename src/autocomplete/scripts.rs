@@ -602,6 +602,35 @@ mod tests {
         assert_eq!(score_arg(-2.5e-300), "-2.5e-300");
     }
 
+    /// rank.lua's written-out list of every lex set (and its bytes) is the list of the lex sets
+    /// Baton declares, in the same order: `fuzzy.lua` maps the list's entries to its keys.
+    #[test]
+    fn the_lex_sets_lua_lists_are_those_baton_declares() {
+        let rank = include_str!("rank.lua");
+        let body = &rank[rank.find("local function all_lex_names()").unwrap()..];
+        let body = &body[..body.find("\nend\n").unwrap()];
+        let (names, bytes) = body.split_once("}, {").unwrap();
+        let names: Vec<&str> = names.split('\'').skip(1).step_by(2).collect::<Vec<_>>();
+        let bytes: Vec<u8> = bytes
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|t| !t.is_empty())
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let declared: Vec<u8> = (1u8..=244).filter(|b| *b < 128 || *b >= 194).collect();
+        assert_eq!(bytes, declared);
+        let keys = DictionaryKeys::new("p:", "d");
+        let expected: Vec<String> = declared
+            .iter()
+            .map(|b| {
+                keys.lex(*b)
+                    .rsplit_once(':')
+                    .map(|(_, x)| format!("l:{x}"))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(names, expected);
+    }
+
     /// Reads are flagged `no-writes`; writes are not.
     #[test]
     fn reads_are_flagged() {
