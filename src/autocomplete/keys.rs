@@ -119,11 +119,16 @@ impl DictionaryKeys {
     /// Every lex set and first-byte ranked set there can be (a matching form starts with an
     /// ASCII byte or the first byte of a multi-byte character).
     pub fn first_byte_sets(&self) -> Vec<String> {
-        (1u8..=244)
-            .filter(|b| *b < 128 || *b >= 194)
+        first_bytes()
             .flat_map(|b| [self.lex(b), self.first_byte(b)])
             .collect()
     }
+}
+
+/// The bytes a matching form can start with, in byte order: an ASCII byte, or the first byte of
+/// a multi-byte character (178 in all, a lex set each; rank.lua's `all_lex_names` lists them).
+pub fn first_bytes() -> impl Iterator<Item = u8> {
+    (1u8..=244).filter(|b| *b < 128 || *b >= 194)
 }
 
 /// The Redis keys of one recent list.

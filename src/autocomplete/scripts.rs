@@ -468,7 +468,7 @@ impl Fuzzy<'_> {
     pub fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
         let mut invocation = script.key(&self.keys.data);
         invocation.key(&self.keys.heavy);
-        for b in (1u8..=244).filter(|b| *b < 128 || *b >= 194) {
+        for b in super::keys::first_bytes() {
             invocation.key(self.keys.lex(b));
         }
         invocation
@@ -616,17 +616,13 @@ mod tests {
             .filter(|t| !t.is_empty())
             .map(|t| t.parse().unwrap())
             .collect();
-        let declared: Vec<u8> = (1u8..=244).filter(|b| *b < 128 || *b >= 194).collect();
+        let declared: Vec<u8> = super::super::keys::first_bytes().collect();
         assert_eq!(bytes, declared);
+        // Each name is the end of its lex set's key: the dictionary's base, ':', then the name.
         let keys = DictionaryKeys::new("p:", "d");
         let expected: Vec<String> = declared
             .iter()
-            .map(|b| {
-                keys.lex(*b)
-                    .rsplit_once(':')
-                    .map(|(_, x)| format!("l:{x}"))
-                    .unwrap()
-            })
+            .map(|b| keys.lex(*b)[keys.base.len() + 1..].to_owned())
             .collect();
         assert_eq!(names, expected);
     }
