@@ -163,3 +163,77 @@ fn escape(name: &str) -> std::borrow::Cow<'_, str> {
         name.into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(k: &str) -> &str {
+        crate::redis::hash_tag(k).unwrap_or_else(|| panic!("{k} has no hash tag"))
+    }
+
+    /// Every key of a dictionary or list carries one hash tag, and names cannot collide.
+    #[test]
+    fn keys_share_one_hash_tag() {
+        for name in ["guild", "}", "{}", "a}b{c", "50%", "ünïcødé 🎸", ""] {
+            let keys = DictionaryKeys::new("baton:", name);
+            let t = tag(&keys.base);
+            for k in [
+                &keys.lex(b'a'),
+                &keys.lex_of("\u{436}"),
+                &keys.data,
+                &keys.vocab,
+                &keys.heavy,
+                &keys.word("}{x"),
+                &keys.vocab_gram("}"),
+            ] {
+                assert_eq!(tag(k), t, "{name}: {k}");
+            }
+            for k in [
+                &keys.ranked("a"),
+                &keys.ranked("a}"),
+                &keys.ranked("\u{436}"),
+                &keys.first_byte(0xd0),
+            ] {
+                assert_eq!(tag(k), t, "{name}: {k}");
+            }
+            assert_eq!(keys.ranked("a"), keys.first_byte(b'a'));
+            assert!(keys.first_byte(0xd0).ends_with(":b:d0"));
+            let recent = RecentKeys::new("baton:", name);
+            assert_eq!(tag(&recent.items), tag(&recent.order));
+            assert_ne!(tag(&recent.order), t);
+        }
+        assert_ne!(
+            DictionaryKeys::new("p:", "a}b").base,
+            DictionaryKeys::new("p:", "a%7Db").base
+        );
+    }
+
+    /// The ranked and deep sets of a term are those the scripts find (`ranked_prefixes` and
+    /// `first_chars` in rank.lua): first byte, then prefixes of 1 and 2 characters longer than a
+    /// byte; the deep set of the first 3 characters.
+    #[test]
+    fn sets_of_a_term() {
+        let keys = DictionaryKeys::new("p:", "d");
+        let names = |v: Vec<String>| -> Vec<String> {
+            v.into_iter()
+                .map(|k| k.trim_start_matches("p:{ac:d}:").to_owned())
+                .collect()
+        };
+        assert_eq!(names(keys.ranked_sets_of("a")), ["b:61"]);
+        assert_eq!(names(keys.ranked_sets_of("ab")), ["b:61", "r:ab"]);
+        assert_eq!(names(keys.ranked_sets_of("abc")), ["b:61", "r:ab"]);
+        assert_eq!(names(keys.ranked_sets_of("\u{436}")), ["b:d0", "r:\u{436}"]);
+        assert_eq!(
+            names(keys.ranked_sets_of("\u{436}xy")),
+            ["b:d0", "r:\u{436}", "r:\u{436}x"]
+        );
+        assert_eq!(keys.deep_set_of("ab"), None);
+        assert_eq!(keys.deep_set_of("abc"), Some("p:{ac:d}:t:abc".to_owned()));
+        assert_eq!(
+            keys.deep_set_of("\u{436}xyz"),
+            Some("p:{ac:d}:t:\u{436}xy".to_owned())
+        );
+        assert_eq!(keys.first_byte_sets().len(), 2 * (127 + 51));
+    }
+}

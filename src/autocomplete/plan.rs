@@ -280,3 +280,47 @@ pub(super) fn outcome(v: &Value) -> Result<(bool, f64), Error> {
         _ => Err(unexpected("outcome")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step takes entries within the work budget, at least one, at most `most`.
+    #[test]
+    fn steps_stay_within_the_budget() {
+        let planned = |works: &[usize]| -> Vec<Planned> {
+            works
+                .iter()
+                .map(|w| Planned {
+                    keys: Vec::new(),
+                    work: *w,
+                })
+                .collect()
+        };
+        assert_eq!(next_step(&planned(&[400, 400, 400]), 64), 2);
+        assert_eq!(next_step(&planned(&[5000, 1]), 64), 1);
+        assert_eq!(next_step(&planned(&[10; 100]), 64), 64);
+        assert_eq!(next_step(&planned(&[10; 100]), 3), 3);
+        assert_eq!(next_step(&planned(&[10; 5]), 64), 5);
+        // One word of 256 pseudo-random letters: about as many grams as a term can have.
+        let mut x = 1u32;
+        let long_word: String = (0..256)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                char::from(b'a' + u8::try_from((x >> 16) % 26).unwrap())
+            })
+            .collect();
+        let heaviest = Planned::new(
+            &DictionaryKeys::new("p:", "d"),
+            &long_word,
+            &[&long_word],
+            Features::ALL,
+        );
+        assert!(heaviest.work > 400, "{}", heaviest.work);
+        assert!(
+            heaviest.work <= STEP_WORK,
+            "a step of one: {}",
+            heaviest.work
+        );
+    }
+}
