@@ -32,7 +32,10 @@ use crate::proto::v1::autocomplete_service_server::AutocompleteServiceServer;
 use crate::proto::v1::election_service_server::ElectionServiceServer;
 use crate::{
     config::ServeConfig,
-    grpc::{authority::FixAuthority, conn::Watched},
+    grpc::{
+        authority::FixAuthority,
+        conn::{CountCalls, Watched},
+    },
     lock::{Lock, Locks, service::LockApi},
     metrics::{self, grpc::RpcLayer},
     proto::{
@@ -302,6 +305,8 @@ pub async fn serve_until(
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .max_concurrent_streams(config.serving.max_concurrent_streams)
             .layer(rpc_metrics.clone())
+            // Tells each connection's writes how many of its calls are under way.
+            .layer(CountCalls)
             // Inside the metrics layer, so refused calls are counted with their code.
             .layer(serving.guard())
             .add_service(health.clone())

@@ -1,17 +1,27 @@
 //! The client connections Baton serves: each records when it last received anything
 //! ([`Watched`]), so that keepalive streams can tell a client that stopped answering from one that
 //! is merely quiet; handlers read it from the request ([`liveness`]). A connection whose client
-//! certificate was refused (mutual TLS) carries why, for [`crate::security::guard`].
+//! certificate was refused (mutual TLS) carries why, for [`crate::security::guard`]. Each also
+//! sends the answers of calls that finish together in one write ([`Coalesced`]), knowing from
+//! [`CountCalls`] how many of its calls are still being answered.
 
 use std::{
+    future::Future,
     io,
     pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll, ready},
 };
 
+use http::Request;
+use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
+use tower_layer::Layer;
+use tower_service::Service;
 
 use crate::lease::Liveness;
 
@@ -23,6 +33,8 @@ pub struct ClientConn {
     /// Why the client's TLS certificate was refused (mutual TLS), if it was: every call on the
     /// connection fails `UNAUTHENTICATED` with it.
     pub refused: Option<Arc<str>>,
+    /// How many calls of the connection are being answered (counted by [`CountCalls`]).
+    pub answering: Arc<AtomicUsize>,
 }
 
 /// The liveness of the connection `request` came on (absent for requests that did not come
@@ -35,9 +47,10 @@ pub fn liveness<T>(request: &tonic::Request<T>) -> Option<Liveness> {
 }
 
 /// A client connection that records in its [`Liveness`] every time it receives bytes: a request,
-/// a frame of a stream, an answer to one of the server's HTTP/2 pings.
+/// a frame of a stream, an answer to one of the server's HTTP/2 pings. Its writes are
+/// [`Coalesced`].
 pub struct Watched<IO> {
-    io: IO,
+    io: Coalesced<IO>,
     liveness: Liveness,
     refused: Option<Arc<str>>,
 }
@@ -46,7 +59,7 @@ impl<IO> Watched<IO> {
     /// Watches `io`, heard from now.
     pub fn new(io: IO) -> Self {
         Self {
-            io,
+            io: Coalesced::new(io, Arc::new(AtomicUsize::new(0))),
             liveness: Liveness::new(),
             refused: None,
         }
@@ -68,6 +81,7 @@ impl<IO> Connected for Watched<IO> {
         ClientConn {
             liveness: self.liveness.clone(),
             refused: self.refused.clone(),
+            answering: self.io.answering.clone(),
         }
     }
 }
@@ -114,5 +128,328 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Buffered bytes past which [`Coalesced`] writes them out without waiting for the flush.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// A client connection whose writes wait, once per flush and only while other calls of the
+/// same connection are being answered, for those that are ready to answer, so that their
+/// responses leave in one system call.
+///
+/// The HTTP/2 connection task writes and flushes as soon as one call has answered. Answers often
+/// come in bursts (one read of Redis replies wakes many calls), and each call's task, when it runs,
+/// wakes the connection task again: without this every answer costs a `write` of its own. Here,
+/// when other calls of the connection are still being answered, the first flush after a write
+/// only schedules the connection task again, behind the tasks already waiting to run; the bytes
+/// leave on the next flush, together with whatever those tasks answered meanwhile. The delay is
+/// one turn of the scheduler's queue, and no byte waits longer: the deferred flush wakes the task
+/// itself. A connection with no other call under way (one client alone, a connection per
+/// client) writes at once.
+pub struct Coalesced<IO> {
+    io: IO,
+    /// Bytes accepted and not yet written.
+    pending: Vec<u8>,
+    /// How many bytes of `pending` were written.
+    written: usize,
+    /// Whether the current flush already let the other tasks run once.
+    deferred: bool,
+    /// How many calls of the connection are being answered.
+    answering: Arc<AtomicUsize>,
+}
+
+impl<IO> Coalesced<IO> {
+    /// Coalesces the writes to `io` while `answering` counts calls under way.
+    pub fn new(io: IO, answering: Arc<AtomicUsize>) -> Self {
+        Self {
+            io,
+            pending: Vec::new(),
+            written: 0,
+            deferred: false,
+            answering,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> Coalesced<IO> {
+    /// Writes out what is pending; ready once nothing is.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.pending.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.pending[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.pending.clear();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Coalesced<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalesced<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if this.pending.len() + len > COALESCE_LIMIT {
+            ready!(this.poll_drain(cx))?;
+            if len > COALESCE_LIMIT {
+                // Large writes go straight through: copying them would gain nothing.
+                return Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+            }
+        }
+        for b in bufs {
+            this.pending.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(len))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.pending.is_empty() {
+            this.deferred = false;
+            return Pin::new(&mut this.io).poll_flush(cx);
+        }
+        if !this.deferred && this.answering.load(Ordering::Relaxed) > 0 {
+            this.deferred = true;
+            // Runs again after the tasks already scheduled, which may answer calls too.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        ready!(this.poll_drain(cx))?;
+        this.deferred = false;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+/// Counts, in each request's [`ClientConn`], the calls of a connection whose response is not
+/// ready yet, for [`Coalesced`]. A call stops counting when its response (or, for a stream, its
+/// headers) is ready, or when it is dropped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountCalls;
+
+impl<S> Layer<S> for CountCalls {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted { inner }
+    }
+}
+
+/// A service whose calls are counted by [`CountCalls`].
+#[derive(Debug, Clone)]
+pub struct Counted<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for Counted<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = CountedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let answering = request.extensions().get::<ClientConn>().map(|conn| {
+            conn.answering.fetch_add(1, Ordering::Relaxed);
+            Answering(conn.answering.clone())
+        });
+        CountedFuture {
+            inner: self.inner.call(request),
+            answering,
+        }
+    }
+}
+
+/// One call counted until it is dropped.
+struct Answering(Arc<AtomicUsize>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pin_project! {
+    /// The future of a counted call.
+    pub struct CountedFuture<F> {
+        #[pin]
+        inner: F,
+        answering: Option<Answering>,
+    }
+}
+
+impl<F: Future> Future for CountedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let output = ready!(this.inner.poll(cx));
+        this.answering.take();
+        Poll::Ready(output)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::poll_fn;
+
+    /// An inner connection that records each write it is asked for.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Vec<Vec<u8>>,
+        flushes: usize,
+        shut: bool,
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.writes.push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.flushes += 1;
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.shut = true;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn write(c: &mut Coalesced<Recorder>, cx: &mut Context<'_>, bytes: &[u8]) {
+        let n = Pin::new(&mut *c).poll_write(cx, bytes);
+        assert!(matches!(n, Poll::Ready(Ok(k)) if k == bytes.len()));
+    }
+
+    fn coalesced(answering: usize) -> Coalesced<Recorder> {
+        Coalesced::new(Recorder::default(), Arc::new(AtomicUsize::new(answering)))
+    }
+
+    /// While other calls are being answered, writes before a flush leave together, after one
+    /// turn of the scheduler, and in order.
+    #[tokio::test]
+    async fn writes_before_a_flush_leave_in_one_write() {
+        let mut c = coalesced(1);
+        poll_fn(|cx| {
+            write(&mut c, cx, b"one ");
+            write(&mut c, cx, b"two ");
+            // The first flush lets the other tasks run and has the task polled again.
+            assert!(Pin::new(&mut c).poll_flush(cx).is_pending());
+            assert!(c.io.writes.is_empty());
+            write(&mut c, cx, b"three");
+            assert!(matches!(
+                Pin::new(&mut c).poll_flush(cx),
+                Poll::Ready(Ok(()))
+            ));
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(c.io.writes, vec![b"one two three".to_vec()]);
+        assert_eq!(c.io.flushes, 1);
+        assert!(c.pending.is_empty());
+    }
+
+    /// With no other call under way, a flush writes at once.
+    #[tokio::test]
+    async fn a_lone_answer_leaves_at_once() {
+        let mut c = coalesced(0);
+        poll_fn(|cx| {
+            write(&mut c, cx, b"alone");
+            assert!(matches!(
+                Pin::new(&mut c).poll_flush(cx),
+                Poll::Ready(Ok(()))
+            ));
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(c.io.writes, vec![b"alone".to_vec()]);
+    }
+
+    /// The deferred flush wakes its task, so no byte waits for another write or flush.
+    #[tokio::test]
+    async fn a_deferred_flush_completes_by_itself() {
+        let mut c = coalesced(3);
+        poll_fn(|cx| {
+            write(&mut c, cx, b"alone");
+            Poll::Ready(())
+        })
+        .await;
+        let flushed = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            poll_fn(|cx| Pin::new(&mut c).poll_flush(cx)),
+        )
+        .await;
+        assert!(matches!(flushed, Ok(Ok(()))), "the flush never completed");
+        assert_eq!(c.io.writes, vec![b"alone".to_vec()]);
+    }
+
+    /// A write larger than the limit goes straight through, after what was pending; shutting
+    /// down writes out what is pending first.
+    #[tokio::test]
+    async fn large_writes_pass_through_and_shutdown_drains() {
+        let mut c = coalesced(1);
+        let large = vec![7u8; COALESCE_LIMIT + 1];
+        poll_fn(|cx| {
+            write(&mut c, cx, b"small");
+            write(&mut c, cx, &large);
+            write(&mut c, cx, b"tail");
+            assert!(matches!(
+                Pin::new(&mut c).poll_shutdown(cx),
+                Poll::Ready(Ok(()))
+            ));
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(
+            c.io.writes,
+            vec![b"small".to_vec(), large.clone(), b"tail".to_vec()]
+        );
+        assert!(c.io.shut);
     }
 }
