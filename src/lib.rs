@@ -15,6 +15,8 @@
 //!   counts RPCs and the `/metrics` endpoint (`--metrics-listen`).
 //! - [`redis`]: the topologies (standalone, Sentinel, Cluster), script calls with timeouts, and
 //!   the shared pub/sub subscriber ([`redis::Notifier`]) that wakes local waiters.
+//! - [`activity`]: which calls of a client connection are at work (not parked waiting for
+//!   others), for the connection's write coalescing.
 //! - [`wait`]: waiting without polling: subscribe, attempt, wait for a release message or a
 //!   fallback deadline, attempt again. Shared by locks and semaphores.
 //! - [`lease`]: keepalive streams shared by every leased primitive: renew on schedule, report
@@ -38,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+pub mod activity;
 pub mod autocomplete;
 pub mod cli;
 pub mod codec;

@@ -13,6 +13,7 @@ use std::{future::Future, time::Duration};
 use tokio::time::Instant;
 
 use crate::{
+    activity,
     error::Error,
     redis::{Notifier, Wake},
 };
@@ -55,6 +56,7 @@ where
 {
     let mut subscription = notifier.subscribe_as(channel, wake).await?;
     tokio::pin!(stop);
+    let mut parked = None;
     loop {
         subscription.arm();
         let left = deadline.saturating_duration_since(Instant::now());
@@ -73,6 +75,12 @@ where
             return Ok(answer);
         }
         let wake = retry_in.map_or(deadline, |r| now + r).min(deadline);
+        // Waiting for others, the call is not at work, nor in the attempts after its wake-ups
+        // (most of which find the resource taken again): its connection need not hold answers
+        // for it. It is back at work when it returns.
+        if parked.is_none() {
+            parked = activity::parked();
+        }
         tokio::select! {
             // A stop that came first wins over a message that arrived meanwhile: at shutdown,
             // the release Baton makes of its own holds must not hand them to its own waiters.

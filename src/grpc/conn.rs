@@ -3,7 +3,8 @@
 //! is merely quiet; handlers read it from the request ([`liveness`]). A connection whose client
 //! certificate was refused (mutual TLS) carries why, for [`crate::security::guard`]. Each also
 //! sends the answers of calls that finish together in one write ([`Coalesced`]), knowing from
-//! [`CountCalls`] how many of its calls are still being answered.
+//! [`CountCalls`] how many of its calls are still at work: being answered, and not parked waiting
+//! for other clients ([`crate::activity`]).
 
 use std::{
     future::Future,
@@ -18,12 +19,15 @@ use std::{
 
 use http::Request;
 use pin_project_lite::pin_project;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    task::futures::TaskLocalFuture,
+};
 use tonic::transport::server::Connected;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::lease::Liveness;
+use crate::{activity, lease::Liveness};
 
 /// What Baton attaches to every request about the connection it came on.
 #[derive(Debug, Clone)]
@@ -33,7 +37,7 @@ pub struct ClientConn {
     /// Why the client's TLS certificate was refused (mutual TLS), if it was: every call on the
     /// connection fails `UNAUTHENTICATED` with it.
     pub refused: Option<Arc<str>>,
-    /// How many calls of the connection are being answered (counted by [`CountCalls`]).
+    /// How many calls of the connection are at work (counted by [`CountCalls`]).
     pub answering: Arc<AtomicUsize>,
 }
 
@@ -134,19 +138,25 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 /// Buffered bytes past which [`Coalesced`] writes them out without waiting for the flush.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
+/// How many other calls of the connection must be at work for an answer to wait for theirs: with
+/// a single one, as when a client that was just granted a lock has its next call under way, the
+/// answer goes at once (a handoff must not wait a turn for one call that may not answer soon).
+const GATHER_AT_LEAST: usize = 2;
+
 /// A client connection whose writes wait, once per flush and only while other calls of the
-/// same connection are being answered, for those that are ready to answer, so that their
-/// responses leave in one system call.
+/// same connection are at work, for those that are ready to answer, so that their responses
+/// leave in one system call.
 ///
 /// The HTTP/2 connection task writes and flushes as soon as one call has answered. Answers often
 /// come in bursts (one read of Redis replies wakes many calls), and each call's task, when it runs,
 /// wakes the connection task again: without this every answer costs a `write` of its own. Here,
-/// when other calls of the connection are still being answered, the first flush after a write
+/// when at least [`GATHER_AT_LEAST`] other calls of the connection are at work (being answered,
+/// not parked waiting for another client: [`crate::activity`]), the first flush after a write
 /// only schedules the connection task again, behind the tasks already waiting to run; the bytes
 /// leave on the next flush, together with whatever those tasks answered meanwhile. The delay is
 /// one turn of the scheduler's queue, and no byte waits longer: the deferred flush wakes the task
-/// itself. A connection with no other call under way (one client alone, a connection per
-/// client) writes at once.
+/// itself. A connection with fewer calls at work (one client alone, a connection per client,
+/// lock waiters) writes at once, without copying.
 pub struct Coalesced<IO> {
     io: IO,
     /// Bytes accepted and not yet written.
@@ -155,12 +165,12 @@ pub struct Coalesced<IO> {
     written: usize,
     /// Whether the current flush already let the other tasks run once.
     deferred: bool,
-    /// How many calls of the connection are being answered.
+    /// How many calls of the connection are at work.
     answering: Arc<AtomicUsize>,
 }
 
 impl<IO> Coalesced<IO> {
-    /// Coalesces the writes to `io` while `answering` counts calls under way.
+    /// Coalesces the writes to `io` while `answering` counts calls at work.
     pub fn new(io: IO, answering: Arc<AtomicUsize>) -> Self {
         Self {
             io,
@@ -213,6 +223,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalesced<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.pending.is_empty() && this.answering.load(Ordering::Relaxed) < GATHER_AT_LEAST {
+            // No flush of this write will wait: no need to copy it.
+            return Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        }
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if this.pending.len() + len > COALESCE_LIMIT {
             ready!(this.poll_drain(cx))?;
@@ -237,7 +251,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalesced<IO> {
             this.deferred = false;
             return Pin::new(&mut this.io).poll_flush(cx);
         }
-        if !this.deferred && this.answering.load(Ordering::Relaxed) > 0 {
+        if !this.deferred && this.answering.load(Ordering::Relaxed) >= GATHER_AT_LEAST {
             this.deferred = true;
             // Runs again after the tasks already scheduled, which may answer calls too.
             cx.waker().wake_by_ref();
@@ -257,7 +271,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalesced<IO> {
 
 /// Counts, in each request's [`ClientConn`], the calls of a connection whose response is not
 /// ready yet, for [`Coalesced`]. A call stops counting when its response (or, for a stream, its
-/// headers) is ready, or when it is dropped.
+/// headers) is ready, or when it is dropped, and while it is parked waiting for another client
+/// (the count is lent to the call's task, [`crate::activity`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountCalls;
 
@@ -292,8 +307,9 @@ where
             conn.answering.fetch_add(1, Ordering::Relaxed);
             Answering(conn.answering.clone())
         });
+        let count = answering.as_ref().map(|a| a.0.clone());
         CountedFuture {
-            inner: self.inner.call(request),
+            inner: activity::within(count, self.inner.call(request)),
             answering,
         }
     }
@@ -312,7 +328,7 @@ pin_project! {
     /// The future of a counted call.
     pub struct CountedFuture<F> {
         #[pin]
-        inner: F,
+        inner: TaskLocalFuture<Arc<AtomicUsize>, F>,
         answering: Option<Answering>,
     }
 }
@@ -375,7 +391,7 @@ mod tests {
     /// turn of the scheduler, and in order.
     #[tokio::test]
     async fn writes_before_a_flush_leave_in_one_write() {
-        let mut c = coalesced(1);
+        let mut c = coalesced(GATHER_AT_LEAST);
         poll_fn(|cx| {
             write(&mut c, cx, b"one ");
             write(&mut c, cx, b"two ");
@@ -395,12 +411,38 @@ mod tests {
         assert!(c.pending.is_empty());
     }
 
-    /// With no other call under way, a flush writes at once.
+    /// With no other call under way, or fewer than [`GATHER_AT_LEAST`], a flush writes at once.
     #[tokio::test]
     async fn a_lone_answer_leaves_at_once() {
-        let mut c = coalesced(0);
+        for others in 0..GATHER_AT_LEAST {
+            let mut c = coalesced(others);
+            poll_fn(|cx| {
+                write(&mut c, cx, b"alone");
+                assert!(matches!(
+                    Pin::new(&mut c).poll_flush(cx),
+                    Poll::Ready(Ok(()))
+                ));
+                Poll::Ready(())
+            })
+            .await;
+            assert_eq!(
+                c.io.writes,
+                vec![b"alone".to_vec()],
+                "{others} others at work"
+            );
+        }
+    }
+
+    /// A call parked waiting for another client leaves its connection's count, so the answers of
+    /// the others do not wait for it.
+    #[tokio::test]
+    async fn a_parked_call_does_not_hold_answers_back() {
+        let answering = Arc::new(AtomicUsize::new(GATHER_AT_LEAST));
+        let mut c = Coalesced::new(Recorder::default(), answering.clone());
+        let parked = activity::within(Some(answering), async { activity::parked() }).await;
+        assert!(parked.is_some());
         poll_fn(|cx| {
-            write(&mut c, cx, b"alone");
+            write(&mut c, cx, b"granted");
             assert!(matches!(
                 Pin::new(&mut c).poll_flush(cx),
                 Poll::Ready(Ok(()))
@@ -408,7 +450,9 @@ mod tests {
             Poll::Ready(())
         })
         .await;
-        assert_eq!(c.io.writes, vec![b"alone".to_vec()]);
+        assert_eq!(c.io.writes, vec![b"granted".to_vec()]);
+        drop(parked);
+        assert_eq!(c.answering.load(Ordering::Relaxed), GATHER_AT_LEAST);
     }
 
     /// The deferred flush wakes its task, so no byte waits for another write or flush.
@@ -433,7 +477,7 @@ mod tests {
     /// down writes out what is pending first.
     #[tokio::test]
     async fn large_writes_pass_through_and_shutdown_drains() {
-        let mut c = coalesced(1);
+        let mut c = coalesced(GATHER_AT_LEAST);
         let large = vec![7u8; COALESCE_LIMIT + 1];
         poll_fn(|cx| {
             write(&mut c, cx, b"small");
