@@ -141,7 +141,7 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 /// How many other calls of the connection must be at work for an answer to wait for theirs: with
 /// a single one, as when a client that was just granted a lock has its next call under way, the
 /// answer goes at once (a handoff must not wait a turn for one call that may not answer soon).
-const GATHER_AT_LEAST: usize = 2;
+pub const GATHER_AT_LEAST: usize = 2;
 
 /// A client connection whose writes wait, once per flush and only while other calls of the
 /// same connection are at work, for those that are ready to answer, so that their responses
