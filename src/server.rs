@@ -305,7 +305,7 @@ pub async fn serve_until(
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .max_concurrent_streams(config.serving.max_concurrent_streams)
             .layer(rpc_metrics.clone())
-            // Tells each connection's writes how many of its calls are under way.
+            // Tells each connection's writes how many of its calls are at work.
             .layer(CountCalls)
             // Inside the metrics layer, so refused calls are counted with their code.
             .layer(serving.guard())

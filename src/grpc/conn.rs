@@ -19,10 +19,7 @@ use std::{
 
 use http::Request;
 use pin_project_lite::pin_project;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    task::futures::TaskLocalFuture,
-};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -303,24 +300,14 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let answering = request.extensions().get::<ClientConn>().map(|conn| {
-            conn.answering.fetch_add(1, Ordering::Relaxed);
-            Answering(conn.answering.clone())
-        });
-        let count = answering.as_ref().map(|a| a.0.clone());
+        let call = request
+            .extensions()
+            .get::<ClientConn>()
+            .map(|conn| activity::Call::start(conn.answering.clone()));
         CountedFuture {
-            inner: activity::within(count, self.inner.call(request)),
-            answering,
+            inner: activity::within(call.as_ref(), self.inner.call(request)),
+            call,
         }
-    }
-}
-
-/// One call counted until it is dropped.
-struct Answering(Arc<AtomicUsize>);
-
-impl Drop for Answering {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -328,8 +315,8 @@ pin_project! {
     /// The future of a counted call.
     pub struct CountedFuture<F> {
         #[pin]
-        inner: TaskLocalFuture<Arc<AtomicUsize>, F>,
-        answering: Option<Answering>,
+        inner: activity::Within<F>,
+        call: Option<activity::Call>,
     }
 }
 
@@ -339,7 +326,7 @@ impl<F: Future> Future for CountedFuture<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let output = ready!(this.inner.poll(cx));
-        this.answering.take();
+        this.call.take();
         Poll::Ready(output)
     }
 }
@@ -437,9 +424,10 @@ mod tests {
     /// the others do not wait for it.
     #[tokio::test]
     async fn a_parked_call_does_not_hold_answers_back() {
-        let answering = Arc::new(AtomicUsize::new(GATHER_AT_LEAST));
+        let answering = Arc::new(AtomicUsize::new(GATHER_AT_LEAST - 1));
         let mut c = Coalesced::new(Recorder::default(), answering.clone());
-        let parked = activity::within(Some(answering), async { activity::parked() }).await;
+        let call = activity::Call::start(answering);
+        let parked = activity::within(Some(&call), async { activity::parked() }).await;
         assert!(parked.is_some());
         poll_fn(|cx| {
             write(&mut c, cx, b"granted");
