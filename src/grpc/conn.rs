@@ -135,6 +135,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 /// Buffered bytes past which [`Coalesced`] writes them out without waiting for the flush.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
+/// The buffer a connection keeps between flushes; a larger one, left by a burst, is freed.
+const KEPT_CAPACITY: usize = 8 * 1024;
+
 /// How many other calls of the connection must be at work for an answer to wait for theirs: with
 /// a single one, as when a client that was just granted a lock has its next call under way, the
 /// answer goes at once (a handoff must not wait a turn for one call that may not answer soon).
@@ -189,7 +192,12 @@ impl<IO: AsyncWrite + Unpin> Coalesced<IO> {
             }
             self.written += n;
         }
-        self.pending.clear();
+        if self.pending.capacity() > KEPT_CAPACITY {
+            // A burst's buffer is not kept for the rest of the connection's life.
+            self.pending = Vec::new();
+        } else {
+            self.pending.clear();
+        }
         self.written = 0;
         Poll::Ready(Ok(()))
     }
@@ -396,6 +404,28 @@ mod tests {
         assert_eq!(c.io.writes, vec![b"one two three".to_vec()]);
         assert_eq!(c.io.flushes, 1);
         assert!(c.pending.is_empty());
+    }
+
+    /// A burst's buffer is freed once written; a small one is kept for the next answers.
+    #[tokio::test]
+    async fn a_burst_buffer_is_not_kept() {
+        for (size, kept) in [(KEPT_CAPACITY * 2, false), (100, true)] {
+            let mut c = coalesced(GATHER_AT_LEAST);
+            let bytes = vec![1u8; size];
+            poll_fn(|cx| {
+                write(&mut c, cx, &bytes);
+                assert!(Pin::new(&mut c).poll_flush(cx).is_pending());
+                assert!(matches!(
+                    Pin::new(&mut c).poll_flush(cx),
+                    Poll::Ready(Ok(()))
+                ));
+                Poll::Ready(())
+            })
+            .await;
+            assert_eq!(c.io.writes, vec![bytes.clone()]);
+            assert_eq!(c.pending.capacity() > 0, kept, "{size} bytes");
+            assert!(c.pending.capacity() <= KEPT_CAPACITY);
+        }
     }
 
     /// With no other call under way, or fewer than [`GATHER_AT_LEAST`], a flush writes at once.
