@@ -378,6 +378,14 @@ mod tests {
         assert!(matches!(n, Poll::Ready(Ok(k)) if k == bytes.len()));
     }
 
+    /// Flushes, asserting that the bytes left without waiting a turn.
+    fn flush_at_once(c: &mut Coalesced<Recorder>, cx: &mut Context<'_>) {
+        assert!(matches!(
+            Pin::new(&mut *c).poll_flush(cx),
+            Poll::Ready(Ok(()))
+        ));
+    }
+
     fn coalesced(answering: usize) -> Coalesced<Recorder> {
         Coalesced::new(Recorder::default(), Arc::new(AtomicUsize::new(answering)))
     }
@@ -394,10 +402,7 @@ mod tests {
             assert!(Pin::new(&mut c).poll_flush(cx).is_pending());
             assert!(c.io.writes.is_empty());
             write(&mut c, cx, b"three");
-            assert!(matches!(
-                Pin::new(&mut c).poll_flush(cx),
-                Poll::Ready(Ok(()))
-            ));
+            flush_at_once(&mut c, cx);
             Poll::Ready(())
         })
         .await;
@@ -415,10 +420,7 @@ mod tests {
             poll_fn(|cx| {
                 write(&mut c, cx, &bytes);
                 assert!(Pin::new(&mut c).poll_flush(cx).is_pending());
-                assert!(matches!(
-                    Pin::new(&mut c).poll_flush(cx),
-                    Poll::Ready(Ok(()))
-                ));
+                flush_at_once(&mut c, cx);
                 Poll::Ready(())
             })
             .await;
@@ -435,10 +437,7 @@ mod tests {
             let mut c = coalesced(others);
             poll_fn(|cx| {
                 write(&mut c, cx, b"alone");
-                assert!(matches!(
-                    Pin::new(&mut c).poll_flush(cx),
-                    Poll::Ready(Ok(()))
-                ));
+                flush_at_once(&mut c, cx);
                 Poll::Ready(())
             })
             .await;
@@ -461,10 +460,7 @@ mod tests {
         assert!(parked.is_some());
         poll_fn(|cx| {
             write(&mut c, cx, b"granted");
-            assert!(matches!(
-                Pin::new(&mut c).poll_flush(cx),
-                Poll::Ready(Ok(()))
-            ));
+            flush_at_once(&mut c, cx);
             Poll::Ready(())
         })
         .await;
