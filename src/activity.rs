@@ -7,10 +7,6 @@
 //! [`crate::wait::until`] answers only once another client releases, so it does not count. Each
 //! call is a [`Call`], lent to the call's task (a tokio task-local, [`within`]), so that the wait
 //! finds it without knowing of connections.
-//!
-//! Across all callers, the calls at work that are not waiting for a reply of their own (from
-//! Redis) are counted too ([`about_to_send`]): a connection to Redis holds a write for one turn
-//! while some are, so that their commands leave with it.
 
 use std::{
     future::Future,
@@ -28,25 +24,11 @@ const AT_WORK: u8 = 0;
 const PARKED: u8 = 1;
 /// The call ended: it is out of the count for good.
 const ENDED: u8 = 2;
-/// The call is in its caller's count, but has sent a request and waits for the reply
-/// ([`sent`]): it is not about to send.
-const SENT: u8 = 3;
-
-/// The calls at work, of every caller, that have not sent a request they wait for.
-static ABOUT_TO_SEND: AtomicUsize = AtomicUsize::new(0);
-
-/// How many calls, of every caller, are at work and not waiting for a reply: those that may send
-/// a command soon.
-pub fn about_to_send() -> usize {
-    ABOUT_TO_SEND.load(Ordering::Relaxed)
-}
 
 /// Where one call stands, shared by its [`Call`] and its [`Parked`] guard.
 #[derive(Debug)]
 pub struct CallState {
     count: Arc<AtomicUsize>,
-    /// The count of calls about to send, of every caller ([`ABOUT_TO_SEND`] outside tests).
-    senders: &'static AtomicUsize,
     state: AtomicU8,
 }
 
@@ -59,7 +41,6 @@ tokio::task_local! {
 static UNCOUNTED: LazyLock<Arc<CallState>> = LazyLock::new(|| {
     Arc::new(CallState {
         count: Arc::new(AtomicUsize::new(0)),
-        senders: &ABOUT_TO_SEND,
         state: AtomicU8::new(ENDED),
     })
 });
@@ -72,16 +53,9 @@ pub struct Call(Arc<CallState>);
 impl Call {
     /// Counts a call in `count`.
     pub fn start(count: Arc<AtomicUsize>) -> Self {
-        Self::counted(count, &ABOUT_TO_SEND)
-    }
-
-    /// Counts a call in `count` and in `senders`.
-    fn counted(count: Arc<AtomicUsize>, senders: &'static AtomicUsize) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
-        senders.fetch_add(1, Ordering::Relaxed);
         Self(Arc::new(CallState {
             count,
-            senders,
             state: AtomicU8::new(AT_WORK),
         }))
     }
@@ -91,15 +65,8 @@ impl Drop for Call {
     fn drop(&mut self) {
         // A call dropped while parked left the count already; its wait may outlive it (moved to
         // a task of its own to see a grant through) and must not come back into the count.
-        match self.0.state.swap(ENDED, Ordering::Relaxed) {
-            AT_WORK => {
-                self.0.count.fetch_sub(1, Ordering::Relaxed);
-                self.0.senders.fetch_sub(1, Ordering::Relaxed);
-            }
-            SENT => {
-                self.0.count.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
+        if self.0.state.swap(ENDED, Ordering::Relaxed) == AT_WORK {
+            self.0.count.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -125,7 +92,6 @@ pub fn parked() -> Option<Parked> {
                 .ok()
                 .map(|_| {
                     call.count.fetch_sub(1, Ordering::Relaxed);
-                    call.senders.fetch_sub(1, Ordering::Relaxed);
                     Parked(call.clone())
                 })
         })
@@ -146,42 +112,6 @@ impl Drop for Parked {
             .is_ok()
         {
             self.0.count.fetch_add(1, Ordering::Relaxed);
-            self.0.senders.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Marks the current call as waiting for the reply to a request it sent, until the guard is
-/// dropped: it stays in its caller's count but leaves [`about_to_send`]. `None` outside a call at
-/// work (a spawned task, a parked call, a call that sent already).
-pub fn sent() -> Option<Sent> {
-    CURRENT
-        .try_with(|call| {
-            call.state
-                .compare_exchange(AT_WORK, SENT, Ordering::Relaxed, Ordering::Relaxed)
-                .ok()
-                .map(|_| {
-                    call.senders.fetch_sub(1, Ordering::Relaxed);
-                    Sent(call.clone())
-                })
-        })
-        .ok()
-        .flatten()
-}
-
-/// A call waiting for a reply; about to send again when dropped, unless the call ended meanwhile.
-#[derive(Debug)]
-pub struct Sent(Arc<CallState>);
-
-impl Drop for Sent {
-    fn drop(&mut self) {
-        if self
-            .0
-            .state
-            .compare_exchange(SENT, AT_WORK, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.0.senders.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -234,43 +164,5 @@ mod tests {
         assert_eq!(load(&count), 0);
         drop(guard);
         assert_eq!(load(&count), 0);
-    }
-
-    /// A call that sent leaves the count of senders (not its caller's) until the reply, and
-    /// comes back unless it ended meanwhile; a parked call is out of both and sends nothing.
-    #[tokio::test]
-    async fn a_call_waiting_for_a_reply_is_not_about_to_send() {
-        static SENDERS: AtomicUsize = AtomicUsize::new(0);
-        let count = Arc::new(AtomicUsize::new(0));
-        let call = Call::counted(count.clone(), &SENDERS);
-        assert_eq!((load(&count), load(&SENDERS)), (1, 1));
-        assert!(sent().is_none(), "outside the call");
-        within(Some(&call), async {
-            let guard = sent().expect("at work");
-            assert_eq!((load(&count), load(&SENDERS)), (1, 0));
-            assert!(sent().is_none(), "sent already");
-            assert!(
-                parked().is_none(),
-                "a call waiting for a reply does not park"
-            );
-            drop(guard);
-            assert_eq!((load(&count), load(&SENDERS)), (1, 1));
-            let parked = parked().expect("at work");
-            assert_eq!((load(&count), load(&SENDERS)), (0, 0));
-            assert!(
-                sent().is_none(),
-                "a parked call's attempts leave the counts alone"
-            );
-            drop(parked);
-            assert_eq!((load(&count), load(&SENDERS)), (1, 1));
-        })
-        .await;
-        let guard = within(Some(&call), async { sent() })
-            .await
-            .expect("at work");
-        drop(call);
-        assert_eq!((load(&count), load(&SENDERS)), (0, 0));
-        drop(guard);
-        assert_eq!((load(&count), load(&SENDERS)), (0, 0));
     }
 }

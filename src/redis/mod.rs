@@ -14,7 +14,6 @@
 
 mod access;
 mod cluster;
-mod gather;
 mod notifier;
 pub mod reply;
 mod topology;
@@ -36,7 +35,6 @@ use bb8_redis::{
     },
 };
 use tokio::time::{Instant, timeout_at};
-use tokio_util::task::AbortOnDropHandle;
 
 pub use crate::config::Topology;
 pub use ::redis::Script;
@@ -60,13 +58,7 @@ use crate::{
 pub struct Conn {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
-    /// The task that drives a connection Baton opened itself, stopped when the last handle on
-    /// the connection is dropped (the redis crate does the same for those it opens).
-    _driver: Option<Arc<AbortOnDropHandle<()>>>,
 }
-
-/// A connection just opened, with the task driving it when Baton opened the socket.
-type Opened = (MultiplexedConnection, Option<Arc<AbortOnDropHandle<()>>>);
 
 impl Conn {
     fn mark_broken(&self) {
@@ -105,7 +97,10 @@ impl bb8::ManageConnection for Manager {
             .client(self.connect_timeout)
             .await
             .map_err(connect_error)?;
-        let (mut conn, driver) = self.open(&client).await.map_err(connect_error)?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(connect_error)?;
         let addr = client.get_connection_info().addr().to_string();
         if matches!(self.endpoint, Endpoint::Sentinel(_)) {
             self.note_master(&addr);
@@ -137,7 +132,6 @@ impl bb8::ManageConnection for Manager {
         Ok(Conn {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
-            _driver: driver,
         })
     }
 
@@ -154,63 +148,6 @@ impl bb8::ManageConnection for Manager {
 }
 
 impl Manager {
-    /// Opens a multiplexed connection to `client`'s node. Over TCP and Unix sockets Baton opens
-    /// the socket itself, so that its writes gather the commands of the calls at work
-    /// ([`gather`]); over TLS the redis crate opens it.
-    async fn open(&self, client: &redis::Client) -> Result<Opened, RedisError> {
-        let info = client.get_connection_info();
-        let settings = info.redis_settings();
-        let opened = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => {
-                let opening = async {
-                    let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                    self.handshake(settings, stream).await
-                };
-                tokio::time::timeout(self.connect_timeout, opening).await
-            }
-            #[cfg(unix)]
-            redis::ConnectionAddr::Unix(path) => {
-                let opening = async {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    self.handshake(settings, stream).await
-                };
-                tokio::time::timeout(self.connect_timeout, opening).await
-            }
-            _ => {
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&self.config)
-                    .await?;
-                return Ok((conn, None));
-            }
-        };
-        opened.unwrap_or_else(|_| {
-            Err(RedisError::from((
-                redis::ErrorKind::Io,
-                "connection timed out",
-            )))
-        })
-    }
-
-    /// Sets up a multiplexed connection on `stream` (authentication, database, protocol) and
-    /// starts the task that drives it.
-    async fn handshake<S>(
-        &self,
-        settings: &redis::RedisConnectionInfo,
-        stream: S,
-    ) -> Result<Opened, RedisError>
-    where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let (conn, driver) = MultiplexedConnection::new_with_config(
-            settings,
-            gather::Gathered::new(stream),
-            self.config.clone(),
-        )
-        .await?;
-        let driver = AbortOnDropHandle::new(tokio::spawn(driver));
-        Ok((conn, Some(Arc::new(driver))))
-    }
-
     /// Counts and logs a failover when the Sentinels name another master than the last one.
     fn note_master(&self, addr: &str) {
         // Only the last address lives under this lock: a panic leaves nothing half done.
@@ -610,8 +547,6 @@ impl Redis {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
-        // From here until the reply, the call has nothing more to send.
-        let _sent = crate::activity::sent();
         let started = Instant::now();
         let result = self.eval_once(invocation, started).await;
         observe(RedisCall::Script, started, &result);
@@ -654,7 +589,6 @@ impl Redis {
         if self.min_replicas_ack == 0 {
             return Ok((self.eval(invocation).await?, Ack::NotAsked));
         }
-        let _sent = crate::activity::sent();
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.min_replicas_ack)
             .arg(self.replica_ack_timeout.as_millis() as u64);
@@ -730,7 +664,6 @@ impl Redis {
         kind: RedisCall,
         cmd: &redis::Cmd,
     ) -> Result<T, Error> {
-        let _sent = crate::activity::sent();
         let started = Instant::now();
         let result = self.command_once(cmd, started).await;
         observe(kind, started, &result);
