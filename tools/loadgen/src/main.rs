@@ -254,6 +254,33 @@ fn options(args: &RunArgs) -> Result<Options, String> {
     Ok(o)
 }
 
+/// How long the tasks of a stopped run get to drop what they started.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A signal that stops a run.
+struct Stop {
+    /// The signal's name, for the message.
+    name: &'static str,
+    /// The shell's code for a process ended by the signal (128 + its number).
+    exit_code: u8,
+}
+
+/// Waits for SIGINT or SIGTERM. Without them, the processes a run started would outlive it.
+async fn stop_signal() -> Stop {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        eprintln!("loadgen run: cannot watch SIGINT and SIGTERM; a stopped run leaves its servers");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => Stop { name: "SIGINT", exit_code: 130 },
+        _ = terminate.recv() => Stop { name: "SIGTERM", exit_code: 143 },
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -270,7 +297,28 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .expect("a tokio runtime");
-            let run = runtime.block_on(loadgen::run(&options, &format!("loadgen {command}")));
+            let label = format!("loadgen {command}");
+            let outcome = runtime.block_on(async {
+                tokio::select! {
+                    // The signals are watched before the run starts anything.
+                    biased;
+                    stop = stop_signal() => Err(stop),
+                    run = loadgen::run(&options, &label) => Ok(run),
+                }
+            });
+            let run = match outcome {
+                Ok(run) => run,
+                Err(stop) => {
+                    // The run's future is dropped, and with the runtime every task it spawned:
+                    // each Redis server and Baton they started is killed as it is dropped.
+                    runtime.shutdown_timeout(STOP_TIMEOUT);
+                    eprintln!(
+                        "loadgen run: stopped by {}; the Redis servers and Batons it started are stopped",
+                        stop.name
+                    );
+                    return ExitCode::from(stop.exit_code);
+                }
+            };
             let json = run.to_json();
             match &args.out {
                 Some(path) => {

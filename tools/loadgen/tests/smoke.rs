@@ -439,3 +439,100 @@ fn the_terms_file_is_the_scenarios_terms() {
         }
     }
 }
+
+/// The processes whose parent is `pid`, with their command lines.
+fn children(pid: u32) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+        if after.split(' ').nth(1) == Some(&pid.to_string()) {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            found.push((child, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// A run stopped by SIGTERM or SIGINT stops the Redis servers and Batons it started, and exits
+/// with the shell's code for the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_run_leaves_no_processes() {
+    use nix::{sys::signal, unistd::Pid};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let baton = testkit::baton_bin();
+    for (stop, code) in [
+        (signal::Signal::SIGTERM, 143),
+        (signal::Signal::SIGINT, 130),
+    ] {
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+            .args([
+                "run",
+                "--scenario",
+                "lock",
+                "--clients",
+                "1",
+                "--transport",
+                "tcp",
+            ])
+            .args([
+                "--repeat",
+                "1",
+                "--seconds",
+                "120",
+                "--warmup",
+                "0.1",
+                "--baton",
+            ])
+            .arg(format!("b={}", baton.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("loadgen starts");
+        let pid = run.id().expect("a pid");
+        // The direct side runs first; the run is stopped once its Baton is up beside Redis.
+        let started = within(
+            Duration::from_secs(120),
+            async {
+                loop {
+                    let now = children(pid);
+                    let has = |what: &str| now.iter().any(|(_, c)| c.contains(what));
+                    if has("redis-server") && has(&baton.display().to_string()) {
+                        return now;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            "the run's Redis server and Baton to start",
+        )
+        .await;
+        signal::kill(Pid::from_raw(pid as i32), stop).expect("signalled");
+        let output = within(
+            Duration::from_secs(60),
+            run.wait_with_output(),
+            "loadgen to exit",
+        )
+        .await
+        .expect("loadgen exited");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{stop}: {stderr}");
+        assert!(stderr.contains("stopped by"), "{stop}: {stderr}");
+        for (child, cmdline) in started {
+            assert!(
+                signal::kill(Pid::from_raw(child), None).is_err(),
+                "{stop}: {cmdline} (pid {child}) outlived the run"
+            );
+        }
+    }
+}
