@@ -1507,6 +1507,9 @@ async fn cluster_keepalive_cost_per_node() {
     /// (500 ms) after the earliest request in it; its calls run within a few tens of ms
     /// (measured gaps between rounds: 0.3-0.5 s).
     const TICK_GAP: Duration = Duration::from_millis(150);
+    /// Rounds that may have run closer together than `TICK_GAP` in the window (seen in CI on a
+    /// loaded machine: 170 calls in 9 ticks over 17 slots, one round more than the ticks).
+    const MERGED_TICKS: u64 = 2;
     /// How long the pipelining check holds one master's script calls: several rounds, far less
     /// than the time left on a lease renewed a third of its ttl ago.
     const PAUSE: Duration = Duration::from_millis(1000);
@@ -1714,10 +1717,14 @@ async fn cluster_keepalive_cost_per_node() {
                 String::new()
             },
         );
-        // At most one call per slot with leases due per tick.
+        // At most one call per slot with leases due per tick. On a busy machine a round can run
+        // late, less than TICK_GAP before the next, and the two are seen as one tick: up to
+        // MERGED_TICKS such pairs are allowed. A round that took two calls per slot would still
+        // show as about twice the calls.
         assert!(
-            calls <= (seen + hidden) * slots,
-            "{port}: {calls} calls in {seen} ticks (+{hidden} unseen) over {slots} slots"
+            calls <= (seen + hidden + MERGED_TICKS) * slots,
+            "{port}: {calls} calls in {seen} ticks (+{hidden} unseen, +{MERGED_TICKS} merged) \
+             over {slots} slots"
         );
         // Far below one call per lease per renewal.
         assert!(
