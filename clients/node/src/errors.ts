@@ -28,7 +28,10 @@ export class InvalidArgumentError extends BatonError {
   }
 }
 
-/** Baton cannot be reached, or Redis did not answer in time; nothing was acquired. */
+/**
+ * Baton cannot be reached (its TLS certificate refused by this client included: the message
+ * says why), or Redis did not answer in time; nothing was acquired.
+ */
 export class UnavailableError extends BatonError {
   constructor(message: string, readonly retryAfterMs?: number, options?: ErrorOptions) {
     super(message, Code.Unavailable, options);
@@ -78,11 +81,38 @@ export class LeaseLostError extends BatonError {
   }
 }
 
+/**
+ * Node's codes for a server certificate its TLS did not accept: OpenSSL's verify results
+ * (`UNABLE_TO_VERIFY_LEAF_SIGNATURE`, `CERT_HAS_EXPIRED`, `SELF_SIGNED_CERT_IN_CHAIN`...) and the
+ * host name check.
+ */
+const REFUSED_CERTIFICATE =
+  /^(ERR_TLS_CERT_ALTNAME_INVALID|HOSTNAME_MISMATCH|INVALID_CA|INVALID_PURPOSE|PATH_LENGTH_EXCEEDED|UNABLE_TO_\w+|\w*_CERT(_\w+)?|CERT_\w+|\w*_CRL(_\w+)?|CRL_\w+)$/;
+
+/** The code of the certificate refusal behind `error` (its causes included), if that is what it is. */
+function refusedCertificate(error: unknown): string | undefined {
+  let e = error;
+  for (let depth = 0; e instanceof Error && depth < 5; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && REFUSED_CERTIFICATE.test(code)) return code;
+    e = e.cause;
+  }
+  return undefined;
+}
+
 /** The BatonError for whatever a call threw (ConnectErrors are mapped, others wrapped). */
 export function fromError(error: unknown): BatonError {
   if (error instanceof BatonError) return error;
   const e = ConnectError.from(error);
   const message = `${Code[e.code]}: ${e.rawMessage}`;
+  // Connect reports a TLS handshake this client refused as Internal; for gRPC (and Baton's
+  // Python client) Baton is unavailable then: the call never reached it.
+  const refused = e.code === Code.Internal || e.code === Code.Unknown ? refusedCertificate(e.cause) : undefined;
+  if (refused !== undefined) {
+    return new UnavailableError(`Unavailable: this client refused Baton's TLS certificate (${refused}): ${e.rawMessage}`, undefined, {
+      cause: e,
+    });
+  }
   let mapped: BatonError;
   switch (e.code) {
     case Code.InvalidArgument: {

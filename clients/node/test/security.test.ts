@@ -7,7 +7,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
-import { Baton, BatonError, UnauthenticatedError } from "../src/index.js";
+import { Baton, UnauthenticatedError, UnavailableError } from "../src/index.js";
 import { BatonServer, Redis, uniqueName, workdir } from "./harness.js";
 
 const TOKEN = "node-token-7e2a9c4f1b3d5e60";
@@ -180,10 +180,18 @@ describe("mutual TLS", () => {
     await rejectsWith(bare.describeLock("x"), UnauthenticatedError, /presented none/);
     bare.close();
     const stranger = Baton.connect(server.tcp, { tlsCa: other, tlsCert: cert, tlsKey: key, timeoutMs: 3000 });
-    // Node's TLS refuses Baton's certificate before any call is made (Connect reports it as
-    // Internal, with Node's reason).
-    await rejectsWith(stranger.describeLock("x"), BatonError, /unable to verify|certificate/);
+    // Node's TLS refuses Baton's certificate before any call is made: Unavailable, as gRPC has
+    // it, with Node's reason.
+    await rejectsWith(
+      stranger.describeLock("x"),
+      UnavailableError,
+      /refused Baton's TLS certificate \(UNABLE_TO_VERIFY_LEAF_SIGNATURE\): unable to verify the first certificate/,
+    );
     stranger.close();
+    // The right CA, but a certificate for another name than the one asked for.
+    const misnamed = Baton.connect(server.tcp, { tlsCa: ca, tlsCert: cert, tlsKey: key, tlsServerName: "elsewhere.example", timeoutMs: 3000 });
+    await rejectsWith(misnamed.describeLock("x"), UnavailableError, /refused Baton's TLS certificate \(ERR_TLS_CERT_ALTNAME_INVALID\)/);
+    misnamed.close();
   });
 
   test("bad TLS options are refused at once", () => {
