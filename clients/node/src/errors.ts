@@ -87,7 +87,7 @@ export class LeaseLostError extends BatonError {
  * host name check.
  */
 const REFUSED_CERTIFICATE =
-  /^(ERR_TLS_CERT_ALTNAME_INVALID|HOSTNAME_MISMATCH|INVALID_CA|INVALID_PURPOSE|PATH_LENGTH_EXCEEDED|UNABLE_TO_\w+|\w*_CERT(_\w+)?|CERT_\w+|\w*_CRL(_\w+)?|CRL_\w+)$/;
+  /^(HOSTNAME_MISMATCH|INVALID_CA|INVALID_PURPOSE|PATH_LENGTH_EXCEEDED|UNABLE_TO_\w+|(\w+_)?(CERT|CRL)(_\w+)?)$/;
 
 /** The code of the certificate refusal behind `error` (its causes included), if that is what it is. */
 function refusedCertificate(error: unknown): string | undefined {
