@@ -35,8 +35,9 @@
 -- an earlier group, and is skipped. A node's distance to the query can only improve over the
 -- next `max edits` characters, so a node t characters longer than the query is a leaf whose
 -- whole range is one group. A node whose row's least cell is t has no descendant closer than t:
--- at distance t its whole range is the group's; farther, only the children continuing the query
--- (or transposing its last two characters) can reach t, and only those are looked up (visit).
+-- at distance t its whole range is the group's; farther, only the rest of the query from a cell
+-- at t (or after transposing its last character with the next) can reach t, and the range of
+-- each such continuation is read at once (node).
 -- Each walk visits nodes in byte order, so a group's terms are found in lexicographic order; by
 -- score they are ranked (by Baton, over the steps), and the walk starts at the query's first
 -- character, so that a walk the budget cuts short has looked there first. By score, when the
@@ -178,12 +179,14 @@ local function closer(key, plen, row, prow, last, t)
 end
 
 -- By score over ranked sets, whether the range of p in lex set `set` is too large to read whole.
+-- Also returns the range's size when it was counted (nil when not).
 local function large(set, p)
   if not ranked or calls <= 0 then
-    return false
+    return false, nil
   end
   calls = calls - 1
-  return redis.call('ZLEXCOUNT', set, '[' .. p, '(' .. p .. '\255') > heavy_terms
+  local count = redis.call('ZLEXCOUNT', set, '[' .. p, '(' .. p .. '\255')
+  return count > heavy_terms, count
 end
 
 -- Adds to found the best terms of p's range (all within distance t of the query: p is) whose
@@ -230,6 +233,21 @@ local function within(p)
   return X ~= '' and lt(p, X)
 end
 
+-- Reads the range of node p, every term of which is at distance t (none closer), into found:
+-- best first when it is large, else whole; within the start of the step, from there on.
+local function whole(found, t, set, p)
+  if within(p) then
+    take(found, set, '(' .. X, '(' .. p .. '\255')
+    return
+  end
+  local big, count = large(set, p)
+  if big then
+    best_in(found, t, set, p, nil)
+  elseif count ~= 0 then
+    take(found, set, '[' .. p, '(' .. p .. '\255')
+  end
+end
+
 -- Visits trie node p (depth characters, in lex set `set`) for the walk of distance t: row is its
 -- row, prow its parent's, last its last character, hit the best distance of p and its prefixes.
 -- Within the start of the step, it seeks past what is done.
@@ -245,13 +263,7 @@ local function node(found, t, set, p, depth, row, least, prow, last, hit)
     -- No longer prefix comes closer than t (no cell of a descendant's row is below the least
     -- of this row or of its parent's less one): the whole range is at distance hit.
     if hit == t then
-      if within(p) then
-        take(found, set, '(' .. X, '(' .. p .. '\255')
-      elseif large(set, p) then
-        best_in(found, t, set, p, nil)
-      else
-        take(found, set, '[' .. p, '(' .. p .. '\255')
-      end
+      whole(found, t, set, p)
     end
     return
   end
@@ -261,33 +273,43 @@ local function node(found, t, set, p, depth, row, least, prow, last, hit)
     return
   end
   if least == t then
-    -- No edit left and none made yet within t: only a child that continues the query (or
-    -- transposes its last two characters) keeps a cell at t, so only those are looked up.
-    local cs, seen = {}, {}
-    for j = 1, n do
-      local c
-      if row[j - 1] == t then
-        c = q[j]
-      end
-      if c ~= nil and not seen[c] then
-        seen[c] = true
-        cs[#cs + 1] = c
-      end
-      if j > 1 and prow ~= nil and last == q[j] and prow[j - 2] + 1 <= t and not seen[q[j - 1]] then
-        seen[q[j - 1]] = true
-        cs[#cs + 1] = q[j - 1]
+    -- No edit left and none made yet within t: a match below p goes on with the rest of the
+    -- query from a cell of the row at t, or transposes p's last character with the next one
+    -- and then goes on with the rest. So the range of each such continuation is read at once
+    -- (empty when no term has it), not looked up a character at a time.
+    local rests, seen = {}, {}
+    local function add(s)
+      if not seen[s] then
+        seen[s] = true
+        rests[#rests + 1] = s
       end
     end
-    table.sort(cs, lt)
-    local from = within(p) and char_at(X, #p + 1) or nil
-    for _, c in ipairs(cs) do
+    for j = 1, n do
+      if row[j - 1] == t then
+        add(table.concat(q, '', j, n))
+      end
+      if j > 1 and prow ~= nil and last == q[j] and prow[j - 2] + 1 <= t then
+        add(q[j - 1] .. table.concat(q, '', j + 1, n))
+      end
+    end
+    table.sort(rests, lt)
+    local under -- the last continuation read: one it starts is within its range, read with it
+    for _, s in ipairs(rests) do
       if exhausted or full(found) then
         return
       end
-      local pc = p .. c
-      if (from == nil or not lt(c, from)) and next_member(set, '[' .. pc, '(' .. pc .. '\255') ~= nil then
-        local crow, cleast = next_row(row, prow, c, last)
-        visit(found, t, set, pc, depth + 1, crow, cleast, row, c, hit)
+      if under == nil or sub(s, 1, #under) ~= under then
+        under = s
+        -- Every term under p .. s is at distance t: the row of p .. s reaches the query's end
+        -- at t, and no cell of a row below p is under t. So its range is the group's, as a
+        -- visit would find it, without the rows of the characters between.
+        local ps = p .. s
+        if not done(ps) then
+          whole(found, t, set, ps)
+          if not exhausted then
+            pos = ps .. '\255'
+          end
+        end
       end
     end
     return
@@ -383,7 +405,14 @@ local function walk_rest(t)
     if exhausted or full(found) then
       break
     end
-    if present[i] and (from == nil or firsts[i] >= from) then
+    if present[i] and (from == nil or firsts[i] >= from) and firsts[i] < 128 then
+      -- The set of a one-byte character holds the terms starting with it alone: no scan.
+      local c = string.char(firsts[i])
+      if c ~= own then
+        local crow, cleast = next_row(root, nil, c, nil)
+        visit(found, t, KEYS[2 + i], c, 1, crow, cleast, root, c, n)
+      end
+    elseif present[i] and (from == nil or firsts[i] >= from) then
       local set = KEYS[2 + i]
       local lo = '-'
       if from == firsts[i] then
