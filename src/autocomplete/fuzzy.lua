@@ -405,14 +405,15 @@ local function walk_rest(t)
     if exhausted or full(found) then
       break
     end
-    if present[i] and (from == nil or firsts[i] >= from) and firsts[i] < 128 then
+    local ahead = present[i] and (from == nil or firsts[i] >= from)
+    if ahead and firsts[i] < 128 then
       -- The set of a one-byte character holds the terms starting with it alone: no scan.
       local c = string.char(firsts[i])
       if c ~= own then
         local crow, cleast = next_row(root, nil, c, nil)
         visit(found, t, KEYS[2 + i], c, 1, crow, cleast, root, c, n)
       end
-    elseif present[i] and (from == nil or firsts[i] >= from) then
+    elseif ahead then
       local set = KEYS[2 + i]
       local lo = '-'
       if from == firsts[i] then
