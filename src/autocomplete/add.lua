@@ -302,7 +302,7 @@ end
 if #new_words > 0 then
   batched('ZADD', vocab, new_words, 2)
   for _, gram in ipairs(gram_order) do
-    batched('SADD', gram_keys[gram], gram_words[gram], 1)
+    gram_batched('SADD', gram_keys[gram], gram_words[gram])
   end
 end
 

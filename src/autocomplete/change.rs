@@ -90,7 +90,8 @@ impl Autocomplete {
             match reply.first().map(int).transpose()? {
                 Some(1) => {
                     if let Some(work) = reply.get(1) {
-                        note_step_work(work)?;
+                        let terms = reply.get(2).map(count_u64).transpose()?.unwrap_or(0);
+                        note_step_work(work, usize::try_from(terms).unwrap_or(usize::MAX))?;
                         HEAVIEST_BUILD_STEP
                             .fetch_max(count_u64(work)?, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -175,7 +176,9 @@ impl Autocomplete {
             let mut words = words;
             if dropping.contains(&b's') {
                 // Each word's gram sets go with it: as many words as fit a step's work.
-                words.truncate(within_work(words.iter().map(|w| 2 + text::grams(w).len())));
+                words.truncate(within_work(
+                    words.iter().map(|w| 2 + GRAM_WORK * text::grams(w).len()),
+                ));
             }
             args.push(b"drop-w".to_vec());
             args.push(words.len().to_string().into_bytes());
@@ -189,7 +192,7 @@ impl Autocomplete {
         } else if dropping.contains(&b's') {
             let from = field(4).unwrap_or_default();
             let mut words = self.words_after(keys, &from).await?;
-            let fit = within_work(words.iter().map(|w| 1 + text::grams(w).len()));
+            let fit = within_work(words.iter().map(|w| 1 + GRAM_WORK * text::grams(w).len()));
             let all = words.len() < CHANGE_STEP && fit == words.len();
             words.truncate(fit);
             args.push(b"drop-s".to_vec());
@@ -264,8 +267,10 @@ impl Autocomplete {
                 }
             } else {
                 let mut words = self.words_after(keys, &cursor).await?;
-                // As many words as fit a step's work: a gram set a gram.
-                words.truncate(within_work(words.iter().map(|w| 1 + text::grams(w).len())));
+                // As many words as fit a step's work: a gram set a gram, `GRAM_WORK` units each.
+                words.truncate(within_work(
+                    words.iter().map(|w| 1 + GRAM_WORK * text::grams(w).len()),
+                ));
                 args.push(b"build-s".to_vec());
                 args.push(cursor);
                 args.push(words.len().to_string().into_bytes());

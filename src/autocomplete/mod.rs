@@ -65,7 +65,7 @@ use crate::{
 use cursor::{Cursor, Scope};
 pub use keys::{DictionaryKeys, RecentKeys};
 use plan::*;
-pub use plan::{heaviest_build_step, heaviest_step};
+pub use plan::{heaviest_build_step, heaviest_shared_step, heaviest_step};
 pub use text::Text;
 
 /// Longest dictionary or recent list name, in bytes.
@@ -146,22 +146,36 @@ pub const MIN_RECENT_TTL: Duration = Duration::from_secs(1);
 pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// The work one step of a write batch may do, in units of one member or field read or written
 /// by a script (planned as 12 per entry, 4 per word, 4 per ranked set and for the deep and top
-/// sets, 1 per gram of a word): a step is one script call, and this keeps each call to about
-/// 2 ms of Redis time on a 2-core machine (a gram set created costs more than other units: a
-/// step of one 256-byte term of fresh words, about 530 units, takes 2 to 5 ms), so that a large
+/// sets, [`GRAM_WORK`] per gram of a word): a step is one script call, and this keeps each call
+/// to about 2 ms of Redis time on a 2-core machine, whatever the terms' words, so that a large
 /// batch neither runs into Baton's command timeout nor holds up the other clients of the Redis.
 pub const STEP_WORK: usize = 1000;
+/// The units of one member added to or removed from a gram set (a word of the vocabulary in the
+/// set of one of its grams): each is a command on a set of its own, which costs Redis about four
+/// times a member of a sorted set or hash written with others (measured on terms of fresh words,
+/// where every word's grams are written: docs/autocomplete.md, "Writes"). The scripts count it
+/// so too (`GRAM_WORK` in write.lua).
+pub const GRAM_WORK: usize = 4;
 /// Most entries in one step of a write batch, which also bounds what a step copies when it
 /// creates a ranked set (at most [`HEAVY_PREFIX`] terms plus a step).
 pub const STEP_ENTRIES: usize = 64;
+/// The most work one entry of a write batch can be planned to do: a matching form of
+/// [`MAX_FORM_BYTES`] has at most half as many words and twice as many grams (two a byte: a
+/// 2- and a 3-character gram starting at each ASCII character), and a term is in at most
+/// [`MAX_RANKED_DEPTH`] + 1 ranked sets. A display text of 256 bytes in one ASCII word plans
+/// 2,068 with every feature.
+pub const MAX_ENTRY_WORK: usize =
+    12 + 4 * (MAX_FORM_BYTES / 2) + GRAM_WORK * 2 * MAX_FORM_BYTES + 4 * (MAX_RANKED_DEPTH + 3);
 /// The most work one step of a write batch does, in [`STEP_WORK`] units, by construction: a
 /// step of more than one entry does at most [`STEP_WORK`] and [`CUT_RESERVE`] (what its entries
 /// were planned to cost and the copies and cut-backs its script counts before writing, else its
 /// entries that fit go without the one that brings the work, which goes with half the rest, down
-/// to alone); a step of one entry may pass that by the copies of making the dictionary
-/// ranked (4 per term, at most [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The
-/// scripts return the work they did, and [`heaviest_step`] keeps the most seen.
-pub const MAX_STEP_WORK: usize = STEP_WORK + CUT_RESERVE + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
+/// to alone); a step of one entry does its own work (at most [`MAX_ENTRY_WORK`]), and may pass
+/// its room by the copies of making the dictionary ranked (4 per term, at most
+/// [`HEAVY_PREFIX`] + 1 terms, and one per possible lex set). The scripts return the work they
+/// did, and [`heaviest_step`] and [`heaviest_shared_step`] keep the most seen.
+pub const MAX_STEP_WORK: usize =
+    MAX_ENTRY_WORK + CUT_RESERVE + 4 * (HEAVY_PREFIX + 1) + FIRST_BYTES;
 /// Work a step keeps beyond [`STEP_WORK`] for two cut-backs (of a deep set and of `top`, at most
 /// [`DEEP_RANKED`] / 2 members and a read each), so that a set that needs one does not send
 /// the step back to be cut.
@@ -719,7 +733,7 @@ impl Autocomplete {
             match (int(status)?, rest) {
                 (0, [count, work, needs, results @ ..]) if results.len() == end - at => {
                     term_count = count_u64(count)?;
-                    note_step_work(work)?;
+                    note_step_work(work, end - at)?;
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
@@ -890,7 +904,7 @@ impl Autocomplete {
             let mut needs = None;
             match reply.as_slice() {
                 [status, gone, count, work, now] if int(status)? == 0 => {
-                    note_step_work(work)?;
+                    note_step_work(work, end - at)?;
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);

@@ -202,7 +202,7 @@ end
 if #gone_words > 0 then
   batched('ZREM', vocab, gone_words)
   for _, gram in ipairs(gram_order) do
-    batched('SREM', gram_keys[gram], gram_words[gram])
+    gram_batched('SREM', gram_keys[gram], gram_words[gram])
   end
 end
 

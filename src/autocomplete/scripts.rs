@@ -627,6 +627,13 @@ mod tests {
         assert_eq!(names, expected);
     }
 
+    /// The write scripts count a gram set's member as Baton plans it.
+    #[test]
+    fn the_scripts_weigh_grams_as_baton_plans_them() {
+        let line = format!("\nlocal GRAM_WORK = {}\n", super::super::GRAM_WORK);
+        assert!(include_str!("write.lua").contains(&line), "{line:?}");
+    }
+
     /// Reads are flagged `no-writes`; writes are not.
     #[test]
     fn reads_are_flagged() {
