@@ -153,10 +153,10 @@ pub(super) fn plan<'k>(
 /// An upper bound of the work of one entry of a write batch, in [`STEP_WORK`] units (a member or
 /// field read or written, as the scripts count them): its data, lex member and record (12), its
 /// words' postings and vocabulary entries (4 a word), for a word new to the vocabulary
-/// [`GRAM_WORK`] per gram (its word added to the gram's set), and, in a ranked dictionary (`ranked_sets` given), per ranked set (and its deep set
-/// and the top set) its field in `h`, a count, a member added and one removed (4 each). Copies
-/// into ranked sets a step creates and cut-backs are counted by the script, within the room the
-/// step leaves ([`MAX_STEP_WORK`]).
+/// [`GRAM_WORK`] per gram (the word added to the gram's set), and, in a ranked dictionary
+/// (`ranked_sets` given), per ranked set (and its deep set and the top set) its field in `h`, a
+/// count, a member added and one removed (4 each). Copies into ranked sets a step creates and
+/// cut-backs are counted by the script, within the room the step leaves ([`MAX_STEP_WORK`]).
 pub(super) fn entry_work(words: usize, grams: usize, ranked_sets: Option<usize>) -> usize {
     12 + 4 * words + GRAM_WORK * grams + ranked_sets.map_or(0, |n| 4 * (n + 2))
 }
