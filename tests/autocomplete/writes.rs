@@ -346,7 +346,7 @@ async fn time_a_call(conn: &mut support::RedisConn) -> Duration {
 /// such word's grams are written (a command on a set of its own each), and steps are planned and
 /// counted for that (`GRAM_WORK`). An `Add`, a `Remove` and a SUBSTRING build of such terms take
 /// at most 4 times the Redis time a script call of an `Add` to a dictionary without features
-/// (whose steps are of 64 entries) in the same run: 2 to 3 times on this project's 2-core
+/// (whose steps are of 64 entries) in the same run: 1 to 3 times on this project's 2-core
 /// machine, where with grams planned as cheaply as other members they took 5.5 to 6 times.
 #[tokio::test]
 async fn steps_of_fresh_words_hold_redis_as_briefly_as_others() {
