@@ -67,10 +67,10 @@
 --           'i' add), score, payload ('' keep, or 'p' .. payload), word count, the words.
 --
 -- Returns
---   {0, term count, work done (units as in ARGV[11]), the features a write needs and '+' while a
---   change of them is under way (write_told), then per entry of the step 'a' or 'u' (added or
---   updated) and the score after it}: applied (entries the record shows as applied already are
---   not applied again: their recorded outcome is returned)
+--   {0, term count, work done (units as in ARGV[11]), its Redis time in microseconds (elapsed),
+--   the features a write needs and '+' while a change of them is under way (write_told), then per
+--   entry of the step 'a' or 'u' (added or updated) and the score after it}: applied (entries the
+--   record shows as applied already are not applied again: their recorded outcome is returned)
 --   {1, entry}: the entry's (1-based in the step) resulting score would be out of range
 --   {2}: the step would make the dictionary ranked: send it again with every first-byte set
 --   {3, fits}: the step would do more work than ARGV[11] allows: its first `fits` entries would
@@ -139,7 +139,7 @@ for e = skip + 1, #entries do
   end
 end
 if #terms == 0 then
-  local reply = { 0, call('HLEN', data), work, told }
+  local reply = { 0, call('HLEN', data), work, elapsed(), told }
   for i = 1, #done_before do
     reply[#reply + 1] = done_before[i]
   end
@@ -314,7 +314,7 @@ if #marks > 0 then
   batched('HSET', heavy_set, marks, 2)
 end
 
-local reply = { 0, count, work, told }
+local reply = { 0, count, work, elapsed(), told }
 for i = 1, #done_before do
   reply[#reply + 1] = done_before[i]
 end

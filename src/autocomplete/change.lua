@@ -26,8 +26,8 @@
 --        words, the first after the cursor
 --
 --
--- Returns {1} when the step was applied ({1, work done, terms indexed} for build-r, the work in
--- add.lua's units), {0} when the state or the range changed since Baton read them (nothing
+-- Returns {1, its Redis time in microseconds (elapsed)} when the step was applied ({1, that time,
+-- work done, terms indexed} for build-r, the work in add.lua's units), {0} when the state or the range changed since Baton read them (nothing
 -- changed), {-2} when another driver holds the lease, {2} when no change is under way (the lease
 -- is released); build-r: {3, fits} when the step would do more work than its room (its first
 -- `fits` terms would not, and the term after them brings that work: ranking.lua), {4} when it
@@ -45,7 +45,7 @@ if op == 'release' then
   if holder then
     redis.call('DEL', lease)
   end
-  return { 1 }
+  return { 1, elapsed() }
 end
 local st = redis.call('HMGET', fkey, 's', 'g', 'b', 'c', 'n', 'd', 'dc')
 local served, target, building, cursor = st[1] or ALL_FEATURES, st[2], st[3], st[4]
@@ -134,7 +134,7 @@ if op == 'drop-r' then
     redis.call('HDEL', heavy_set, '')
     dropped('r')
   end
-  return { 1 }
+  return { 1, elapsed() }
 elseif op == 'drop-w' then
   if not has_feature(dropping, 'w') then
     return { 0 }
@@ -162,7 +162,7 @@ elseif op == 'drop-w' then
     dropping = string.gsub(dropping, 's', '')
     dropped('w')
   end
-  return { 1 }
+  return { 1, elapsed() }
 elseif op == 'drop-s' then
   if not has_feature(dropping, 's') or has_feature(dropping, 'w') or ARGV[5] ~= drop_cursor then
     return { 0 }
@@ -179,7 +179,7 @@ elseif op == 'drop-s' then
   else
     redis.call('HSET', fkey, 'dc', ARGV[6])
   end
-  return { 1 }
+  return { 1, elapsed() }
 elseif op == 'build-w' or op == 'build-s' then
   local f = op == 'build-w' and 'w' or 's'
   if building ~= f or ARGV[5] ~= cursor then
@@ -215,7 +215,7 @@ elseif op == 'build-w' or op == 'build-s' then
     if f == 's' then
       -- Every word is indexed: SUBSTRING is served from now on.
       built('s')
-      return { 1 }
+      return { 1, elapsed() }
     end
     -- No term left after the cursor in its lex set: on to the next first byte, or done.
     local next_cursor = next_first_byte(cursor)
@@ -224,7 +224,7 @@ elseif op == 'build-w' or op == 'build-s' then
     else
       built('w')
     end
-    return { 1 }
+    return { 1, elapsed() }
   end
   if f == 'w' then
     local words = {}
@@ -244,7 +244,7 @@ elseif op == 'build-w' or op == 'build-s' then
     end
   end
   redis.call('HSET', fkey, 'c', items[k][1], 'n', indexed + k)
-  return { 1 }
+  return { 1, elapsed() }
 elseif op == 'build-r' then
   local heavy, max_depth, top_size, deep_size = tonumber(ARGV[5]), tonumber(ARGV[6]),
     tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -274,7 +274,7 @@ elseif op == 'build-r' then
     else
       built('r')
     end
-    return { 1, work }
+    return { 1, elapsed(), work, 0 }
   end
   local ranked = ranked_writer({ base = base, data = data, heavy_set = heavy_set, top = top,
     heavy = heavy, max_depth = max_depth, top_size = top_size, deep_size = deep_size,
@@ -304,6 +304,6 @@ elseif op == 'build-r' then
     batched('HSET', heavy_set, marks, 2)
   end
   redis.call('HSET', fkey, 'c', now[k], 'n', indexed + k)
-  return { 1, work, k }
+  return { 1, elapsed(), work, k }
 end
 return redis.error_reply('unknown step ' .. op)

@@ -72,6 +72,7 @@ impl Autocomplete {
         // the next covers the terms that fit, the one after it half of the rest, from the term
         // that brings the work.
         let (mut most, mut then, mut wide) = (CHANGE_STEP, CHANGE_STEP, false);
+        let mut pace = Pace::default();
         loop {
             if self.inner.stop.is_cancelled() {
                 // Shutting down: the lease goes back (if this driver holds it), so that another
@@ -82,15 +83,18 @@ impl Autocomplete {
                 let _: Vec<Value> = self.inner.redis.eval(&invocation).await?;
                 return Ok(());
             }
-            let (touched, args) = self.next_change_step(&keys, most, wide).await?;
+            let budget = pace.budget();
+            let (touched, args, planned) = self.next_change_step(&keys, most, wide, budget).await?;
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let invocation =
                 scripts::change(&self.inner.change, &keys, &owner, lease_ms, &touched, &args);
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.first().map(int).transpose()? {
                 Some(1) => {
-                    if let Some(work) = reply.get(1) {
-                        let terms = reply.get(2).map(count_u64).transpose()?.unwrap_or(0);
+                    let micros = reply.get(1).map(count_u64).transpose()?.unwrap_or(0);
+                    pace.note(planned, budget, micros);
+                    if let Some(work) = reply.get(2) {
+                        let terms = reply.get(3).map(count_u64).transpose()?.unwrap_or(0);
                         note_step_work(work, usize::try_from(terms).unwrap_or(usize::MAX))?;
                         HEAVIEST_BUILD_STEP
                             .fetch_max(count_u64(work)?, std::sync::atomic::Ordering::Relaxed);
@@ -118,15 +122,17 @@ impl Autocomplete {
         }
     }
 
-    /// Reads what the next step of the change of `keys`'s features covers: the keys it touches
-    /// and its arguments (change.lua). A step of a RANKED build covers at most `most` terms and
+    /// Reads what the next step of the change of `keys`'s features covers: the keys it touches,
+    /// its arguments (change.lua), and the work it was planned at within `budget` (0 for a step
+    /// not planned by its work). A step of a RANKED build covers at most `most` terms and
     /// declares every first-byte set when `wide`.
     async fn next_change_step(
         &self,
         keys: &DictionaryKeys,
         most: usize,
         wide: bool,
-    ) -> Result<(Vec<String>, Vec<Vec<u8>>), Error> {
+        budget: usize,
+    ) -> Result<(Vec<String>, Vec<Vec<u8>>, usize), Error> {
         let redis = &self.inner.redis;
         let state: Vec<Option<Vec<u8>>> = redis
             .command(
@@ -138,11 +144,18 @@ impl Autocomplete {
         let field = |i: usize| state.get(i).cloned().flatten();
         let Some(_) = field(0) else {
             // No change under way: the step says so and releases the lease.
-            return Ok((Vec::new(), vec![b"drop-r".to_vec()]));
+            return Ok((Vec::new(), vec![b"drop-r".to_vec()], 0));
         };
         let dropping = field(3).unwrap_or_default();
         let mut touched = Vec::new();
         let mut args: Vec<Vec<u8>> = Vec::new();
+        // The work of the items a step takes, within the budget.
+        let mut planned = 0;
+        let mut fit = |costs: Vec<usize>| -> usize {
+            let n = within_work(costs.iter().copied(), budget).min(costs.len());
+            planned = costs[..n].iter().sum();
+            n
+        };
         let grams_of = |words: &[String], touched: &mut Vec<String>| -> Vec<Vec<u8>> {
             let mut out = Vec::new();
             for w in words {
@@ -176,9 +189,10 @@ impl Autocomplete {
             let mut words = words;
             if dropping.contains(&b's') {
                 // Each word's gram sets go with it: as many words as fit a step's work.
-                words.truncate(within_work(
-                    words.iter().map(|w| 2 + GRAM_WORK * text::grams(w).len()),
-                ));
+                words.truncate(fit(words
+                    .iter()
+                    .map(|w| 2 + GRAM_WORK * text::grams(w).len())
+                    .collect()));
             }
             args.push(b"drop-w".to_vec());
             args.push(words.len().to_string().into_bytes());
@@ -192,9 +206,12 @@ impl Autocomplete {
         } else if dropping.contains(&b's') {
             let from = field(4).unwrap_or_default();
             let mut words = self.words_after(keys, &from).await?;
-            let fit = within_work(words.iter().map(|w| 1 + GRAM_WORK * text::grams(w).len()));
-            let all = words.len() < CHANGE_STEP && fit == words.len();
-            words.truncate(fit);
+            let n = fit(words
+                .iter()
+                .map(|w| 1 + GRAM_WORK * text::grams(w).len())
+                .collect());
+            let all = words.len() < CHANGE_STEP && n == words.len();
+            words.truncate(n);
             args.push(b"drop-s".to_vec());
             args.push(from);
             args.push(if all {
@@ -218,8 +235,7 @@ impl Autocomplete {
                     .iter()
                     .map(|f| 2 + 4 * (keys.ranked_sets_of(f).len() + 2))
                     .collect();
-                let k = within_work(costs.iter().copied()).min(members.len());
-                let planned: usize = costs[..k].iter().sum();
+                let k = fit(costs).min(members.len());
                 touched.push(lex);
                 for form in &forms[..k] {
                     touched.extend(keys.ranked_sets_of(form));
@@ -246,11 +262,10 @@ impl Autocomplete {
                 let (lex, members) = self.terms_after(keys, &cursor, CHANGE_STEP).await?;
                 // As many terms as fit a step's work: a posting and a vocabulary entry a word.
                 let mut members = members;
-                members.truncate(within_work(
-                    members
-                        .iter()
-                        .map(|m| 1 + 2 * text::words(&member_form(m)).len()),
-                ));
+                members.truncate(fit(members
+                    .iter()
+                    .map(|m| 1 + 2 * text::words(&member_form(m)).len())
+                    .collect()));
                 touched.push(lex);
                 args.push(b"build-w".to_vec());
                 args.push(cursor);
@@ -268,9 +283,10 @@ impl Autocomplete {
             } else {
                 let mut words = self.words_after(keys, &cursor).await?;
                 // As many words as fit a step's work: a gram set a gram, `GRAM_WORK` units each.
-                words.truncate(within_work(
-                    words.iter().map(|w| 1 + GRAM_WORK * text::grams(w).len()),
-                ));
+                words.truncate(fit(words
+                    .iter()
+                    .map(|w| 1 + GRAM_WORK * text::grams(w).len())
+                    .collect()));
                 args.push(b"build-s".to_vec());
                 args.push(cursor);
                 args.push(words.len().to_string().into_bytes());
@@ -290,7 +306,7 @@ impl Autocomplete {
         }
         touched.sort();
         touched.dedup();
-        Ok((touched, args))
+        Ok((touched, args, planned))
     }
 
     /// The lex set of the build cursor `cursor`'s first byte and its first `limit` lex members

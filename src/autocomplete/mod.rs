@@ -150,6 +150,11 @@ pub const MAX_RECENT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// to about 2 ms of Redis time on a 2-core machine, whatever the terms' words, so that a large
 /// batch neither runs into Baton's command timeout nor holds up the other clients of the Redis.
 pub const STEP_WORK: usize = 1000;
+/// The Redis time a write step aims at, by the clock of its script: a batch's (or a change's)
+/// steps are cut smaller than [`STEP_WORK`] when the last ones took longer than this for their
+/// work (`Pace`), so that terms whose every word is new, whose keys are mostly created by the
+/// step, still make short steps.
+pub const STEP_TIME: Duration = Duration::from_millis(2);
 /// The units of one member added to or removed from a gram set (a word of the vocabulary in the
 /// set of one of its grams): each is a command on a set of its own, which costs Redis about four
 /// times a member of a sorted set or hash written with others (measured on terms of fresh words,
@@ -578,6 +583,8 @@ struct Inner {
     redis: Redis,
     /// Per dictionary (its key base), the features its writes need, as the last write step said.
     write_features: std::sync::Mutex<std::collections::HashMap<String, Features>>,
+    /// Per dictionary (its key base), the pace of its write steps (their budget of work).
+    paces: std::sync::Mutex<std::collections::HashMap<String, Pace>>,
     /// Per dictionary (its key base), when this Baton last looked for a driver of a change of its
     /// features under way ([`CHANGE_CHECK`]).
     change_checks: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
@@ -615,6 +622,7 @@ impl Autocomplete {
             inner: Arc::new(Inner {
                 redis,
                 write_features: std::sync::Mutex::default(),
+                paces: std::sync::Mutex::default(),
                 change_checks: std::sync::Mutex::default(),
                 stop,
                 drivers,
@@ -655,6 +663,30 @@ impl Autocomplete {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         hints.get(&keys.base).copied().unwrap_or(Features::ALL)
+    }
+
+    /// The pace of `keys`'s write steps, as this Baton's last ones left it.
+    fn pace(&self, keys: &DictionaryKeys) -> Pace {
+        let paces = self
+            .inner
+            .paces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        paces.get(&keys.base).copied().unwrap_or_default()
+    }
+
+    /// Keeps `pace` as that of `keys`'s write steps (at most [`WRITE_HINTS`] dictionaries: past
+    /// that, all are forgotten, and learnt again from their next steps).
+    fn note_pace(&self, keys: &DictionaryKeys, pace: Pace) {
+        let mut paces = self
+            .inner
+            .paces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if paces.len() >= WRITE_HINTS && !paces.contains_key(&keys.base) {
+            paces.clear();
+        }
+        paces.insert(keys.base.clone(), pace);
     }
 
     /// Notes the features a write step said writes to `dictionary` (whose keys are `keys`) need,
@@ -717,13 +749,17 @@ impl Autocomplete {
         // `cut`: after a step refused as too much work, the entry that brings the work (the
         // entries before it go without it) and the most entries the step it starts may take.
         let (mut at, mut cut, mut wide) = (0, None, false);
+        let mut pace = self.pace(&batch.keys);
         while at < terms.len() {
+            let budget = pace.budget();
             let end = match cut {
-                Some((from, most)) if from == at => next_step(&batch.planned[at..], most) + at,
-                Some((from, _)) if from > at => {
-                    (next_step(&batch.planned[at..], STEP_ENTRIES) + at).min(from)
+                Some((from, most)) if from == at => {
+                    next_step(&batch.planned[at..], most, budget) + at
                 }
-                _ => next_step(&batch.planned[at..], STEP_ENTRIES) + at,
+                Some((from, _)) if from > at => {
+                    (next_step(&batch.planned[at..], STEP_ENTRIES, budget) + at).min(from)
+                }
+                _ => next_step(&batch.planned[at..], STEP_ENTRIES, budget) + at,
             };
             let invocation = batch.step(&self.inner.add, at, end, wide);
             let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, terms.len()).await?;
@@ -731,9 +767,12 @@ impl Autocomplete {
                 return Err(unexpected("add reply"));
             };
             match (int(status)?, rest) {
-                (0, [count, work, needs, results @ ..]) if results.len() == end - at => {
+                (0, [count, work, micros, needs, results @ ..]) if results.len() == end - at => {
                     term_count = count_u64(count)?;
                     note_step_work(work, end - at)?;
+                    let planned = batch.planned[at..end].iter().map(|p| p.work).sum();
+                    pace.note(planned, budget, count_u64(micros)?);
+                    self.note_pace(&batch.keys, pace);
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
@@ -879,8 +918,10 @@ impl Autocomplete {
         let mut planned = plan(&keys, forms(), &words, features);
         let (mut removed, mut term_count) = (0, 0);
         let (mut at, mut wide) = (0, false);
+        let mut pace = self.pace(&keys);
         while at < texts.len() {
-            let end = next_step(&planned[at..], STEP_ENTRIES) + at;
+            let budget = pace.budget();
+            let end = next_step(&planned[at..], STEP_ENTRIES, budget) + at;
             let wide_sets = wide.then(|| keys.first_byte_sets());
             let touched = declared(&planned[at..end], wide_sets.as_deref());
             let invocation = scripts::Remove {
@@ -903,8 +944,11 @@ impl Autocomplete {
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             let mut needs = None;
             match reply.as_slice() {
-                [status, gone, count, work, now] if int(status)? == 0 => {
+                [status, gone, count, work, micros, now] if int(status)? == 0 => {
                     note_step_work(work, end - at)?;
+                    let step: usize = planned[at..end].iter().map(|p| p.work).sum();
+                    pace.note(step, budget, count_u64(micros)?);
+                    self.note_pace(&keys, pace);
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);

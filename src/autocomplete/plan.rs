@@ -161,17 +161,62 @@ pub(super) fn entry_work(words: usize, grams: usize, ranked_sets: Option<usize>)
     12 + 4 * words + GRAM_WORK * grams + ranked_sets.map_or(0, |n| 4 * (n + 2))
 }
 
-/// How many of the items of these work costs (at least one) one step takes within [`STEP_WORK`].
-pub(super) fn within_work(costs: impl Iterator<Item = usize>) -> usize {
+/// How many of the items of these work costs (at least one) one step takes within `budget`
+/// (at most [`STEP_WORK`], [`Pace::budget`]).
+pub(super) fn within_work(costs: impl Iterator<Item = usize>, budget: usize) -> usize {
     let (mut work, mut n) = (0, 0);
     for cost in costs {
         work += cost;
-        if work > STEP_WORK {
+        if work > budget {
             return n.max(1);
         }
         n += 1;
     }
     n
+}
+
+/// The smallest budget [`Pace`] cuts a step's work down to.
+const MIN_STEP_BUDGET: usize = STEP_WORK / 10;
+
+/// The pace of a run of write steps (a batch's, a change's): the work budget of the next step.
+/// It is [`STEP_WORK`] until steps report taking longer than [`STEP_TIME`] for it: each step's
+/// script reports its Redis time, and the budget is what [`STEP_TIME`] buys at the rate the
+/// steps ran (microseconds a planned unit, smoothed over the last steps), at most
+/// [`STEP_WORK`] and at least [`MIN_STEP_BUDGET`]. The units of the plan are what bounds a
+/// step's work; the pace only makes steps smaller, where the terms' work costs more time a unit
+/// than planned (every word new: a key created for each posting and gram).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Pace {
+    micros_per_unit: Option<f64>,
+}
+
+impl Pace {
+    /// The work budget of the next step.
+    pub(super) fn budget(self) -> usize {
+        let Some(rate) = self.micros_per_unit else {
+            return STEP_WORK;
+        };
+        let micros = STEP_TIME.as_secs_f64() * 1e6;
+        // (A rate of 0 or less, from a clock that went back, changes nothing.)
+        if rate <= 0.0 {
+            return STEP_WORK;
+        }
+        ((micros / rate) as usize).clamp(MIN_STEP_BUDGET, STEP_WORK)
+    }
+
+    /// Notes that a step planned at `planned` units took `micros` of Redis time. A step planned
+    /// at less than half the budget it was cut from (a batch's last, a step of one small entry)
+    /// is mostly its fixed cost, and is not counted.
+    pub(super) fn note(&mut self, planned: usize, budget: usize, micros: u64) {
+        if planned == 0 || planned < budget / 2 {
+            return;
+        }
+        let rate = micros as f64 / planned as f64;
+        self.micros_per_unit = Some(match self.micros_per_unit {
+            None => rate,
+            Some(old) => 0.7 * old + 0.3 * rate,
+        });
+    }
 }
 
 /// The most work any write step of this process did (units of [`STEP_WORK`]).
@@ -217,13 +262,13 @@ pub(super) fn note_step_work(v: &Value, entries: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// How many of `planned` (at least one) the next step takes: at most `most`, within
-/// [`STEP_WORK`].
-pub(super) fn next_step(planned: &[Planned], most: usize) -> usize {
+/// How many of `planned` (at least one) the next step takes: at most `most`, within `budget`
+/// (at most [`STEP_WORK`], [`Pace::budget`]).
+pub(super) fn next_step(planned: &[Planned], most: usize, budget: usize) -> usize {
     let mut work = 0;
     for (n, p) in planned.iter().take(most).enumerate() {
         work += p.work;
-        if work > STEP_WORK {
+        if work > budget {
             return n.max(1);
         }
     }
@@ -298,6 +343,39 @@ pub(super) fn outcome(v: &Value) -> Result<(bool, f64), Error> {
 mod tests {
     use super::*;
 
+    /// The budget follows the Redis time steps take for their work, within its bounds, and a
+    /// step planned at less than half its budget does not move it.
+    #[test]
+    fn the_pace_cuts_steps_that_take_too_long() {
+        let mut pace = Pace::default();
+        assert_eq!(pace.budget(), STEP_WORK);
+        // 1000 units in 1 ms: faster than STEP_TIME asks, the budget stays at its most.
+        pace.note(1000, 1000, 1000);
+        assert_eq!(pace.budget(), STEP_WORK);
+        // Steps of 6 µs a unit: the rate moves towards 6 a step at a time.
+        let mut budgets = Vec::new();
+        for _ in 0..20 {
+            let budget = pace.budget();
+            pace.note(budget, budget, u64::try_from(6 * budget).unwrap());
+            budgets.push(pace.budget());
+        }
+        assert!(budgets.windows(2).all(|w| w[1] <= w[0]), "{budgets:?}");
+        let settled = (STEP_TIME.as_secs_f64() * 1e6 / 6.0) as usize;
+        assert!(budgets[19].abs_diff(settled) <= 2, "{budgets:?}");
+        // A step planned at less than half the budget (a batch's last) is not counted.
+        let before = pace.budget();
+        pace.note(before / 3, before, 1_000_000);
+        assert_eq!(pace.budget(), before);
+        // A stall counts once, and the budget never goes below its least.
+        pace.note(before, before, 10_000_000);
+        assert_eq!(pace.budget(), MIN_STEP_BUDGET);
+        for _ in 0..30 {
+            let budget = pace.budget();
+            pace.note(budget, budget, u64::try_from(budget).unwrap());
+        }
+        assert_eq!(pace.budget(), STEP_WORK);
+    }
+
     /// A step takes entries within the work budget, at least one, at most `most`.
     #[test]
     fn steps_stay_within_the_budget() {
@@ -310,11 +388,11 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(next_step(&planned(&[400, 400, 400]), 64), 2);
-        assert_eq!(next_step(&planned(&[5000, 1]), 64), 1);
-        assert_eq!(next_step(&planned(&[10; 100]), 64), 64);
-        assert_eq!(next_step(&planned(&[10; 100]), 3), 3);
-        assert_eq!(next_step(&planned(&[10; 5]), 64), 5);
+        assert_eq!(next_step(&planned(&[400, 400, 400]), 64, STEP_WORK), 2);
+        assert_eq!(next_step(&planned(&[5000, 1]), 64, STEP_WORK), 1);
+        assert_eq!(next_step(&planned(&[10; 100]), 64, STEP_WORK), 64);
+        assert_eq!(next_step(&planned(&[10; 100]), 3, STEP_WORK), 3);
+        assert_eq!(next_step(&planned(&[10; 5]), 64, STEP_WORK), 5);
         // One word of 256 pseudo-random letters: about as many grams as a term can have.
         let mut x = 1u32;
         let long_word: String = (0..256)
@@ -338,6 +416,6 @@ mod tests {
         assert!(most <= MAX_ENTRY_WORK);
         let mut two = planned(&[10]);
         two.insert(0, heaviest);
-        assert_eq!(next_step(&two, 64), 1);
+        assert_eq!(next_step(&two, 64, STEP_WORK), 1);
     }
 }

@@ -18,8 +18,9 @@
 -- ARGV[5] the features Baton planned the step for (as add.lua's ARGV[12])
 -- ARGV[6..] per term: id, key, word count, the words
 --
--- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11]), the features a
--- write needs and '+' while a change of them is under way (write_told)}; {2} (nothing removed)
+-- Returns {0, removed, term count, work done (units as in add.lua's ARGV[11]), its Redis time in
+-- microseconds (elapsed), the features a write needs and '+' while a change of them is under way
+-- (write_told)}; {2} (nothing removed)
 -- when the step would leave the dictionary with `low` terms or fewer while it is ranked: send it
 -- again with every first-byte set declared; {6, features} (nothing removed, write_told) when the
 -- step needs the keys of features ARGV[5] lacks: plan it for these.
@@ -108,7 +109,7 @@ for i, at in ipairs(terms) do
   end
 end
 if #gone_ids == 0 then
-  return { 0, 0, redis.call('HLEN', data), work, told }
+  return { 0, 0, redis.call('HLEN', data), work, elapsed(), told }
 end
 local lex_keys, word_keys = {}, {}
 for _, name in ipairs(lex_order) do
@@ -278,4 +279,4 @@ end
 if building_r and gone_r > 0 then
   redis.call('HSET', KEYS[5], 'n', ranked_count)
 end
-return { 0, #gone_ids, count, work, told }
+return { 0, #gone_ids, count, work, elapsed(), told }

@@ -21,6 +21,15 @@ local CHUNK = 1000
 -- really did.
 local work = 0
 
+-- Redis's clock when the script started, to say how long it ran (`elapsed`).
+local STARTED = redis.call('TIME')
+
+-- Microseconds since the script started, by Redis's clock (stalls of Redis included).
+local function elapsed()
+  local now = redis.call('TIME')
+  return (tonumber(now[1]) - tonumber(STARTED[1])) * 1000000 + tonumber(now[2]) - tonumber(STARTED[2])
+end
+
 -- Runs `cmd key args...` in chunks (args holds `width`-argument groups, 1 when not given);
 -- returns the sum of the integer replies.
 local function batched(cmd, key, args, width)
