@@ -91,7 +91,7 @@ impl Autocomplete {
             let reply: Vec<Value> = self.inner.redis.eval(&invocation).await?;
             match reply.first().map(int).transpose()? {
                 Some(1) => {
-                    let micros = reply.get(1).map(count_u64).transpose()?.unwrap_or(0);
+                    let micros = reply.get(1).map(step_micros).transpose()?.unwrap_or(0);
                     pace.note(planned, budget, micros);
                     if let Some(work) = reply.get(2) {
                         let terms = reply.get(3).map(count_u64).transpose()?.unwrap_or(0);

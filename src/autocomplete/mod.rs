@@ -771,7 +771,7 @@ impl Autocomplete {
                     term_count = count_u64(count)?;
                     note_step_work(work, end - at)?;
                     let planned = batch.planned[at..end].iter().map(|p| p.work).sum();
-                    pace.note(planned, budget, count_u64(micros)?);
+                    pace.note(planned, budget, step_micros(micros)?);
                     self.note_pace(&batch.keys, pace);
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
@@ -947,7 +947,7 @@ impl Autocomplete {
                 [status, gone, count, work, micros, now] if int(status)? == 0 => {
                     note_step_work(work, end - at)?;
                     let step: usize = planned[at..end].iter().map(|p| p.work).sum();
-                    pace.note(step, budget, count_u64(micros)?);
+                    pace.note(step, budget, step_micros(micros)?);
                     self.note_pace(&keys, pace);
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;

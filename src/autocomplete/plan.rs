@@ -175,6 +175,12 @@ pub(super) fn within_work(costs: impl Iterator<Item = usize>, budget: usize) -> 
     n
 }
 
+/// The Redis time in microseconds a write step's script reports (`elapsed` in write.lua): 0 when
+/// Redis's clock went back meanwhile.
+pub(super) fn step_micros(v: &Value) -> Result<u64, Error> {
+    Ok(u64::try_from(int(v)?).unwrap_or(0))
+}
+
 /// The smallest budget [`Pace`] cuts a step's work down to.
 const MIN_STEP_BUDGET: usize = STEP_WORK / 10;
 
