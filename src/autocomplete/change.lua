@@ -26,13 +26,14 @@
 --        words, the first after the cursor
 --
 --
--- Returns {1, its Redis time in microseconds (elapsed)} when the step was applied ({1, that time,
--- work done, terms indexed} for build-r, the work in add.lua's units), {0} when the state or the range changed since Baton read them (nothing
--- changed), {-2} when another driver holds the lease, {2} when no change is under way (the lease
--- is released); build-r: {3, fits} when the step would do more work than its room (its first
--- `fits` terms would not, and the term after them brings that work: ranking.lua), {4} when it
--- would make the ranked sets' dictionary pass `heavy` terms (send it again with wide set and every
--- lex set and first-byte ranked set declared); nothing changed in either case.
+-- Returns {1, its Redis time in microseconds (elapsed)} when the step was applied ({1, that
+-- time, work done, terms indexed} for build-r, the work in add.lua's units), {0} when the state
+-- or the range changed since Baton read them (nothing changed), {-2} when another driver holds
+-- the lease, {2} when no change is under way (the lease is released); build-r: {3, fits} when
+-- the step would do more work than its room (its first `fits` terms would not, and the term
+-- after them brings that work: ranking.lua), {4} when it would make the ranked sets' dictionary
+-- pass `heavy` terms (send it again with wide set and every lex set and first-byte ranked set
+-- declared); nothing changed in either case.
 local data, vocab, heavy_set, top, fkey, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local base, owner, ttl, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- The lease is taken by the first step of a driver when no other holds it, and renewed by each.

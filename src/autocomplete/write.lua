@@ -27,7 +27,8 @@ local STARTED = redis.call('TIME')
 -- Microseconds since the script started, by Redis's clock (stalls of Redis included).
 local function elapsed()
   local now = redis.call('TIME')
-  return (tonumber(now[1]) - tonumber(STARTED[1])) * 1000000 + tonumber(now[2]) - tonumber(STARTED[2])
+  local seconds = tonumber(now[1]) - tonumber(STARTED[1])
+  return seconds * 1000000 + tonumber(now[2]) - tonumber(STARTED[2])
 end
 
 -- Runs `cmd key args...` in chunks (args holds `width`-argument groups, 1 when not given);
