@@ -582,9 +582,9 @@ pub struct Autocomplete {
 struct Inner {
     redis: Redis,
     /// Per dictionary (its key base), the features its writes need, as the last write step said.
-    write_features: std::sync::Mutex<std::collections::HashMap<String, Features>>,
+    write_features: Hints<Features>,
     /// Per dictionary (its key base), the pace of its write steps (their budget of work).
-    paces: std::sync::Mutex<std::collections::HashMap<String, Pace>>,
+    paces: Hints<Pace>,
     /// Per dictionary (its key base), when this Baton last looked for a driver of a change of its
     /// features under way ([`CHANGE_CHECK`]).
     change_checks: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
@@ -621,8 +621,8 @@ impl Autocomplete {
         Self {
             inner: Arc::new(Inner {
                 redis,
-                write_features: std::sync::Mutex::default(),
-                paces: std::sync::Mutex::default(),
+                write_features: Hints::default(),
+                paces: Hints::default(),
                 change_checks: std::sync::Mutex::default(),
                 stop,
                 drivers,
@@ -657,36 +657,10 @@ impl Autocomplete {
     /// when no step said): what the next batch is planned for. A hint only: a step planned for
     /// fewer than Redis says changes nothing and is planned again.
     fn write_features(&self, keys: &DictionaryKeys) -> Features {
-        let hints = self
-            .inner
+        self.inner
             .write_features
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        hints.get(&keys.base).copied().unwrap_or(Features::ALL)
-    }
-
-    /// The pace of `keys`'s write steps, as this Baton's last ones left it.
-    fn pace(&self, keys: &DictionaryKeys) -> Pace {
-        let paces = self
-            .inner
-            .paces
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        paces.get(&keys.base).copied().unwrap_or_default()
-    }
-
-    /// Keeps `pace` as that of `keys`'s write steps (at most [`WRITE_HINTS`] dictionaries: past
-    /// that, all are forgotten, and learnt again from their next steps).
-    fn note_pace(&self, keys: &DictionaryKeys, pace: Pace) {
-        let mut paces = self
-            .inner
-            .paces
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if paces.len() >= WRITE_HINTS && !paces.contains_key(&keys.base) {
-            paces.clear();
-        }
-        paces.insert(keys.base.clone(), pace);
+            .get(&keys.base)
+            .unwrap_or(Features::ALL)
     }
 
     /// Notes the features a write step said writes to `dictionary` (whose keys are `keys`) need,
@@ -703,15 +677,7 @@ impl Autocomplete {
             self.resume_change(dictionary, keys);
         }
         let needs = Features::from_letters(&letters);
-        let mut hints = self
-            .inner
-            .write_features
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if hints.len() >= WRITE_HINTS && !hints.contains_key(&keys.base) {
-            hints.clear();
-        }
-        hints.insert(keys.base.clone(), needs);
+        self.inner.write_features.keep(&keys.base, needs);
         Ok(needs)
     }
 
@@ -749,7 +715,7 @@ impl Autocomplete {
         // `cut`: after a step refused as too much work, the entry that brings the work (the
         // entries before it go without it) and the most entries the step it starts may take.
         let (mut at, mut cut, mut wide) = (0, None, false);
-        let mut pace = self.pace(&batch.keys);
+        let mut pace = self.inner.paces.get(&batch.keys.base).unwrap_or_default();
         while at < terms.len() {
             let budget = pace.budget();
             let end = match cut {
@@ -772,7 +738,7 @@ impl Autocomplete {
                     note_step_work(work, end - at)?;
                     let planned = batch.planned[at..end].iter().map(|p| p.work).sum();
                     pace.note(planned, budget, step_micros(micros)?);
-                    self.note_pace(&batch.keys, pace);
+                    self.inner.paces.keep(&batch.keys.base, pace);
                     for (slot, result) in outcomes[at..end].iter_mut().zip(results) {
                         *slot = Some(outcome(result)?);
                     }
@@ -918,7 +884,7 @@ impl Autocomplete {
         let mut planned = plan(&keys, forms(), &words, features);
         let (mut removed, mut term_count) = (0, 0);
         let (mut at, mut wide) = (0, false);
-        let mut pace = self.pace(&keys);
+        let mut pace = self.inner.paces.get(&keys.base).unwrap_or_default();
         while at < texts.len() {
             let budget = pace.budget();
             let end = next_step(&planned[at..], STEP_ENTRIES, budget) + at;
@@ -948,7 +914,7 @@ impl Autocomplete {
                     note_step_work(work, end - at)?;
                     let step: usize = planned[at..end].iter().map(|p| p.work).sum();
                     pace.note(step, budget, step_micros(micros)?);
-                    self.note_pace(&keys, pace);
+                    self.inner.paces.keep(&keys.base, pace);
                     removed += count_u32(gone)?;
                     term_count = count_u64(count)?;
                     (at, wide) = (end, false);

@@ -175,6 +175,40 @@ pub(super) fn within_work(costs: impl Iterator<Item = usize>, budget: usize) -> 
     n
 }
 
+/// Per dictionary (its key base), what this Baton learnt from its write steps (the features its
+/// writes need, the pace of its steps): a hint for the next batch, for at most [`WRITE_HINTS`]
+/// dictionaries (past that, all are forgotten, and learnt again from their next steps).
+pub(super) struct Hints<T>(std::sync::Mutex<std::collections::HashMap<String, T>>);
+
+impl<T> Default for Hints<T> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::default())
+    }
+}
+
+impl<T: Copy> Hints<T> {
+    /// The hint kept for the dictionary with key base `base`, if any.
+    pub(super) fn get(&self, base: &str) -> Option<T> {
+        let hints = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hints.get(base).copied()
+    }
+
+    /// Keeps `hint` for the dictionary with key base `base`.
+    pub(super) fn keep(&self, base: &str, hint: T) {
+        let mut hints = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if hints.len() >= WRITE_HINTS && !hints.contains_key(base) {
+            hints.clear();
+        }
+        hints.insert(base.to_owned(), hint);
+    }
+}
+
 /// The Redis time in microseconds a write step's script reports (`elapsed` in write.lua): 0 when
 /// Redis's clock went back meanwhile.
 pub(super) fn step_micros(v: &Value) -> Result<u64, Error> {
