@@ -19,8 +19,8 @@ rm -rf "$gen" && mkdir -p "$gen"
 # scripts/test.sh compiles the dependencies once for this and for `cargo test`.
 cargo build --locked --workspace --all-targets
 # The image test (root only, as CI runs) packs the release binary, as the Dockerfile does; with
-# --no-image it is left to the caller (scripts/test.sh builds that binary beside its other steps
-# and runs the image test last).
+# --no-image it is left to the caller (scripts/test.sh runs it on the debug binary, without the
+# release binary's size budget).
 release=()
 if [ "${1:-}" != "--no-image" ] && { [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; }; then
   echo "==> cargo build --release (for the image test)"

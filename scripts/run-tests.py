@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Runs the test suite's parts side by side: every test executable `cargo test --no-run` built
+(read from its JSON messages on standard input), the service suites again against a Redis
+Cluster, and whole scripts, at most LANES at a time, longest first.
+
+Most of the suite waits (on leases, timeouts, Redis restarts) rather than computes, so on a
+2-core machine two or three parts at a time finish much sooner than one after another. Each part
+writes to a log of its own; the log is printed whole when the part ends, so outputs never
+interleave. Exits 1 if any part fails or outlasts PART_TIMEOUT, after every part has ended.
+
+    cargo test --no-run --message-format=json-render-diagnostics \\
+      | scripts/run-tests.py --lanes 2 --cluster lock semaphore \\
+          --script "client packages=scripts/client-tests.sh"
+
+Runs each executable as `cargo test` does: from its package's directory, with CARGO_MANIFEST_DIR
+set to it.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# A part running longer than this is stopped and failed: a hang must not hold CI for hours.
+PART_TIMEOUT = 20 * 60
+
+# Seconds each part took in an earlier run on the 2-core machine, to start the long ones first
+# (a long part started last would run alone at the end). Only the order depends on them.
+EXPECTED_SECONDS = {
+    "autocomplete (cluster)": 100,
+    "autocomplete": 80,
+    "lock (cluster)": 52,
+    "soak": 41,
+    "lock": 33,
+    "failover": 27,
+    "smoke": 25,
+    "semaphore (cluster)": 23,
+    "metrics": 20,
+    "keepalive": 19,
+    "ratelimit (cluster)": 15,
+}
+
+
+class Part:
+    """One thing to run: a command, where and with what environment; its log and outcome."""
+
+    def __init__(self, name, argv, cwd, env=None, expected=None):
+        self.name, self.argv, self.cwd, self.env = name, argv, cwd, env or {}
+        self.expected = EXPECTED_SECONDS.get(name, 10) if expected is None else expected
+        self.seconds = self.code = None
+
+    def run(self):
+        """Runs the part to its end (stopping it past PART_TIMEOUT); returns its output."""
+        started = time.monotonic()
+        with tempfile.TemporaryFile() as log:
+            proc = subprocess.Popen(self.argv, cwd=self.cwd, env=dict(os.environ, **self.env),
+                                    stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self.code = proc.wait(timeout=PART_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                self.code = proc.wait()
+                log.write(f"\n{self.name}: stopped after {PART_TIMEOUT} s\n".encode())
+            self.seconds = time.monotonic() - started
+            log.seek(0)
+            return log.read().decode(errors="replace")
+
+
+def test_executables(messages):
+    """(name, executable, package directory) of every test executable in cargo's JSON messages,
+    in the order cargo built them."""
+    found = []
+    for line in messages:
+        if not line.startswith("{"):
+            continue
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        directory = os.path.dirname(msg["manifest_path"])
+        kind = target["kind"][0]
+        if kind == "test":
+            name = target["name"]
+        else:
+            name = f"{target['name']} ({kind} unit tests)"
+        found.append((name, msg["executable"], directory))
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lanes", type=int, default=os.cpu_count() or 2,
+                        help="parts run at once (default: the number of CPUs)")
+    parser.add_argument("--cluster", nargs="*", default=[],
+                        help="integration tests of the root package to run again with "
+                             "BATON_TEST_TOPOLOGY=cluster")
+    parser.add_argument("--script", action="append", default=[], metavar="NAME=COMMAND",
+                        help="a shell command to run as one part")
+    args = parser.parse_args()
+
+    root = os.getcwd()
+    parts = []
+    executables = test_executables(sys.stdin)
+    if not executables:
+        sys.exit("run-tests: no test executable in cargo's messages on standard input")
+    names = set()
+    for name, exe, directory in executables:
+        if name in names:
+            name = f"{name} ({os.path.relpath(directory, root)})"
+        names.add(name)
+        env = {"CARGO_MANIFEST_DIR": directory}
+        parts.append(Part(name, [exe], directory, env))
+        if name in args.cluster and directory == root:
+            parts.append(Part(f"{name} (cluster)", [exe], directory,
+                              dict(env, BATON_TEST_TOPOLOGY="cluster")))
+    missing = set(args.cluster) - names
+    if missing:
+        sys.exit(f"run-tests: --cluster names no integration test: {sorted(missing)}")
+    for spec in args.script:
+        name, _, command = spec.partition("=")
+        parts.append(Part(name, ["bash", "-c", command], root, expected=1000))
+
+    waiting = sorted(parts, key=lambda p: -p.expected)
+    lock = threading.Lock()
+    begun = time.monotonic()
+
+    def lane():
+        while True:
+            with lock:
+                if not waiting:
+                    return
+                part = waiting.pop(0)
+            output = part.run()
+            verdict = "passed" if part.code == 0 else f"FAILED (exit {part.code})"
+            with lock:
+                print(f"==> {part.name}: {verdict} in {part.seconds:.0f} s "
+                      f"(at {time.monotonic() - begun:.0f} s of the parts)\n{output}", flush=True)
+
+    print(f"==> {len(parts)} parts, {args.lanes} at a time", flush=True)
+    lanes = [threading.Thread(target=lane) for _ in range(args.lanes)]
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join()
+    done = parts
+
+    failed = [p for p in done if p.code != 0]
+    print("==> the parts, longest first:")
+    for part in sorted(done, key=lambda p: -p.seconds):
+        print(f"    {part.seconds:6.0f} s  {part.name}"
+              f"{'' if part.code == 0 else '  FAILED'}")
+    if failed:
+        print(f"==> {len(failed)} of {len(done)} parts failed: "
+              f"{', '.join(p.name for p in failed)}")
+        sys.exit(1)
+    print(f"==> all {len(done)} parts passed in {time.monotonic() - begun:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
