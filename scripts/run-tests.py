@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Runs the test suite's parts side by side: every test executable `cargo test --no-run` built
 (read from its JSON messages on standard input), the service suites again against a Redis
-Cluster, and whole scripts, at most LANES at a time, longest first.
+Cluster, and whole scripts, at most LANES at a time, longest first; then the parts named by
+--alone, one after another with nothing beside them.
 
-Most of the suite waits (on leases, timeouts, Redis restarts) rather than computes, so on a
-2-core machine two or three parts at a time finish much sooner than one after another. Each part
+Many parts wait (on leases, timeouts, Redis restarts) more than they compute, so on a 2-core
+machine two at a time finish sooner than one after another (this suite's: about 400 s against
+680). Parts that load the machine on purpose and time the outcome run alone. Each part
 writes to a log of its own; the log is printed whole when the part ends, so outputs never
 interleave. Exits 1 if any part fails or outlasts PART_TIMEOUT, after every part has ended.
 
@@ -104,6 +106,9 @@ def main():
                              "BATON_TEST_TOPOLOGY=cluster")
     parser.add_argument("--script", action="append", default=[], metavar="NAME=COMMAND",
                         help="a shell command to run as one part")
+    parser.add_argument("--alone", nargs="*", default=[],
+                        help="parts to run with no other part beside them, after the others "
+                             "(tests that load the machine on purpose and time what it does)")
     args = parser.parse_args()
 
     root = os.getcwd()
@@ -128,7 +133,11 @@ def main():
         name, _, command = spec.partition("=")
         parts.append(Part(name, ["bash", "-c", command], root, expected=1000))
 
-    waiting = sorted(parts, key=lambda p: -p.expected)
+    unknown = set(args.alone) - {p.name for p in parts}
+    if unknown:
+        sys.exit(f"run-tests: --alone names no part: {sorted(unknown)}")
+    waiting = sorted((p for p in parts if p.name not in args.alone), key=lambda p: -p.expected)
+    alone = [p for p in parts if p.name in args.alone]
     lock = threading.Lock()
     begun = time.monotonic()
 
@@ -144,12 +153,15 @@ def main():
                 print(f"==> {part.name}: {verdict} in {part.seconds:.0f} s "
                       f"(at {time.monotonic() - begun:.0f} s of the parts)\n{output}", flush=True)
 
-    print(f"==> {len(parts)} parts, {args.lanes} at a time", flush=True)
+    print(f"==> {len(waiting)} parts, {args.lanes} at a time, then {len(alone)} alone",
+          flush=True)
     lanes = [threading.Thread(target=lane) for _ in range(args.lanes)]
     for t in lanes:
         t.start()
     for t in lanes:
         t.join()
+    waiting.extend(alone)
+    lane()
     done = parts
 
     failed = [p for p in done if p.code != 0]
