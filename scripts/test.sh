@@ -13,8 +13,21 @@ cd "$(dirname "$0")/.."
 # Each step's header says how long the suite has run, so a slow step shows in CI's log.
 step() { echo "==> $* (at ${SECONDS} s)"; }
 
-# Everything the steps need, installed first: the downloads need no CPU the builds want.
-scripts/install-deps.sh --with-buf --with-python --with-buildah
+# Everything the later steps need (Redis, buf, the Python tools, buildah, Node), installed while
+# the documentation compiles: the downloads need little of the CPU the compiler wants.
+mkdir -p target
+scripts/install-deps.sh --with-buf --with-python --with-buildah >target/install-deps.log 2>&1 &
+deps=$!
+trap 'kill "$deps" 2>/dev/null || true' EXIT
+installed() {
+  local code=0
+  wait "$deps" || code=$?
+  cat target/install-deps.log
+  if [ "$code" -ne 0 ]; then
+    echo "scripts/install-deps.sh failed (exit $code)" >&2
+    exit 1
+  fi
+}
 
 # Clippy lints the workspace's crates while they are compiled for the tests, as the compiler
 # driver cargo runs for them (what `cargo clippy` does, with `cargo check` instead of a build):
@@ -34,10 +47,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo doc (the crate's documentation builds without warnings: links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p baton
-step "buf lint"
-.tools/node_modules/.bin/buf lint
 step "cargo test --no-run, with clippy's lints (every workspace target, one feature set)"
-mkdir -p target
 cargo test --locked --workspace --all-targets --no-run --message-format=json-render-diagnostics \
   >target/test-executables.json
 
@@ -49,6 +59,10 @@ if [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; then
   image="BATON_IMAGE_BIN=$PWD/target/debug/baton BATON_PY_GEN=$PWD/.tools/py-gen \
 .tools/py/bin/python -m unittest discover -s tests/python -p test_image.py -v"
 fi
+step "the installs started at the beginning (scripts/install-deps.sh)"
+installed
+step "buf lint"
+.tools/node_modules/.bin/buf lint
 step "the tests, side by side (scripts/run-tests.py)"
 # Two parts at a time on the 2-core CI machine; the load tests of failover.rs (3,000 leases
 # renewed on a Cluster) and soak.rs (1,000 streams) run alone.

@@ -12,6 +12,7 @@ about a third of CI's CPU), and then the size budget, which is the release binar
 Needs root and Debian's buildah (scripts/install-deps.sh --with-buildah). Skipped with the
 reason printed when not root outside CI; under CI (CI set) it always runs.
 """
+
 import json
 import os
 import shutil
