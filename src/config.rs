@@ -192,7 +192,8 @@ pub struct ServeArgs {
     /// them); Envoy's API is served only when given.
     #[arg(long, env = "BATON_RATELIMIT_CONFIG")]
     pub ratelimit_config: Option<String>,
-    /// How often the rules file is checked for changes and reloaded (e.g. 10s); 0 never reloads.
+    /// How often the rules file is checked for changes and reloaded (10ms to 1h, e.g. 10s); 0
+    /// never reloads.
     #[arg(long, env = "BATON_RATELIMIT_CONFIG_RELOAD", default_value = "10s")]
     pub ratelimit_config_reload: String,
     /// TCP address to serve Prometheus metrics on (`GET /metrics`, plain HTTP), e.g.
@@ -684,12 +685,10 @@ impl ServeConfig {
                 DEFAULT_RATELIMIT_FAILURE_MODE
             }
         };
-        let ratelimit_reload = duration(
+        let ratelimit_reload = reload_interval(
             &mut errors,
             "--ratelimit-config-reload / BATON_RATELIMIT_CONFIG_RELOAD",
             &args.ratelimit_config_reload,
-            Duration::ZERO,
-            Duration::from_secs(3600),
         );
         let metrics_listen = if args.metrics_listen.trim().is_empty() {
             None
@@ -872,8 +871,8 @@ pub struct ServingArgs {
     /// health's must carry `authorization: Bearer <token>` or fails UNAUTHENTICATED.
     #[arg(long, env = "BATON_API_TOKEN_FILE")]
     pub api_token_file: Option<String>,
-    /// How often the TLS and API token files are read again and changes put in force (e.g.
-    /// 10s); 0 never rereads them.
+    /// How often the TLS and API token files are read again and changes put in force (10ms to
+    /// 1h, e.g. 10s); 0 never rereads them.
     #[arg(long, env = "BATON_CREDENTIALS_RELOAD", default_value = "10s")]
     pub credentials_reload: String,
     /// Permission bits of the Unix socket, in octal (e.g. 0660, 0600).
@@ -890,7 +889,7 @@ pub struct ServingArgs {
     /// a new one fails RESOURCE_EXHAUSTED.
     #[arg(long, env = "BATON_MAX_LEASE_STREAMS", default_value_t = DEFAULT_MAX_LEASE_STREAMS.to_string())]
     pub max_lease_streams: String,
-    /// Largest gRPC message received or sent, in bytes (larger requests fail RESOURCE_EXHAUSTED).
+    /// Largest gRPC message received or sent, in bytes (larger requests fail OUT_OF_RANGE).
     #[arg(long, env = "BATON_MAX_MESSAGE_SIZE", default_value_t = DEFAULT_MAX_MESSAGE_BYTES.to_string())]
     pub max_message_size: String,
     /// Client connections open at once (TCP and socket together); past it new ones wait.
@@ -1016,12 +1015,10 @@ impl ServingConfig {
             tls.as_ref(),
             api_token_file.as_deref(),
         ));
-        let credentials_reload = duration(
+        let credentials_reload = reload_interval(
             errors,
             "--credentials-reload / BATON_CREDENTIALS_RELOAD",
             &args.credentials_reload,
-            Duration::ZERO,
-            Duration::from_secs(3600),
         );
         let socket_mode = crate::security::socket::mode(&args.socket_mode).unwrap_or_else(|e| {
             errors.push(format!("--socket-mode / BATON_SOCKET_MODE: {e}"));
@@ -1164,6 +1161,29 @@ fn duration(
             min
         }
     }
+}
+
+/// Shortest interval between two reads of a watched file (rules, credentials), other than 0:
+/// a shorter one would read the files without a pause.
+pub const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Parses how often watched files are read again: 0 (never), or [`MIN_RELOAD_INTERVAL`] to 1 h.
+fn reload_interval(errors: &mut Vec<String>, what: &str, raw: &str) -> Duration {
+    let max = Duration::from_secs(3600);
+    let before = errors.len();
+    let interval = duration(errors, what, raw, Duration::ZERO, Duration::MAX);
+    if errors.len() == before
+        && !interval.is_zero()
+        && (interval < MIN_RELOAD_INTERVAL || interval > max)
+    {
+        errors.push(format!(
+            "{what}: {} is outside {} to {} (0 never reloads)",
+            humantime::format_duration(interval),
+            humantime::format_duration(MIN_RELOAD_INTERVAL),
+            humantime::format_duration(max)
+        ));
+    }
+    interval
 }
 
 /// The deployment named by the configuration.
@@ -1315,6 +1335,33 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:#?}");
         assert!(errors[0].starts_with("--health-listen"), "{errors:#?}");
         assert!(errors[1].starts_with("--shutdown-delay"), "{errors:#?}");
+    }
+
+    /// How often watched files are read again: 0 (never) or 10 ms to 1 h; a shorter interval
+    /// would read them without a pause.
+    #[test]
+    fn reload_intervals_are_bounded() {
+        for ok in ["0", "10ms", "10s", "1h"] {
+            let cfg = ServeConfig::from_args(&args(&[
+                "--ratelimit-config-reload",
+                ok,
+                "--credentials-reload",
+                ok,
+            ]))
+            .unwrap_or_else(|e| panic!("{ok}: {e:#?}"));
+            assert_eq!(cfg.serving.credentials_reload, cfg.ratelimit.reload_interval);
+        }
+        for bad in ["1ns", "9ms", "61m"] {
+            let errors = ServeConfig::from_args(&args(&[
+                "--ratelimit-config-reload",
+                bad,
+                "--credentials-reload",
+                bad,
+            ]))
+            .expect_err(bad);
+            assert_eq!(errors.len(), 2, "{bad}: {errors:#?}");
+            assert!(errors.iter().all(|e| e.contains("outside 10ms to 1h")), "{errors:#?}");
+        }
     }
 
     /// A metrics address is optional, and a bad one is reported with its flag.

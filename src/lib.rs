@@ -32,6 +32,8 @@
 //!   weights and FIFO fairness; handler, Lua scripts and domain types.
 //! - [`autocomplete`]: the `baton.v1.AutocompleteService`: completion over dictionaries and
 //!   recent lists, Unicode-normalized matching, page tokens; handler, Lua scripts, domain types.
+//! - [`files`]: reading the files Baton is given (rules, passwords, certificates, the API
+//!   token): regular files of bounded size only, never blocking on a FIFO.
 //! - [`error`]: the domain error and its single mapping to gRPC status codes.
 //! - [`proto`]: code generated from `proto/`, and the descriptor set served by reflection.
 //! - [`codec`]: the protobuf codec of the generated services, with small per-call buffers.
@@ -47,6 +49,7 @@ pub mod codec;
 pub mod config;
 pub mod election;
 pub mod error;
+pub mod files;
 pub mod grpc;
 pub mod lease;
 pub mod lock;

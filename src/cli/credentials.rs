@@ -15,7 +15,10 @@ use tonic::{
     transport::{Certificate, Channel, ClientTlsConfig, Identity},
 };
 
-use crate::security::{files::read_bounded, tls::MAX_PEM_FILE_BYTES, token::MAX_TOKEN_FILE_BYTES};
+use crate::{
+    files::read_bounded,
+    security::{tls::MAX_PEM_FILE_BYTES, token::MAX_TOKEN_FILE_BYTES},
+};
 
 use super::ClientArgs;
 

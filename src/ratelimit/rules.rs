@@ -16,7 +16,6 @@
 use std::{
     collections::{HashMap, HashSet},
     fmt::{self, Write as _},
-    io::Read as _,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -26,6 +25,7 @@ use super::{
     Algorithm, MAX_UNITS, Rate, RateField,
     yaml::{self, Node, Pos, Value},
 };
+use crate::files::FileError;
 
 /// Longest domain, in bytes.
 pub const MAX_DOMAIN_BYTES: usize = 256;
@@ -863,18 +863,13 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, String> {
 /// The text of one rules file: a regular file of at most [`MAX_FILE_BYTES`] of UTF-8.
 fn read(file: &Path) -> Result<String, String> {
     let fail = |e: &dyn fmt::Display| format!("{}: {e}", file.display());
-    // A pipe or a device would be read without end (or block): refused before opening.
-    let meta = std::fs::metadata(file).map_err(|e| fail(&e))?;
-    if !meta.is_file() {
-        return Err(fail(&"not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| fail(&e))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(fail(&format_args!("larger than {MAX_FILE_BYTES} bytes")));
-    }
+    // A pipe or a device would be read without end (or block): refused once opened, without
+    // blocking, so that a path swapped to one after a check cannot hang a reload.
+    let bytes = crate::files::read_regular(file, MAX_FILE_BYTES).map_err(|e| match e {
+        FileError::Io(e) => fail(&e),
+        FileError::NotRegular => fail(&"not a regular file"),
+        FileError::TooLarge(max) => fail(&format_args!("larger than {max} bytes")),
+    })?;
     String::from_utf8(bytes).map_err(|e| {
         let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
         // Valid up to there, so this decodes.

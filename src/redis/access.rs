@@ -17,7 +17,6 @@
 //! system store); with it, to that bundle only.
 
 use std::{
-    io::Read as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
@@ -28,7 +27,10 @@ use bb8_redis::redis::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 
-use crate::config::{MAX_PASSWORD_FILE_BYTES, MAX_TLS_FILE_BYTES, RedisAccess, RedisTls};
+use crate::{
+    config::{MAX_PASSWORD_FILE_BYTES, MAX_TLS_FILE_BYTES, RedisAccess, RedisTls},
+    files::read_bounded,
+};
 
 /// What tells a file's content changed without reading it: a rewrite in place, or a Kubernetes
 /// Secret update (a symlink swapped to a new file), changes at least one of these.
@@ -52,23 +54,6 @@ fn stamp(path: &Path) -> Result<Stamp, String> {
         mtime: (meta.mtime(), meta.mtime_nsec()),
         ctime: (meta.ctime(), meta.ctime_nsec()),
     })
-}
-
-/// The content of `path`, refused past `limit` bytes (without reading more than one byte past).
-fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
-    let file =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(format!("{} is a directory", path.display()));
-    }
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > limit {
-        return Err(format!("{} is longer than {limit} bytes", path.display()));
-    }
-    Ok(bytes)
 }
 
 /// Reads a Redis password file: at most [`MAX_PASSWORD_FILE_BYTES`], UTF-8, one line (a final
@@ -565,7 +550,15 @@ mod tests {
         assert_eq!(tls_failure(&refused), None);
     }
 
-    /// Password files that cannot be used are refused, naming the file, never quoting it.
+    /// A FIFO in `dir`, which a blocking open would wait on until a writer comes.
+    fn fifo(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        path
+    }
+
+    /// Password files that cannot be used are refused, naming the file, never quoting it; a
+    /// FIFO is refused without blocking on it.
     #[test]
     fn bad_password_files_are_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -580,10 +573,11 @@ mod tests {
                 write("two-lines", b"secret\nsecret\n"),
                 "more than one line",
             ),
-            (write("huge", &[b'x'; 5000]), "longer than"),
+            (write("huge", &[b'x'; 5000]), "more than the"),
             (write("binary", &[0xff, 0xfe]), "not UTF-8"),
             (dir.path().join("missing"), "cannot read"),
-            (dir.path().to_owned(), "directory"),
+            (dir.path().to_owned(), "not a regular file"),
+            (fifo(dir.path()), "not a regular file"),
         ] {
             let e = read_password(&path).expect_err("refused");
             assert!(e.contains(expected), "{}: {e}", path.display());
@@ -639,7 +633,14 @@ mod tests {
                     ca: write("huge.pem", &vec![b'-'; 2 * 1024 * 1024]),
                     ..RedisTls::default()
                 },
-                "longer than",
+                "more than the",
+            ),
+            (
+                RedisTls {
+                    ca: Some(fifo(dir.path())),
+                    ..RedisTls::default()
+                },
+                "not a regular file",
             ),
             (
                 RedisTls {

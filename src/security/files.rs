@@ -7,55 +7,11 @@
 //! symlink; reading the files again (their contents, not their modification times) follows the
 //! swap whatever the file system reports.
 
-use std::{
-    fs::File,
-    io::Read as _,
-    os::unix::fs::OpenOptionsExt as _,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-/// Reads `path`: a regular file (after symlinks) of at most `max` bytes. A FIFO, a device or a
-/// directory is refused without blocking on it.
-pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        // A FIFO would block the open until a writer comes; refused below instead.
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    if meta.len() > max {
-        return Err(format!(
-            "{} is {} bytes, more than the {max} accepted",
-            path.display(),
-            meta.len()
-        ));
-    }
-    read_at_most(file, path, max)
-}
-
-fn read_at_most(file: File, path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let mut bytes = Vec::new();
-    // The file may grow between the size check and the read: never read past the bound.
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > max {
-        return Err(format!(
-            "{} is more than the {max} bytes accepted",
-            path.display()
-        ));
-    }
-    Ok(bytes)
-}
+use crate::files::read_bounded;
 
 /// A set of files applied together (a certificate with its key and client CA; a token file).
 pub trait Source: Send + 'static {
@@ -169,28 +125,4 @@ pub fn load_and_watch(
         }
     });
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A file over the bound, a directory and a FIFO are refused at once, without blocking.
-    #[test]
-    fn only_small_regular_files_are_read() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let small = dir.path().join("small");
-        std::fs::write(&small, b"abc").expect("write");
-        assert_eq!(read_bounded(&small, 3).expect("fits"), b"abc");
-        let e = read_bounded(&small, 2).expect_err("too big");
-        assert!(e.contains("more than the 2"), "{e}");
-        let e = read_bounded(dir.path(), 100).expect_err("a directory");
-        assert!(e.contains("not a regular file"), "{e}");
-        let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
-        let e = read_bounded(&fifo, 100).expect_err("a FIFO");
-        assert!(e.contains("not a regular file"), "{e}");
-        let e = read_bounded(&dir.path().join("missing"), 100).expect_err("missing");
-        assert!(e.contains("cannot read"), "{e}");
-    }
 }

@@ -45,7 +45,7 @@ pub struct Refused(pub String);
 pub fn check_files(tls: Option<&TlsFiles>, token: Option<&Path>) -> Vec<String> {
     let mut problems = Vec::new();
     if let Some(files) = tls {
-        let read = |path: &Path| files::read_bounded(path, tls::MAX_PEM_FILE_BYTES);
+        let read = |path: &Path| crate::files::read_bounded(path, tls::MAX_PEM_FILE_BYTES);
         let loaded = (|| {
             let cert = read(&files.cert)?;
             let key = read(&files.key)?;
@@ -57,9 +57,10 @@ pub fn check_files(tls: Option<&TlsFiles>, token: Option<&Path>) -> Vec<String> 
         }
     }
     if let Some(path) = token {
-        let parsed = files::read_bounded(path, token::MAX_TOKEN_FILE_BYTES).and_then(|bytes| {
-            token::Tokens::parse(&bytes, &path.display().to_string()).map(|_| ())
-        });
+        let parsed =
+            crate::files::read_bounded(path, token::MAX_TOKEN_FILE_BYTES).and_then(|bytes| {
+                token::Tokens::parse(&bytes, &path.display().to_string()).map(|_| ())
+            });
         if let Err(e) = parsed {
             problems.push(format!("--api-token-file / BATON_API_TOKEN_FILE: {e}"));
         }
