@@ -4,10 +4,17 @@
 //! stream. Baton's messages are a few hundred bytes and a sidecar may hold 10,000 keepalive
 //! streams, so that default alone would cost 80 MiB; this codec starts each buffer at
 //! [`BUFFER_SIZE`] bytes (it still grows for a larger message, such as a long completion list).
+//!
+//! A request that does not decode (a `string` field that is not UTF-8, a truncated or garbled
+//! message) is the client's error: it fails `INVALID_ARGUMENT` with prost's reason, where tonic's
+//! codec answers `INTERNAL`, the code of a server fault.
 
 use std::marker::PhantomData;
 
-use tonic::codec::{BufferSettings, Codec};
+use tonic::{
+    Status,
+    codec::{BufferSettings, Codec, DecodeBuf, Decoder},
+};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// Initial size of each call's encode and decode buffer, in bytes.
@@ -33,13 +40,36 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = ProstEncoder<T>;
-    type Decoder = ProstDecoder<U>;
+    type Decoder = LeanDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ProstCodec::<T, U>::raw_encoder(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
+        LeanDecoder(ProstCodec::<T, U>::raw_decoder(BufferSettings::new(
+            BUFFER_SIZE,
+            YIELD_THRESHOLD,
+        )))
+    }
+}
+
+/// `ProstDecoder` whose decoding failures are `INVALID_ARGUMENT`: they come from the bytes the
+/// client sent.
+#[derive(Debug)]
+pub struct LeanDecoder<U>(ProstDecoder<U>);
+
+impl<U: prost::Message + Default> Decoder for LeanDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        self.0
+            .decode(buf)
+            .map_err(|e| Status::invalid_argument(e.message()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
     }
 }

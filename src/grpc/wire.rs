@@ -17,8 +17,17 @@ pub fn millis(
 ) -> Result<Option<Duration>, Error> {
     let field = field.into();
     let Some(d) = value else { return Ok(None) };
-    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
-        return Err(Error::invalid(field, "must be a non-negative duration"));
+    if d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is not a well-formed Duration: nanos {} is outside 0 to 999999999",
+                d.nanos
+            ),
+        ));
+    }
+    if d.seconds < 0 {
+        return Err(Error::invalid(field, "must not be negative"));
     }
     let secs = u64::try_from(d.seconds).unwrap_or(0);
     // nanos is in [0, 1e9) here, so the conversion cannot fail.
@@ -43,7 +52,7 @@ pub fn bounded(
             field,
             format!("is required ({} to {})", show(min), show(max)),
         )),
-        Some(d) => within(field, d, min, max),
+        Some(d) => within(field, value, d, min, max),
     }
 }
 
@@ -56,20 +65,35 @@ pub fn optional_bounded(
 ) -> Result<Option<Duration>, Error> {
     let field = field.into();
     millis(field.clone(), value)?
-        .map(|d| within(field, d, min, max))
+        .map(|d| within(field, value, d, min, max))
         .transpose()
 }
 
+/// `d` (the millisecond value of `sent`) when within `[min, max]`; the error names what the
+/// caller sent, and the rounding when it made a difference.
 fn within(
     field: impl Into<Field>,
+    sent: Option<prost_types::Duration>,
     d: Duration,
     min: Duration,
     max: Duration,
 ) -> Result<Duration, Error> {
     if d < min || d > max {
+        let exact = sent
+            .and_then(|p| {
+                Some(Duration::new(
+                    u64::try_from(p.seconds).ok()?,
+                    u32::try_from(p.nanos).ok()?,
+                ))
+            })
+            .filter(|&exact| exact != d);
+        let value = match exact {
+            Some(exact) => format!("{} (rounded up to {})", show(exact), show(d)),
+            None => show(d),
+        };
         return Err(Error::invalid(
             field,
-            format!("{} is outside {} to {}", show(d), show(min), show(max)),
+            format!("{value} is outside {} to {}", show(min), show(max)),
         ));
     }
     Ok(d)

@@ -153,6 +153,96 @@ async fn messages_larger_than_the_bound_are_refused() {
     assert!(served.into_inner().acquired);
 }
 
+/// The bytes of a request, sent as they are: what a client with a broken encoder sends.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Self;
+    type Decoder = Self;
+
+    fn encoder(&mut self) -> Self {
+        Self
+    }
+
+    fn decoder(&mut self) -> Self {
+        Self
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let len = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, len).to_vec()))
+    }
+}
+
+/// A request that does not decode (a name that is not UTF-8, a message cut short) fails
+/// INVALID_ARGUMENT with the decoder's reason, not INTERNAL, in every service; well-formed
+/// requests on the same connection are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_do_not_decode_are_invalid_arguments() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |_| {}).await;
+    let mut grpc = tonic::client::Grpc::new(channel(baton.addr()).await);
+    // Field 1 (the name of every request below), 4 bytes that are not UTF-8; then a field 1
+    // that says 16 bytes and holds 1.
+    let not_utf8 = vec![0x0a, 4, 0xff, 0xfe, b'a', b'b'];
+    let cut_short = vec![0x0a, 16, b'a'];
+    for path in [
+        "/baton.v1.LockService/Acquire",
+        "/baton.v1.LockService/Describe",
+        "/baton.v1.SemaphoreService/Describe",
+        "/baton.v1.ElectionService/Leader",
+    ] {
+        for (bytes, reason) in [(&not_utf8, "UTF-8"), (&cut_short, "")] {
+            grpc.ready().await.expect("the connection");
+            let refused = grpc
+                .unary(
+                    tonic::Request::new(bytes.clone()),
+                    http::uri::PathAndQuery::from_static(path),
+                    RawCodec,
+                )
+                .await
+                .expect_err("a request that does not decode");
+            assert_eq!(refused.code(), Code::InvalidArgument, "{path}: {refused:?}");
+            assert!(
+                refused.message().contains("failed to decode")
+                    && refused.message().contains(reason),
+                "{path}: {refused:?}"
+            );
+        }
+    }
+    let mut locks = baton.client().await;
+    let served = locks
+        .acquire(acquire_request("fine", 1_000, None, ""))
+        .await
+        .expect("a well-formed request");
+    assert!(served.into_inner().acquired);
+}
+
 /// A connection that says nothing is closed after `--handshake-timeout`, and past
 /// `--max-connections` a new connection waits until one closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
