@@ -1,5 +1,6 @@
 //! What Baton promises about its use of Redis: scripts survive a script-cache flush, every key it
-//! writes expires, and one pub/sub connection serves all local waiters.
+//! writes expires, one pub/sub connection serves all local waiters, and connections Redis closed
+//! while idle carry no call.
 
 mod support;
 
@@ -657,6 +658,44 @@ async fn resubscribe_after_kill(
     )
     .await;
     (first, again)
+}
+
+/// A pooled connection that Redis closed while it was idle (its `timeout` setting, `CLIENT
+/// KILL`, a restart) carries no call: the connections idle for `IDLE_CHECK` or more answer a
+/// `PING` first, and a closed one is replaced, so every call after the kill succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_redis_closed_idle_connections_succeed() {
+    let redis = RedisServer::start_standalone().await;
+    let backend = Redis::new(&redis.redis_config()).expect("redis config");
+    let mut admin = redis.client().await;
+    for round in 0..3 {
+        // Several calls at once, so that the pool opens more than one connection.
+        let calls = (0..8).map(|_| backend.ping());
+        for answered in futures::future::join_all(calls).await {
+            answered.expect("PING through the pool");
+        }
+        // Idleness is what the check looks for: this wait is the scenario, not a poll.
+        tokio::time::sleep(baton::redis::IDLE_CHECK + Duration::from_millis(100)).await;
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .expect("CLIENT KILL");
+        assert!(
+            killed >= 1,
+            "round {round}: Baton's connections were killed"
+        );
+        for n in 0..10 {
+            backend
+                .ping()
+                .await
+                .unwrap_or_else(|e| panic!("round {round}, call {n} after the kill: {e}"));
+        }
+    }
 }
 
 /// 5,000 waiters on as many channels subscribe at once, confirmed in batched SUBSCRIBE commands

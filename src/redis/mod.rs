@@ -21,8 +21,8 @@ pub mod version;
 
 use std::{
     sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
+        Arc, LazyLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -48,6 +48,14 @@ use crate::{
     metrics::{self, PoolRole, RedisCall},
 };
 
+/// A pooled connection not handed out for this long is checked with a `PING` before it carries a
+/// call: Redis may have closed it meanwhile (its `timeout` setting closes idle clients; so do
+/// `CLIENT KILL` and a restart), and a call sent on it would fail although Redis is up.
+pub const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+/// When this process first used a connection: the origin of [`Conn`]'s handout times.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
 /// A pooled multiplexed connection, marked broken after an I/O error or a timeout so that the pool
 /// drops it and opens a fresh one instead of handing the dead one out again.
 ///
@@ -58,9 +66,19 @@ use crate::{
 pub struct Conn {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// When it was last handed out, in milliseconds from [`EPOCH`].
+    handed_out: Arc<AtomicU64>,
 }
 
 impl Conn {
+    fn new(conn: MultiplexedConnection) -> Self {
+        Self {
+            conn,
+            broken: Arc::new(AtomicBool::new(false)),
+            handed_out: Arc::new(AtomicU64::new(now_millis())),
+        }
+    }
+
     fn mark_broken(&self) {
         self.broken.store(true, Ordering::Relaxed);
     }
@@ -68,6 +86,18 @@ impl Conn {
     fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Relaxed)
     }
+
+    /// Notes a handout; returns how long the connection was idle before it.
+    fn hand_out(&self) -> Duration {
+        let now = now_millis();
+        let before = self.handed_out.swap(now, Ordering::Relaxed);
+        Duration::from_millis(now.saturating_sub(before))
+    }
+}
+
+/// Milliseconds since [`EPOCH`].
+fn now_millis() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Opens connections with Baton's connect and response timeouts, and refuses servers older than
@@ -129,10 +159,7 @@ impl bb8::ManageConnection for Manager {
             Err(e) if e.code() == Some("NOPERM") => {}
             Err(e) => return Err(e.into()),
         }
-        Ok(Conn {
-            conn,
-            broken: Arc::new(AtomicBool::new(false)),
-        })
+        Ok(Conn::new(conn))
     }
 
     async fn is_valid(&self, conn: &mut Conn) -> Result<(), Error> {
@@ -249,8 +276,42 @@ impl NodePool {
     }
 
     /// A handle on one of the pooled connections, by `deadline`; the pool slot itself is given
-    /// back at once.
+    /// back at once. A connection idle for [`IDLE_CHECK`] or more must first answer `PING`: one
+    /// that Redis closed meanwhile fails it at once and is replaced by the next, so that no call
+    /// is sent on it. A `PING` that gets no answer by the deadline fails the checkout as the call
+    /// would have failed.
     async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
+        loop {
+            let mut conn = self.checkout_any(deadline).await?;
+            if conn.is_broken() {
+                // Broken since the pool took it back: dropped by the pool when given back now.
+                continue;
+            }
+            if conn.hand_out() < IDLE_CHECK {
+                return Ok(conn);
+            }
+            let check = timeout_at(
+                deadline.min(Instant::now() + self.command_timeout),
+                redis::cmd("PING").query_async::<()>(&mut conn.conn),
+            )
+            .await;
+            match check {
+                Ok(Ok(())) => return Ok(conn),
+                Ok(Err(e)) if breaks_connection(&e) => conn.mark_broken(),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => {
+                    conn.mark_broken();
+                    return Err(Error::Unavailable(format!(
+                        "no answer within {}",
+                        humantime::format_duration(self.command_timeout)
+                    )));
+                }
+            }
+        }
+    }
+
+    /// A handle on whichever pooled connection the pool gives, by `deadline`.
+    async fn checkout_any(&self, deadline: Instant) -> Result<Conn, Error> {
         let mut failures = self.connect_failures.0.subscribe();
         let checkout = tokio::select! {
             r = timeout_at(deadline, self.pool.get()) => r,
