@@ -358,7 +358,7 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
     for _ in 0..3 {
         relays.push(
             notifier
-                .subscribe_as("turns", Wake::Relay)
+                .subscribe_as("turns", Wake::Relay(0))
                 .await
                 .expect("subscribe"),
         );
@@ -388,11 +388,11 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
 
     // A waiter woken (the front one) that leaves without looking passes the wake on.
     let first = notifier
-        .subscribe_as("pass", Wake::Relay)
+        .subscribe_as("pass", Wake::Relay(0))
         .await
         .expect("subscribe");
     let mut second = notifier
-        .subscribe_as("pass", Wake::Relay)
+        .subscribe_as("pass", Wake::Relay(0))
         .await
         .expect("subscribe");
     second.arm();
@@ -413,11 +413,11 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
     for settled in [false, true] {
         let channel = if settled { "settled" } else { "unsettled" };
         let mut first = notifier
-            .subscribe_as(channel, Wake::Relay)
+            .subscribe_as(channel, Wake::Relay(0))
             .await
             .expect("subscribe");
         let mut second = notifier
-            .subscribe_as(channel, Wake::Relay)
+            .subscribe_as(channel, Wake::Relay(0))
             .await
             .expect("subscribe");
         first.arm();
@@ -440,11 +440,11 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
     // A waiter that was woken while it waited, armed for its check, and left when the check
     // failed (an error, not an answer) passes the wake on.
     let mut first = notifier
-        .subscribe_as("failed", Wake::Relay)
+        .subscribe_as("failed", Wake::Relay(0))
         .await
         .expect("subscribe");
     let mut second = notifier
-        .subscribe_as("failed", Wake::Relay)
+        .subscribe_as("failed", Wake::Relay(0))
         .await
         .expect("subscribe");
     first.arm();

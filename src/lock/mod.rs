@@ -147,7 +147,7 @@ impl lease::Request for AcquireRequest {
         if self.fair {
             Wake::EveryAnd(waiter)
         } else if self.mode == Mode::Exclusive {
-            Wake::Relay
+            Wake::Relay(0)
         } else {
             Wake::Every
         }

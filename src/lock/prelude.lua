@@ -95,6 +95,10 @@ end
 
 -- Stores `lease` after dropping its expired holds: its expiry becomes the latest of its live
 -- holds'. Forgets it when none is live. Returns that expiry, or nil.
+--
+-- When that expiry comes sooner than before (a refresh with a shorter ttl, the release of the
+-- longest-lived hold), the waiters are told by a broadcast: each waits for the expiry its last
+-- attempt found, and tries again now to find the new one.
 local function save_lease(id, lease, now)
   local live, latest = {}, nil
   for _, h in ipairs(lease.holds) do
@@ -113,7 +117,11 @@ local function save_lease(id, lease, now)
     return nil
   end
   redis.call('HSET', K.state, 'l:' .. id, cmsgpack.pack(lease))
+  local before = redis.call('ZSCORE', K.leases, id)
   redis.call('ZADD', K.leases, latest, id)
+  if before and latest < tonumber(before) and redis.call('ZCARD', K.waiters) > 0 then
+    redis.call(PUBLISH, K.channel, 'shortened')
+  end
   return latest
 end
 

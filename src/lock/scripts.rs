@@ -97,9 +97,10 @@ impl LockKeys {
         ]
     }
 
-    /// One hold's KEYS in `refresh_batch.lua`.
-    pub fn for_refresh(&self) -> [&str; 2] {
-        [&self.state, &self.leases]
+    /// One hold's KEYS in `refresh_batch.lua`: what a renewal reads and writes, and the waiters
+    /// and channel it wakes when it cuts its lease's expiry short.
+    pub fn for_refresh(&self) -> [&str; 4] {
+        [&self.state, &self.leases, &self.waiters, &self.channel]
     }
 
     fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {

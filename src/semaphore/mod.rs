@@ -99,12 +99,13 @@ impl lease::Request for AcquireRequest {
         self.fair
     }
 
-    /// A release frees at least one permit: it wakes one local non-fair single-permit waiter,
-    /// who passes the wake on when it leaves permits over. Fair waiters and those asking for
-    /// several permits (who may not fit where a single one does) wake on every message.
+    /// A release frees at least one permit: it wakes one local non-fair single-permit waiter
+    /// per limit asked for (one under a limit of 1 may not fit where one under 5 does), who
+    /// passes the wake on when it leaves permits over. Fair waiters and those asking for several
+    /// permits (who may not fit where a single one does) wake on every message.
     fn wake<'w>(&self, _waiter: &'w str) -> Wake<'w> {
         if !self.fair && self.permits == 1 {
-            Wake::Relay
+            Wake::Relay(u64::from(self.limit))
         } else {
             Wake::Every
         }

@@ -111,7 +111,9 @@ end
 
 -- Sets the remaining ttl of the lease `token` (ttl 0 reuses its acquisition ttl). Returns the new
 -- remaining ttl in ms, -1 when the token holds no unexpired lease, or -2 when the ttl would be
--- below `min` (nothing changes then).
+-- below `min` (nothing changes then). A lease that now ends sooner than before tells the waiters
+-- by a broadcast: each waits for the earliest expiry its last attempt found, and tries again now
+-- to find the new one.
 local function refresh_lease(token, ttl, min, now)
   local expiry = redis.call('ZSCORE', H, token)
   if not expiry or tonumber(expiry) <= now then
@@ -128,6 +130,9 @@ local function refresh_lease(token, ttl, min, now)
     return -2
   end
   redis.call('ZADD', H, 'XX', now + ttl, token)
+  if now + ttl < tonumber(expiry) and redis.call('ZCARD', W) > 0 then
+    redis.call(PUBLISH, C, 'shortened')
+  end
   touch(now)
   return ttl
 end

@@ -108,6 +108,103 @@ async fn expiry_wakes_a_waiter() {
     assert!(response.lease.expect("lease").fencing_token > holder.fencing_token);
 }
 
+/// A lease cut short is noticed at its new expiry, not the one the waiters were first told: a
+/// holder of 30 s refreshing to 300 ms, and a re-entrant lease whose 30 s hold is released while
+/// a 300 ms one stays. Waiters of every kind (exclusive, shared, fair, waiting 20 s) get the lock
+/// within seconds, far before the 20 s their wait or the 30 s the holder first had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_cut_short_wakes_its_waiters_at_the_new_expiry() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    for (case, how) in [EXCLUSIVE, SHARED, FAIR, FAIR_SHARED]
+        .into_iter()
+        .enumerate()
+    {
+        for released in [false, true] {
+            let name = format!("cut-{case}-{released}");
+            let long = acquired(&mut client, &name, 30_000, None, "alice").await;
+            let short = if released {
+                Some(acquired(&mut client, &name, 300, None, "alice").await)
+            } else {
+                None
+            };
+            let mut waiter = {
+                let mut client = client.clone();
+                let name = name.clone();
+                tokio::spawn(async move {
+                    ask(&mut client, &name, 5_000, Some(20_000), "bob", how).await
+                })
+            };
+            wait_for_waiters_while(&client, &name, 1, &mut waiter).await;
+            let cut = Instant::now();
+            if short.is_some() {
+                assert!(release(&mut client, &name, &long.token).await.was_held);
+            } else {
+                crate::support::lock::refresh(&mut client, &name, &long.token, Some(300))
+                    .await
+                    .expect("Refresh");
+            }
+            let response = within(Duration::from_secs(30), waiter, "the waiter")
+                .await
+                .expect("the waiter's task");
+            let after = cut.elapsed();
+            assert!(response.acquired, "{name}: {response:?}");
+            // At 300 ms by Redis's clock; a margin for a busy machine, far below 20 s.
+            assert!(
+                after < Duration::from_secs(5),
+                "{name}: the waiter got the lock {after:?} after the lease was cut to 300 ms"
+            );
+        }
+    }
+}
+
+/// A KeepAlive with a shorter ttl than the hold's cuts its lease short in its batched renewal,
+/// which tells the waiters too: the holder's Baton (a real process) renews a 30 s hold at
+/// 400 ms, then is SIGKILLed; a shared waiter told the 30 s expiry before gets the lock within
+/// seconds, not at the end of its 20 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_that_cuts_a_lease_short_wakes_its_waiters() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let client = baton.client().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), baton.prefix().to_owned()]);
+    let process =
+        crate::support::BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
+    let mut holder = process.client().await;
+    let lease = acquired(&mut holder, "orders", 30_000, None, "alice").await;
+    let mut waiter = {
+        let mut client = client.clone();
+        tokio::spawn(
+            async move { ask(&mut client, "orders", 5_000, Some(20_000), "bob", SHARED).await },
+        )
+    };
+    wait_for_waiters_while(&client, "orders", 1, &mut waiter).await;
+    let mut stream = holder
+        .keep_alive(pb::LockServiceKeepAliveRequest {
+            name: "orders".into(),
+            token: lease.token.clone(),
+            ttl: Some(crate::support::ms(400)),
+        })
+        .await
+        .expect("KeepAlive")
+        .into_inner();
+    crate::support::lease::next_renewal(&mut stream).await;
+    drop(process); // SIGKILL: nobody renews nor releases the hold.
+    let killed = Instant::now();
+    let response = within(Duration::from_secs(30), waiter, "the waiter")
+        .await
+        .expect("the waiter's task");
+    assert!(response.acquired, "{response:?}");
+    let after = killed.elapsed();
+    assert!(
+        after < Duration::from_secs(5),
+        "the waiter got the lock {after:?} after the holder's Baton died renewing at 400 ms"
+    );
+}
+
 /// Jain's fairness index of `counts`: 1 when every count is equal, 1/n when one takes all.
 fn jain(counts: &[u64]) -> f64 {
     let sum: f64 = counts.iter().map(|&c| c as f64).sum();

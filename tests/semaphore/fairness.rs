@@ -286,6 +286,89 @@ async fn a_release_wakes_as_many_waiters_as_it_frees_permits() {
     );
 }
 
+/// Waiters of different limits are woken apart: with limit 5, holders of 1 and 4 permits, and
+/// two non-fair waiters of one permit on one Baton (one under a limit of 1, which cannot fit
+/// while a permit is in use, one under 5), releasing the 4 permits grants the waiter under 5
+/// at once; the one under 1 waits on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_of_each_limit() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.semaphore_client().await;
+    let name = "limits";
+    let _one = acquired(&mut client, request(name, 5, 1, 30_000)).await;
+    let four = acquired(&mut client, request(name, 5, 4, 30_000)).await;
+    let mut strict = {
+        let mut c = baton.semaphore_client().await;
+        tokio::spawn(
+            async move { acquire(&mut c, waiting(name, 1, 1, 30_000, 20_000, false)).await },
+        )
+    };
+    wait_for_waiters_while(&client, name, 1, &mut strict).await;
+    let mut loose = {
+        let mut c = baton.semaphore_client().await;
+        tokio::spawn(
+            async move { acquire(&mut c, waiting(name, 5, 1, 30_000, 20_000, false)).await },
+        )
+    };
+    wait_for_waiters_while(&client, name, 2, &mut loose).await;
+    let released = Instant::now();
+    assert!(release(&mut client, name, &four.token).await);
+    let response = within(
+        Duration::from_secs(30),
+        loose,
+        "the waiter under a limit of 5",
+    )
+    .await
+    .expect("its task");
+    assert!(response.acquired, "{response:?}");
+    let after = released.elapsed();
+    // At once; a margin for a busy machine, far below the 20 s of the other waiter's wait.
+    assert!(
+        after < Duration::from_secs(5),
+        "granted {after:?} after the release"
+    );
+    assert!(
+        !strict.is_finished(),
+        "the waiter under a limit of 1 cannot fit"
+    );
+    strict.abort();
+}
+
+/// A lease cut short by a refresh (30 s to 300 ms) is noticed at its new expiry: a waiter told
+/// the 30 s expiry gets the permit within seconds, not at the end of its 20 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_cut_short_wakes_its_waiters_at_the_new_expiry() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.semaphore_client().await;
+    for fair in [false, true] {
+        let name = format!("cut-{fair}");
+        let holder = acquired(&mut client, request(&name, 1, 1, 30_000)).await;
+        let mut waiter = {
+            let mut c = baton.semaphore_client().await;
+            let name = name.clone();
+            tokio::spawn(
+                async move { acquire(&mut c, waiting(&name, 1, 1, 5_000, 20_000, fair)).await },
+            )
+        };
+        wait_for_waiters_while(&client, &name, 1, &mut waiter).await;
+        let cut = Instant::now();
+        crate::support::semaphore::refresh(&mut client, &name, &holder.token, Some(300))
+            .await
+            .expect("Refresh");
+        let response = within(Duration::from_secs(30), waiter, "the waiter")
+            .await
+            .expect("its task");
+        assert!(response.acquired, "{name}: {response:?}");
+        let after = cut.elapsed();
+        assert!(
+            after < Duration::from_secs(5),
+            "{name}: granted {after:?} after the lease was cut to 300 ms"
+        );
+    }
+}
+
 /// A fair waiter whose caller gives up leaves the queue: when the head (waiting for 2 permits,
 /// with 1 free) is cancelled, the waiter behind it (for 1) is granted at once, with no release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

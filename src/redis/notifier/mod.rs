@@ -9,9 +9,10 @@
 //! A message whose payload is `@` followed by a waiter id wakes only the subscription registered
 //! under that id (a fair queue hands the resource to its head, and only the head needs to wake);
 //! any other payload wakes every local subscription of the channel, except relay subscriptions
-//! ([`Wake::Relay`]), of which it wakes one, in turn: when one waiter can take what was released
-//! (an exclusive lock), waking them all would only have the others try and wait again. A relay
-//! waiter that leaves with a wake it has not acted on passes it to the next.
+//! ([`Wake::Relay`]), of which it wakes one of each class, in turn: when one waiter can take what
+//! was released (an exclusive lock), waking them all would only have the others try and wait
+//! again. A relay waiter that leaves with a wake it has not acted on passes it to the next of its
+//! class.
 //!
 //! Three parts:
 //! - `registry`: which waiters listen on which channel and which of them a message wakes (the

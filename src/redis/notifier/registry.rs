@@ -14,6 +14,11 @@
 //! A relay wake is owed until the waiter has acted on it: a relay waiter that leaves while it
 //! owes one (woken and never looked, or woken and gone before its check answered) wakes the next
 //! relay waiter, so one message never wakes nobody.
+//!
+//! Relay waiters come in classes: those of one class are interchangeable (what one cannot take,
+//! none of them can), those of different classes are not (a semaphore waiter under a limit of 1
+//! cannot take the permit that one under a limit of 5 can). A message wakes one relay waiter of
+//! each class, and a wake is passed on within its class.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -31,10 +36,11 @@ pub enum Wake<'a> {
     /// (payload `@waiter`). Waiter ids must be unique per channel.
     EveryAnd(&'a str),
     /// One message not addressed to one waiter in turn with the channel's other relay
-    /// subscriptions: for waiters of which only one can go ahead per message. A relay
-    /// subscription dropped before it acted on its wake (see [`super::Subscription::settle`])
-    /// passes it on.
-    Relay,
+    /// subscriptions of the same class: for waiters of which only one can go ahead per message.
+    /// Waiters of one class must be interchangeable: when one of them cannot go ahead, neither
+    /// can the others. A relay subscription dropped before it acted on its wake (see
+    /// [`super::Subscription::settle`]) passes it on within its class.
+    Relay(u64),
 }
 
 /// The waiters of every channel that has at least one.
@@ -48,8 +54,8 @@ struct Channel {
     generation: watch::Sender<u64>,
     /// Per-waiter generations, bumped by messages addressed to that waiter.
     addressed: HashMap<String, watch::Sender<u64>>,
-    /// Relay waiters (by id) in the order they are woken: the front one next.
-    relay: VecDeque<(u64, watch::Sender<u64>)>,
+    /// Relay waiters (by id) of each class, in the order they are woken: the front one next.
+    relay: HashMap<u64, VecDeque<(u64, watch::Sender<u64>)>>,
     /// The id of the next relay waiter.
     next_relay: u64,
     /// Local waiters.
@@ -67,16 +73,26 @@ impl Channel {
     /// Wakes every waiter, relay waiters included: messages may have been missed.
     fn wake_all(&self) {
         bump(&self.generation);
-        for (_, tx) in &self.relay {
+        for (_, tx) in self.relay.values().flatten() {
             bump(tx);
         }
     }
 
-    /// Wakes the front relay waiter and moves it to the back.
-    fn relay_one(&mut self) {
-        if let Some((id, tx)) = self.relay.pop_front() {
+    /// Wakes the front relay waiter of `class` and moves it to the back.
+    fn relay_one(&mut self, class: u64) {
+        if let Some(queue) = self.relay.get_mut(&class)
+            && let Some((id, tx)) = queue.pop_front()
+        {
             bump(&tx);
-            self.relay.push_back((id, tx));
+            queue.push_back((id, tx));
+        }
+    }
+
+    /// Wakes the front relay waiter of every class.
+    fn relay_each_class(&mut self) {
+        let classes: Vec<u64> = self.relay.keys().copied().collect();
+        for class in classes {
+            self.relay_one(class);
         }
     }
 }
@@ -88,8 +104,8 @@ pub(super) struct Waiter {
     broadcast: Option<watch::Receiver<u64>>,
     /// The waiter id messages address, and their generation.
     addressed: Option<(String, watch::Receiver<u64>)>,
-    /// A relay waiter's id and wakes.
-    relay: Option<(u64, watch::Receiver<u64>)>,
+    /// A relay waiter's class, id and wakes.
+    relay: Option<(u64, u64, watch::Receiver<u64>)>,
     /// A relay waiter took a wake it has not settled yet.
     owes: bool,
 }
@@ -103,7 +119,7 @@ impl Registry {
                 Channel {
                     generation: watch::Sender::new(0),
                     addressed: HashMap::new(),
-                    relay: VecDeque::new(),
+                    relay: HashMap::new(),
                     next_relay: 0,
                     waiters: 0,
                     subscribed: false,
@@ -123,18 +139,21 @@ impl Registry {
                     .subscribe();
                 Some((id.to_owned(), rx))
             }
-            Wake::Every | Wake::Relay => None,
+            Wake::Every | Wake::Relay(_) => None,
         };
-        let relay = (wake == Wake::Relay).then(|| {
-            let id = ch.next_relay;
-            ch.next_relay += 1;
-            let tx = watch::Sender::new(0);
-            let rx = tx.subscribe();
-            ch.relay.push_back((id, tx));
-            (id, rx)
-        });
+        let relay = match wake {
+            Wake::Relay(class) => {
+                let id = ch.next_relay;
+                ch.next_relay += 1;
+                let tx = watch::Sender::new(0);
+                let rx = tx.subscribe();
+                ch.relay.entry(class).or_default().push_back((id, tx));
+                Some((class, id, rx))
+            }
+            Wake::Every | Wake::EveryAnd(_) => None,
+        };
         Waiter {
-            broadcast: (wake != Wake::Relay).then(|| ch.generation.subscribe()),
+            broadcast: relay.is_none().then(|| ch.generation.subscribe()),
             addressed,
             relay,
             owes: false,
@@ -151,12 +170,17 @@ impl Registry {
         if let Some((id, _)) = &waiter.addressed {
             ch.addressed.remove(id);
         }
-        if let Some((id, rx)) = &waiter.relay {
+        if let Some((class, id, rx)) = &waiter.relay {
             // Asked before its sender goes.
             let unseen = rx.has_changed().unwrap_or(false);
-            ch.relay.retain(|(other, _)| other != id);
+            if let Some(queue) = ch.relay.get_mut(class) {
+                queue.retain(|(other, _)| other != id);
+                if queue.is_empty() {
+                    ch.relay.remove(class);
+                }
+            }
             if waiter.owes || unseen {
-                ch.relay_one();
+                ch.relay_one(*class);
             }
         }
         ch.waiters -= 1;
@@ -183,7 +207,7 @@ impl Registry {
             }
             None => {
                 bump(&ch.generation);
-                ch.relay_one();
+                ch.relay_each_class();
             }
         }
     }
@@ -249,7 +273,7 @@ impl Waiter {
         if let Some((_, rx)) = self.addressed.as_mut() {
             rx.borrow_and_update();
         }
-        if let Some((_, rx)) = self.relay.as_mut() {
+        if let Some((_, _, rx)) = self.relay.as_mut() {
             self.owes |= rx.has_changed().unwrap_or(false);
             rx.borrow_and_update();
         }
@@ -282,7 +306,7 @@ impl Waiter {
         let relayed = tokio::select! {
             () = changed(self.broadcast.as_mut()) => false,
             () = changed(self.addressed.as_mut().map(|(_, rx)| rx)) => false,
-            () = changed(self.relay.as_mut().map(|(_, rx)| rx)) => true,
+            () = changed(self.relay.as_mut().map(|(_, _, rx)| rx)) => true,
         };
         self.owes |= relayed;
     }
@@ -310,6 +334,28 @@ mod tests {
             .collect()
     }
 
+    /// A broadcast wakes one relay waiter of each class, and a wake passed on stays in its
+    /// class: the waiters of one class cannot take what those of another can.
+    #[test]
+    fn relay_waiters_are_woken_one_per_class() {
+        let mut r = Registry::default();
+        let mut ones = join(&mut r, "c", Wake::Relay(1), 2);
+        let mut fives = join(&mut r, "c", Wake::Relay(5), 2);
+        r.deliver("c", b"released");
+        let woken_ones: Vec<usize> = (0..2).filter(|&i| woken(&mut ones[i])).collect();
+        let woken_fives: Vec<usize> = (0..2).filter(|&i| woken(&mut fives[i])).collect();
+        assert_eq!(woken_ones.len(), 1, "one waiter of class 1");
+        assert_eq!(woken_fives.len(), 1, "one waiter of class 5");
+        // The woken waiter of class 1 leaves without acting on its wake: the other one of
+        // class 1 gets it, and no waiter of class 5 does.
+        let gone = ones.remove(woken_ones[0]);
+        assert!(!r.leave("c", &gone));
+        assert!(woken(&mut ones[0]), "passed on within the class");
+        for w in &mut fives {
+            assert!(!woken(w), "not passed to another class");
+        }
+    }
+
     /// A broadcast wakes every plain waiter (with or without an id) each time, and one relay
     /// waiter per message, in the order they joined, round and round.
     #[test]
@@ -317,7 +363,7 @@ mod tests {
         let mut r = Registry::default();
         let mut plain = r.join("c", Wake::Every);
         let mut named = r.join("c", Wake::EveryAnd("w1"));
-        let mut relays = join(&mut r, "c", Wake::Relay, 3);
+        let mut relays = join(&mut r, "c", Wake::Relay(0), 3);
         let mut order = Vec::new();
         for _ in 0..6 {
             plain.arm();
@@ -344,7 +390,7 @@ mod tests {
         let mut head = r.join("c", Wake::EveryAnd("head"));
         let mut other = r.join("c", Wake::EveryAnd("other"));
         let mut plain = r.join("c", Wake::Every);
-        let mut relay = r.join("c", Wake::Relay);
+        let mut relay = r.join("c", Wake::Relay(0));
         let mut elsewhere = r.join("d", Wake::EveryAnd("head"));
         for w in [
             &mut head,
@@ -380,8 +426,8 @@ mod tests {
             (true, true, false),
         ] {
             let mut r = Registry::default();
-            let mut first = r.join("c", Wake::Relay);
-            let mut second = r.join("c", Wake::Relay);
+            let mut first = r.join("c", Wake::Relay(0));
+            let mut second = r.join("c", Wake::Relay(0));
             first.arm();
             second.arm();
             r.deliver("c", b"released");
@@ -406,8 +452,8 @@ mod tests {
     #[test]
     fn a_relay_waiter_whose_check_failed_passes_its_wake_on() {
         let mut r = Registry::default();
-        let mut first = r.join("c", Wake::Relay);
-        let mut second = r.join("c", Wake::Relay);
+        let mut first = r.join("c", Wake::Relay(0));
+        let mut second = r.join("c", Wake::Relay(0));
         first.arm();
         second.arm();
         r.deliver("c", b"released");
@@ -424,8 +470,8 @@ mod tests {
     fn pass_on_wakes_the_next_relay_waiter() {
         let mut r = Registry::default();
         let mut plain = r.join("c", Wake::Every);
-        let mut first = r.join("c", Wake::Relay);
-        let mut second = r.join("c", Wake::Relay);
+        let mut first = r.join("c", Wake::Relay(0));
+        let mut second = r.join("c", Wake::Relay(0));
         for w in [&mut plain, &mut first, &mut second] {
             w.arm();
         }
@@ -450,8 +496,8 @@ mod tests {
     fn wake_all_after_a_gap() {
         let mut r = Registry::default();
         let mut on_c = vec![r.join("c", Wake::Every), r.join("c", Wake::EveryAnd("x"))];
-        on_c.extend(join(&mut r, "c", Wake::Relay, 3));
-        let mut on_d = r.join("d", Wake::Relay);
+        on_c.extend(join(&mut r, "c", Wake::Relay(0), 3));
+        let mut on_d = r.join("d", Wake::Relay(0));
         for w in on_c.iter_mut().chain([&mut on_d]) {
             w.arm();
         }
@@ -488,7 +534,7 @@ mod tests {
     fn channels_are_reference_counted() {
         let mut r = Registry::default();
         let a = r.join("c", Wake::Every);
-        let b = r.join("c", Wake::Relay);
+        let b = r.join("c", Wake::Relay(0));
         assert_eq!(r.subscribed("c"), Some(false));
         assert!(r.confirm("c"));
         assert!(!r.leave("c", &a), "one waiter remains");
@@ -498,7 +544,7 @@ mod tests {
         assert!(!r.confirm("c"), "nobody needs it any more");
         assert!(!r.leave("c", &b), "leaving twice changes nothing");
 
-        let mut again = r.join("c", Wake::Relay);
+        let mut again = r.join("c", Wake::Relay(0));
         again.arm();
         assert_eq!(r.subscribed("c"), Some(false), "subscribed afresh");
         r.deliver("c", b"released");
