@@ -39,10 +39,14 @@ local function missing_feature(features, need)
 end
 
 -- The refusal of a query needing feature `f`, which the dictionary whose features hash is `key`
--- lacks: {-1, f, terms indexed so far when its index is being built, else ''}.
+-- lacks: {-1, f, terms indexed so far when its index is being built, 'queued' when a change
+-- under way will build it after another feature, else ''}.
 local function refusal(key, f)
-  local v = redis.call('HMGET', key, 'b', 'n')
-  return { -1, f, v[1] == f and (v[2] or '0') or '' }
+  local v = redis.call('HMGET', key, 'b', 'n', 'g')
+  if v[1] == f then
+    return { -1, f, v[2] or '0' }
+  end
+  return { -1, f, v[3] and has_feature(v[3], f) and 'queued' or '' }
 end
 
 -- What a write to the dictionary whose features hash is `key` maintains: a table with

@@ -354,7 +354,8 @@ pub const CHANGE_CHECK: Duration = CHANGE_LEASE;
 pub const CHANGE_STEP: usize = 64;
 
 /// A query refused because the dictionary lacks feature `letter` (a script's answer), perhaps
-/// being built (`progress`: terms indexed so far, or empty).
+/// being built (`progress`: terms indexed so far, `queued` when the change under way builds it
+/// after another feature, or empty).
 fn missing_feature(
     mode: MatchMode,
     order: Order,
@@ -381,7 +382,12 @@ fn missing_feature(
         ),
         _ => return unexpected("missing feature"),
     };
-    Error::FailedPrecondition(match progress {
+    Error::FailedPrecondition(match progress.as_deref() {
+        Some("queued") => format!(
+            "{what} needs the dictionary's feature {feature}, whose index the change under way \
+             builds after the one it is building now (Describe shows the progress): try again \
+             once it is"
+        ),
         Some(n) => format!(
             "{what} needs the dictionary's feature {feature}, whose index is being built ({n} \
              indexed so far; Describe shows the progress): try again once it is"

@@ -151,7 +151,8 @@ fn matching_form(s: &str, keep_trailing: bool) -> String {
 /// text), where it adds nothing a reader sees: full case folding turns Turkish `İ` into `i` +
 /// U+0307, and without this `istanbul` would not find `İstanbul`. A dot above after another
 /// mark of the same class (an accent already above the `i`) is kept, as is one on any other
-/// letter (`ż` stays `ż`).
+/// letter (`ż` stays `ż`), and a second dot above after the one dropped (`i` + U+0307 + U+0307
+/// keeps one).
 fn drop_dot_above(chars: impl Iterator<Item = char>) -> impl Iterator<Item = char> {
     let mut soft_dotted = false;
     chars.filter(move |&c| {
@@ -160,6 +161,8 @@ fn drop_dot_above(chars: impl Iterator<Item = char>) -> impl Iterator<Item = cha
             soft_dotted = matches!(c, 'i' | 'j');
             true
         } else if c == '\u{0307}' && soft_dotted {
+            // The dot the letter has anyway; one more above it is a mark a reader sees.
+            soft_dotted = false;
             false
         } else {
             if class == 230 {
@@ -225,6 +228,9 @@ mod tests {
         assert_eq!(key("i\u{301}\u{307}"), "\u{ed}\u{307}");
         // Under a mark below (Lithuanian į̇), the dot above still goes.
         assert_eq!(key("\u{12e}\u{307}"), "\u{12f}");
+        // Only the first dot above goes: a second one stays, on `i` and on `İ`.
+        assert_eq!(key("i\u{307}\u{307}x"), "i\u{307}x");
+        assert_eq!(key("\u{130}\u{307}x"), "i\u{307}x");
     }
 
     /// Composed and decomposed forms, and compatibility forms, match.

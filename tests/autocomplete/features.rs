@@ -422,6 +422,26 @@ async fn features_added_to_a_dictionary_with_terms_are_built_exactly_under_write
         assert_eq!(status.code(), Code::FailedPrecondition);
         assert!(status.message().contains("being built"), "{status:?}");
     }
+    // SUBSTRING is built after WORDS: while it waits its turn, a query needing it is told so,
+    // not told to declare a feature the change is about to build.
+    let status = client
+        .complete(request(
+            late,
+            "mit",
+            Mode::Contains,
+            Order::Lexicographic,
+            10,
+        ))
+        .await;
+    if let Err(status) = &status {
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        let message = status.message();
+        assert!(
+            message.contains("being built") || message.contains("builds after"),
+            "{status:?}"
+        );
+        assert!(!message.contains("declare it"), "{status:?}");
+    }
     writer.await.expect("writer");
     let (done, _) = until_changed(&mut client, late).await;
     assert_eq!(
