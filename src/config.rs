@@ -1169,21 +1169,10 @@ pub const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Parses how often watched files are read again: 0 (never), or [`MIN_RELOAD_INTERVAL`] to 1 h.
 fn reload_interval(errors: &mut Vec<String>, what: &str, raw: &str) -> Duration {
-    let max = Duration::from_secs(3600);
-    let before = errors.len();
-    let interval = duration(errors, what, raw, Duration::ZERO, Duration::MAX);
-    if errors.len() == before
-        && !interval.is_zero()
-        && (interval < MIN_RELOAD_INTERVAL || interval > max)
-    {
-        errors.push(format!(
-            "{what}: {} is outside {} to {} (0 never reloads)",
-            humantime::format_duration(interval),
-            humantime::format_duration(MIN_RELOAD_INTERVAL),
-            humantime::format_duration(max)
-        ));
+    if humantime::parse_duration(raw).is_ok_and(|d| d.is_zero()) {
+        return Duration::ZERO;
     }
-    interval
+    duration(errors, what, raw, MIN_RELOAD_INTERVAL, Duration::from_secs(3600))
 }
 
 /// The deployment named by the configuration.
