@@ -104,8 +104,9 @@ async fn the_redis_password_comes_from_a_file() {
     );
 }
 
-/// A password file that cannot be used (missing, empty, two lines, too large) or a URL that
-/// already carries a password stops Baton with exit code 2 and a line naming the flag.
+/// A password file that cannot be used (missing, empty, two lines, too large, a FIFO, which is
+/// refused without waiting for a writer) or a URL that already carries a password stops Baton
+/// with exit code 2 and a line naming the flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_password_file_is_a_configuration_error() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -114,6 +115,9 @@ async fn a_bad_password_file_is_a_configuration_error() {
         std::fs::write(&path, content).expect("writing");
         path.to_str().expect("UTF-8 path").to_owned()
     };
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let fifo = fifo.to_str().expect("UTF-8 path").to_owned();
     let cases = [
         (
             "redis://127.0.0.1:1",
@@ -129,8 +133,9 @@ async fn a_bad_password_file_is_a_configuration_error() {
         (
             "redis://127.0.0.1:1",
             write("big", &[b'x'; 5000]),
-            "longer than 4096 bytes",
+            "more than the 4096 bytes accepted",
         ),
+        ("redis://127.0.0.1:1", fifo, "not a regular file"),
         (
             "redis://:inline@127.0.0.1:1",
             write("good", b"secret\n"),
