@@ -261,7 +261,7 @@ async fn bad_tls_settings_are_configuration_errors() {
         (
             vec!["--redis-tls-ca".into(), huge],
             "--redis-tls-ca",
-            "longer than",
+            "more than the",
         ),
         (
             vec![
