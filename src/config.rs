@@ -1172,7 +1172,13 @@ fn reload_interval(errors: &mut Vec<String>, what: &str, raw: &str) -> Duration 
     if humantime::parse_duration(raw).is_ok_and(|d| d.is_zero()) {
         return Duration::ZERO;
     }
-    duration(errors, what, raw, MIN_RELOAD_INTERVAL, Duration::from_secs(3600))
+    duration(
+        errors,
+        what,
+        raw,
+        MIN_RELOAD_INTERVAL,
+        Duration::from_secs(3600),
+    )
 }
 
 /// The deployment named by the configuration.
@@ -1338,7 +1344,10 @@ mod tests {
                 ok,
             ]))
             .unwrap_or_else(|e| panic!("{ok}: {e:#?}"));
-            assert_eq!(cfg.serving.credentials_reload, cfg.ratelimit.reload_interval);
+            assert_eq!(
+                cfg.serving.credentials_reload,
+                cfg.ratelimit.reload_interval
+            );
         }
         for bad in ["1ns", "9ms", "61m"] {
             let errors = ServeConfig::from_args(&args(&[
@@ -1349,7 +1358,10 @@ mod tests {
             ]))
             .expect_err(bad);
             assert_eq!(errors.len(), 2, "{bad}: {errors:#?}");
-            assert!(errors.iter().all(|e| e.contains("outside 10ms to 1h")), "{errors:#?}");
+            assert!(
+                errors.iter().all(|e| e.contains("outside 10ms to 1h")),
+                "{errors:#?}"
+            );
         }
     }
 

@@ -120,8 +120,16 @@ pub(super) async fn run(
         if !task.serve(&mut conn, &shutdown).await {
             return;
         }
-        tracing::warn!("pub/sub connection lost; reconnecting");
-        task.shared.registry().gap();
+        let mut registry = task.shared.registry();
+        if registry.channels().next().is_some() {
+            tracing::warn!("pub/sub connection lost; reconnecting");
+        } else {
+            // Nobody waited, so no message was missed: Redis closing an idle connection (its
+            // `timeout` setting closes a subscriber with no channel) is routine.
+            tracing::debug!("pub/sub connection closed while no channel had waiters; reconnecting");
+        }
+        registry.gap();
+        drop(registry);
     }
 }
 
