@@ -79,6 +79,41 @@ async def test_frozen_baton_cancels_the_block_by_the_local_clock(own_server, nam
     assert took <= 1.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
 
 
+async def test_entering_a_frozen_baton_gives_up_after_the_wait_and_timeout(own_server, name):
+    """Entering a lock while Baton is frozen raises DeadlineExceeded after the wait and the
+    client's timeout, instead of waiting for Baton forever."""
+    async with baton.aio.Baton.connect(own_server.tcp, timeout=1.0) as client:
+        own_server.freeze()
+        try:
+            started = time.monotonic()
+            with pytest.raises(baton.DeadlineExceeded):
+                async with client.lock(name, ttl=5, wait=0.5):
+                    pass
+            took = time.monotonic() - started
+        finally:
+            own_server.thaw()
+        assert took < 5, f"gave up after {took:.1f}s"
+        async with client.lock(name, ttl=5, wait=5) as lease:
+            assert lease.held
+
+
+async def test_a_held_entered_again_watches_its_new_lease(own_server, name):
+    """The same lock object entered a second time is cancelled when its new lease is lost."""
+    async with baton.aio.Baton.connect(own_server.tcp) as client:
+        held = client.lock(name, ttl=1)
+        async with held:
+            pass
+        with pytest.raises(baton.LeaseLost) as raised:
+            async with held:
+                own_server.freeze()
+                frozen = time.monotonic()
+                await asyncio.sleep(10)
+        took = time.monotonic() - frozen
+        own_server.thaw()
+    assert raised.value.reason == "EXPIRED"
+    assert took <= 1.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
+
+
 async def test_without_cancel_on_lost_the_flag_is_set(server, redis, name):
     """cancel_on_lost=False leaves the work alone; lease.lost is set and exit raises."""
     async with baton.aio.Baton.connect(server.tcp) as client:

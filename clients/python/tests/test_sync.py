@@ -135,6 +135,54 @@ def test_frozen_baton_loses_the_lease_by_the_local_clock(own_server, name):
     assert took <= 1.0 + 0.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
 
 
+def test_entering_a_frozen_baton_gives_up_after_the_wait_and_timeout(own_server, name):
+    """Entering a lock while Baton is frozen does not wait for Baton forever: after the wait and
+    the client's timeout it raises DeadlineExceeded (a TimeoutError), try_lock too."""
+    with baton.Baton.connect(own_server.tcp, timeout=1.0) as client:
+        own_server.freeze()
+        try:
+            waits = (lambda: client.lock(name, ttl=5, wait=0.5),
+                     lambda: client.try_lock(name, ttl=5))
+            for enter in waits:
+                started = time.monotonic()
+                with pytest.raises(baton.DeadlineExceeded):
+                    with enter():
+                        pass
+                took = time.monotonic() - started
+                # The wait (0.5 s or 0) and the 1 s timeout; a margin for a busy machine.
+                assert took < 5, f"gave up after {took:.1f}s"
+        finally:
+            own_server.thaw()
+        with client.lock(name, ttl=5, wait=5) as lease:
+            assert lease.held
+
+
+def test_a_held_entered_again_watches_its_new_lease(own_server, name):
+    """The same lock object entered a second time is a new hold watched as the first was: a
+    frozen Baton makes it lost at its expires_at, not only when the block ends."""
+    with baton.Baton.connect(own_server.tcp) as client:
+        held = client.lock(name, ttl=1)
+        with held:
+            pass
+        with pytest.raises(baton.LeaseLost) as raised:
+            with held as lease:
+                own_server.freeze()
+                frozen = time.monotonic()
+                assert lease.lost.wait(5), "the second lease outlived its expires_at"
+                took = time.monotonic() - frozen
+        own_server.thaw()
+    assert raised.value.reason == "EXPIRED"
+    assert took <= 1.0 + 0.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
+
+
+def test_an_election_value_is_text_or_bytes(server, name):
+    """A value of another type is refused, not turned into NUL bytes (bytes(42))."""
+    with baton.Baton.connect(server.tcp) as client:
+        with pytest.raises(TypeError):
+            with client.campaign(name, value=42, ttl=2):
+                pass
+
+
 def test_acquire_release_with_tokens(server, transport, name):
     """acquire_lock/release_lock: a second acquisition fails while held; release frees it once."""
     with baton.Baton.connect(server.addr(transport)) as client:

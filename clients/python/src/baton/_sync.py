@@ -103,7 +103,8 @@ class Baton:
         """A context manager holding the lock `name` while its block runs.
 
         Waits up to `wait` seconds (None: as long as it takes) and raises `NotAcquired` if the
-        lock stays taken. The lease (`ttl`, at least 0.1 s) is renewed in the background and
+        lock stays taken (`DeadlineExceeded` when Baton has not answered `timeout` seconds after
+        the wait: a frozen Baton). The lease (`ttl`, at least 0.1 s) is renewed in the background and
         released the moment the block exits; a lease lost meanwhile raises `LeaseLost` there.
         `shared`: a reader's lock; `owner`: re-enter (must be unique per holder); `fair`: FIFO."""
         request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
@@ -316,7 +317,9 @@ class Baton:
     def _open(self, kind: str, request, wait: Optional[float]):
         """Opens a Hold stream and reads its first event: (call, grant) once acquired, or raises
         `NotAcquired`. A wait longer than Baton's longest is made of several; `UNAVAILABLE`
-        before the grant (nothing is held then) is retried."""
+        before the grant (nothing is held then) is retried. Baton answers by the end of the
+        wait; when it has not `timeout` seconds after (a Baton frozen), the stream is closed
+        (which gives up the request) and `DeadlineExceeded` raised."""
         if kind == "election":
             return self._open_campaign(request, wait)
         method = self._locks.Hold if kind == "lock" else self._semaphores.Hold
@@ -324,7 +327,19 @@ class Baton:
         failures = 0
         while True:
             left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
-            call = method(t.with_wait(request, min(left, t.MAX_WAIT)))
+            asked = min(left, t.MAX_WAIT)
+            call = method(t.with_wait(request, asked))
+            guard = threading.Lock()
+            state = {"answered": False, "gave_up": False}
+
+            def give_up(call=call, state=state, guard=guard):
+                with guard:
+                    if not state["answered"]:
+                        state["gave_up"] = True
+                        call.cancel()
+            timer = threading.Timer(asked + self.timeout, give_up)
+            timer.daemon = True
+            timer.start()
             try:
                 first = next(call)
             except StopIteration:
@@ -336,7 +351,12 @@ class Baton:
                 call.cancel()
                 raise
             else:
-                if first.WhichOneof("event") == "acquired":
+                with guard:
+                    state["answered"] = not state["gave_up"]
+                if state["gave_up"]:
+                    call.cancel()
+                    err = Unavailable("the Hold stream was given up")
+                elif first.WhichOneof("event") == "acquired":
                     return call, first.acquired
                 call.cancel()
                 if deadline is None or left > t.MAX_WAIT:
@@ -347,6 +367,13 @@ class Baton:
                     t.optional_duration(missed, "holder_remaining_ttl")
                     if kind == "lock" else t.optional_duration(missed, "earliest_expiry"),
                     getattr(missed, "available", None))
+            finally:
+                timer.cancel()
+            if state["gave_up"]:
+                raise DeadlineExceeded(
+                    f"Baton did not answer the Hold of {kind} {request.name!r} within "
+                    f"{asked + self.timeout:g}s (its wait and the client's timeout)",
+                    grpc.StatusCode.DEADLINE_EXCEEDED)
             failures += 1
             # Retried until the wait is over, and at least RETRIES times.
             over = deadline is None or time.monotonic() >= deadline
@@ -398,37 +425,41 @@ class Observation:
 
 
 class Held:
-    """The context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign` (see there)."""
+    """The context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign` (see there).
+    It may be entered again once its block is left: each entry is a hold of its own, watched
+    by threads of its own."""
 
     def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool):
         self._client, self._kind, self._request = client, kind, request
         self._wait, self._try = wait, try_only
         self._call = None
-        self._closing = False
+        # Set when the current entry's block is left; a new one for each entry.
+        self._closing = threading.Event()
         self._cond = threading.Condition()
         self.lease: Optional[Lease] = None
 
     def __enter__(self) -> Optional[Lease]:
         try:
-            self._call, grant = self._client._open(self._kind, self._request, self._wait)
+            call, grant = self._client._open(self._kind, self._request, self._wait)
         except NotAcquired:
             if self._try:
                 return None
             raise
-        self._grant = grant
-        self.lease = new_lease(self._client, self._kind, grant, self._request, threading.Event())
-        self.lease.on_lost(lambda _: self._wake())
-        threading.Thread(target=self._read, name=f"baton-{self._kind}-{grant.name}",
-                         daemon=True).start()
-        threading.Thread(target=self._watch, name=f"baton-expiry-{grant.name}",
-                         daemon=True).start()
-        return self.lease
+        self._call, self._grant, self._closing = call, grant, threading.Event()
+        lease = new_lease(self._client, self._kind, grant, self._request, threading.Event())
+        self.lease = lease
+        lease.on_lost(lambda _: self._wake())
+        threading.Thread(target=self._read, args=(call, lease, self._closing),
+                         name=f"baton-{self._kind}-{grant.name}", daemon=True).start()
+        threading.Thread(target=self._watch, args=(call, lease, self._closing),
+                         name=f"baton-expiry-{grant.name}", daemon=True).start()
+        return lease
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.lease is None:
             return False
         with self._cond:
-            self._closing = True
+            self._closing.set()
             self._cond.notify_all()
         if not self.lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
@@ -446,10 +477,9 @@ class Held:
         with self._cond:
             self._cond.notify_all()
 
-    def _read(self) -> None:
-        lease = self.lease
+    def _read(self, call, lease: Lease, closing: threading.Event) -> None:
         try:
-            for event in self._call:
+            for event in call:
                 kind = event.WhichOneof("event")
                 if kind == "renewed":
                     with self._cond:
@@ -459,24 +489,23 @@ class Held:
                     lease._lose(t.lost_reason(event.lost.reason), event.lost.message)
                     return
         except grpc.RpcError as e:
-            if not self._closing:
+            if not closing.is_set():
                 lease._lose("DISCONNECTED", f"the stream broke: {e.code().name}: {e.details()}")
             return
-        if not self._closing:
+        if not closing.is_set():
             lease._lose("DISCONNECTED", "the stream ended without a lost event")
 
-    def _watch(self) -> None:
-        lease = self.lease
+    def _watch(self, call, lease: Lease, closing: threading.Event) -> None:
         with self._cond:
-            while not self._closing and not lease.lost.is_set():
+            while not closing.is_set() and not lease.lost.is_set():
                 left = lease.remaining
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            if self._closing or lease.lost.is_set():
+            if closing.is_set() or lease.lost.is_set():
                 return
         if lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):
-            self._call.cancel()
+            call.cancel()
 
 
 class RateLimits:

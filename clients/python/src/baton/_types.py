@@ -271,7 +271,12 @@ def value_bytes(value: Union[str, bytes, None]) -> bytes:
     """An election value as bytes (text as UTF-8)."""
     if value is None:
         return b""
-    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    # bytes(42) would be 42 NUL bytes, not a value.
+    raise TypeError(f"an election value is text or bytes, not {type(value).__name__}")
 
 
 def campaign_request(name, value, ttl) -> el_pb.ElectionServiceCampaignRequest:

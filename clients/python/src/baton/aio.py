@@ -268,9 +268,18 @@ class Baton:
         failures = 0
         while True:
             left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
-            call = method(t.with_wait(request, min(left, t.MAX_WAIT)))
+            asked = min(left, t.MAX_WAIT)
+            call = method(t.with_wait(request, asked))
             try:
-                first = await call.read()
+                # Baton answers by the end of the wait; a Baton that has not `timeout` seconds
+                # after (frozen) is given up: closing the stream withdraws the request.
+                first = await asyncio.wait_for(call.read(), asked + self.timeout)
+            except asyncio.TimeoutError:
+                call.cancel()
+                raise DeadlineExceeded(
+                    f"Baton did not answer the Hold of {kind} {request.name!r} within "
+                    f"{asked + self.timeout:g}s (its wait and the client's timeout)",
+                    grpc.StatusCode.DEADLINE_EXCEEDED) from None
             except grpc.RpcError as e:
                 err: BatonError = from_rpc_error(e)
             except BaseException:
@@ -366,6 +375,9 @@ class Held:
         self.lease: Optional[Lease] = None
 
     async def __aenter__(self) -> Optional[Lease]:
+        # Entered again after a first block (whose reader and timer are cancelled): a new hold,
+        # watched afresh.
+        self._closing, self._cancelled_by_us = False, False
         try:
             self._call, grant = await self._client._open(self._kind, self._request, self._wait)
         except NotAcquired:
