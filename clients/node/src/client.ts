@@ -6,7 +6,7 @@ import * as net from "node:net";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
-import { createClient, type CallOptions, type Client, type Interceptor } from "@connectrpc/connect";
+import { Code, createClient, type CallOptions, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   AutocompleteFeature,
@@ -895,10 +895,27 @@ export class Baton {
       const stream = new AbortController();
       const stop = () => stream.abort(options.signal?.reason);
       options.signal?.addEventListener("abort", stop, { once: true });
-      const events = this.#open(kind, name, options, Math.min(left, MAX_WAIT_MS), stream.signal);
+      const asked = Math.min(left, MAX_WAIT_MS);
+      const events = this.#open(kind, name, options, asked, stream.signal);
+      // Baton answers by the end of the wait; one that has not `timeoutMs` after (frozen) is
+      // given up: closing the stream withdraws the request.
+      let gaveUp = false;
+      const timer = setTimeout(() => {
+        gaveUp = true;
+        stream.abort();
+      }, asked + this.#timeoutMs);
+      const late = () =>
+        new DeadlineExceededError(
+          `Baton did not answer the Hold of ${kind} "${name}" within ${asked + this.#timeoutMs} ms (its wait and the client's timeout)`,
+          Code.DeadlineExceeded,
+        );
       let err: BatonError;
       try {
         const first = await events.next();
+        if (gaveUp) {
+          stream.abort();
+          throw late();
+        }
         if (first.done) {
           err = new UnavailableError("the Hold stream ended before its first event");
         } else if (first.value.case === "acquired") {
@@ -916,10 +933,12 @@ export class Baton {
           err = new BatonError("the Hold stream did not start with a grant");
         }
       } catch (e) {
-        if (e instanceof NotAcquiredError) throw e;
+        if (e instanceof NotAcquiredError || e instanceof DeadlineExceededError) throw e;
         if (options.signal?.aborted) throw options.signal.reason;
+        if (gaveUp) throw late();
         err = fromError(e);
       } finally {
+        clearTimeout(timer);
         // Every way out of this attempt (granted, retried, given up) drops the listener: the
         // caller's signal only ever bounds the wait.
         options.signal?.removeEventListener("abort", stop);

@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
   Baton,
+  DeadlineExceededError,
   InvalidArgumentError,
   Leadership,
   LeaseLostError,
@@ -221,6 +222,26 @@ test("a frozen Baton sends nothing: the lease is lost when expiresAt passes loca
     assert.equal(lease.held, false);
     await assert.rejects(lease.release(), LeaseLostError);
   } finally {
+    client.close();
+    await own.stop();
+  }
+});
+
+test("entering a lock while Baton is frozen gives up after the wait and the client's timeout", async () => {
+  const own = await BatonServer.start(redis);
+  const client = Baton.connect(own.tcp, { timeoutMs: 1000 });
+  try {
+    own.freeze();
+    const started = Date.now();
+    await assert.rejects(client.lock(uniqueName(), { ttlMs: 5000, waitMs: 500 }), DeadlineExceededError);
+    const took = Date.now() - started;
+    // The 500 ms wait and the 1 s timeout; a margin for a busy machine.
+    assert.ok(took < 5000, `gave up after ${took} ms`);
+    own.thaw();
+    const lease = await client.lock(uniqueName(), { ttlMs: 5000, waitMs: 5000 });
+    await lease.release();
+  } finally {
+    own.thaw();
     client.close();
     await own.stop();
   }
