@@ -403,6 +403,99 @@ async fn ctrl_c_stops_the_command_and_releases_the_lock() {
     .await;
 }
 
+/// SIGUSR1 to baton is passed to the command, which runs on (with the lock); SIGQUIT is passed
+/// on as a stop, like SIGINT: the command ends, baton exits as it did (131) and the lock is free.
+/// Uncaught, either signal ended baton at once with the command still running, its lock freed.
+#[tokio::test]
+async fn user_and_quit_signals_reach_the_command() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let events = dir.path().join("events");
+    let script = format!(
+        "trap 'echo usr1 >> {f}' USR1; echo ready >> {f}; while :; do sleep 0.1; done",
+        f = events.display()
+    );
+    let mut run = Run::start(
+        &baton.addr().to_string(),
+        &[
+            "lock",
+            "signalled",
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    wait_for_line(&events, "ready").await;
+    nix::sys::signal::kill(run.pid(), Signal::SIGUSR1).expect("SIGUSR1");
+    wait_for_line(&events, "usr1").await;
+    assert!(
+        held(&baton, "signalled").await,
+        "the command runs on, holding the lock"
+    );
+    nix::sys::signal::kill(run.pid(), Signal::SIGQUIT).expect("SIGQUIT");
+    let status = run.exit(Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(128 + 3), "stderr: {}", run.stderr());
+    assert!(!held(&baton, "signalled").await);
+}
+
+/// A standard error that cannot be written (`/dev/full`, a closed pipe) changes no outcome:
+/// `baton` exits with its code (75, not acquired) instead of panicking (101).
+#[tokio::test]
+async fn an_unwritable_stderr_keeps_the_exit_codes() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let holder = client
+        .acquire(LockServiceAcquireRequest {
+            name: "taken".to_owned(),
+            ttl: Some(ms(30_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(holder.acquired);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut command = support::baton_command();
+    command
+        .args(["lock", "taken", "--wait", "0", "--", "true"])
+        .env("BATON_ADDR", baton.addr().to_string())
+        .stdin(Stdio::null())
+        .stderr(full);
+    // Waited for off the runtime, which serves Baton meanwhile.
+    let status = within(
+        Duration::from_secs(20),
+        tokio::task::spawn_blocking(move || command.status()),
+        "baton to exit",
+    )
+    .await
+    .expect("the task")
+    .expect("running baton");
+    assert_eq!(status.code(), Some(75));
+}
+
+/// A duration flag past ten years is bad usage (2), not a panic of the clock's arithmetic.
+#[tokio::test]
+async fn durations_past_ten_years_are_bad_usage() {
+    let cases: [&[&str]; 3] = [
+        &["lock", "x", "--wait", "10000000000000000000s", "--", "true"],
+        &["lock", "x", "--grace", "100000000h", "--", "true"],
+        &["describe", "lock", "x", "--timeout", "100000000h"],
+    ];
+    for args in cases {
+        let (code, _, stderr) = run("127.0.0.1:1", args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains("longer than"), "{args:?}: {stderr}");
+    }
+}
+
 /// A command killed by a signal makes baton exit 128 + the signal, like a shell.
 #[tokio::test]
 async fn a_command_killed_by_a_signal_gives_128_plus_the_signal() {

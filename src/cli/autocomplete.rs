@@ -179,7 +179,7 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
         .term_count;
     let secs = started.elapsed().as_secs_f64();
     if args.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "dictionary": args.dictionary,
@@ -193,9 +193,11 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
             })
         );
     } else {
-        println!(
+        outln!(
             "loaded {loaded} terms ({} added, {} updated) into {:?} in {secs:.1} s; it has {term_count} terms",
-            totals.added, totals.updated, args.dictionary
+            totals.added,
+            totals.updated,
+            args.dictionary
         );
     }
     Ok(0)

@@ -13,7 +13,10 @@ use crate::proto::v1::{
 
 /// Takes lock `args.name` through a `Hold` stream, keeps it for `args.hold_for`, releases it,
 /// pauses and starts again, until the stream or the connection fails.
-pub async fn hold(args: HoldArgs) -> Result<u8, Failure> {
+pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
+    if args.owner.trim().is_empty() {
+        args.owner = own_name();
+    }
     let addr = args.client.addr.clone();
     let failed = |status: tonic::Status| Failure::from_status(&status, &addr);
     let mut locks = LockServiceClient::new(connect(&args.client).await?);
@@ -86,4 +89,17 @@ fn out(text: &str) {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{text}");
+}
+
+/// A name of this process no peer shares: the host's name and the process id.
+fn own_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "baton-hold".to_owned()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
 }

@@ -219,7 +219,7 @@ impl Job {
                     if self.code.is_none() {
                         // Only this module waits for the command, so this cannot happen; were
                         // it to, the command's fate is unknown.
-                        eprintln!("baton: waiting for the command failed: {e}");
+                        noteln!("baton: waiting for the command failed: {e}");
                         self.exited(super::EXIT_SOFTWARE);
                     }
                     return;

@@ -315,11 +315,18 @@ fn local_deadline(expires_at: Option<&prost_types::Timestamp>) -> Instant {
         .unwrap_or(Duration::ZERO)
 }
 
-/// The signals `baton` forwards to the command.
+/// The signals `baton` forwards to the command: those that ask it to stop (SIGINT, SIGTERM,
+/// SIGHUP, SIGQUIT), and those a program may act on and go on (SIGUSR1, SIGUSR2, SIGALRM). A
+/// signal whose default action ends `baton` and that it did not catch would end it with the
+/// command still running, and its lease released under it.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    user1: tokio::signal::unix::Signal,
+    user2: tokio::signal::unix::Signal,
+    alarm: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -332,6 +339,10 @@ impl Signals {
             interrupt: listen(SignalKind::interrupt())?,
             terminate: listen(SignalKind::terminate())?,
             hangup: listen(SignalKind::hangup())?,
+            quit: listen(SignalKind::quit())?,
+            user1: listen(SignalKind::user_defined1())?,
+            user2: listen(SignalKind::user_defined2())?,
+            alarm: listen(SignalKind::alarm())?,
         })
     }
 
@@ -340,7 +351,20 @@ impl Signals {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
             _ = self.hangup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
+            _ = self.user1.recv() => Signal::SIGUSR1,
+            _ = self.user2.recv() => Signal::SIGUSR2,
+            _ = self.alarm.recv() => Signal::SIGALRM,
         }
+    }
+
+    /// Whether `sig` asks the command to stop (then `baton` waits for it, up to `--grace`), or
+    /// is only passed on.
+    fn stops(sig: Signal) -> bool {
+        matches!(
+            sig,
+            Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT
+        )
     }
 
     /// Resolves at the next signal: a second interrupt ends a stop's grace period.
@@ -399,6 +423,10 @@ async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
                 "no renewal arrived before the lease's expires_at".to_owned(),
             ),
             sig = signals.recv() => {
+                if !Signals::stops(sig) {
+                    job.signal(sig);
+                    continue;
+                }
                 let code = job.stop(sig, spec.grace, signals.again()).await;
                 let _ = target.release(&grant.token, spec.timeout).await;
                 drop(events);
@@ -412,7 +440,7 @@ async fn run(mut target: Target, spec: Spec) -> Result<u8, Failure> {
     } else {
         format!("the lease on {} {:?}", spec.kind, spec.name)
     };
-    eprintln!("baton: {what} was lost ({reason}): {message}; stopping the command");
+    noteln!("baton: {what} was lost ({reason}): {message}; stopping the command");
     job.stop(Signal::SIGTERM, spec.grace, signals.again()).await;
     Ok(EXIT_LEASE_LOST)
 }
@@ -462,7 +490,8 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
             Some(d) => failures >= RETRIES && Instant::now() >= d,
             None => failures >= RETRIES,
         };
-        if status.code() != Code::Unavailable || give_up {
+        let transient = status.code() == Code::Unavailable || super::connection_broke(&status);
+        if !transient || give_up {
             let mut failure = Failure::from_status(&status, &spec.addr);
             if failure.code == EXIT_UNAVAILABLE {
                 failure.message = format!(

@@ -19,6 +19,23 @@
 //! | N | `lock`/`semaphore`/`campaign`: the command's own exit code |
 //! | 128+N | the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
+/// `println!` that ignores a failed write: a closed or full standard output (`baton ... | head
+/// -1`) must not panic `baton` and skip what it still has to do (stop the command, release).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that ignores a failed write, for the same reason as [`outln`].
+macro_rules! noteln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod autocomplete;
 mod credentials;
 mod demo;
@@ -68,6 +85,32 @@ pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code: the lease was lost while the command ran.
 pub const EXIT_LEASE_LOST: u8 = 76;
 
+/// Longest duration a client flag takes (`--wait`, `--timeout`, `--grace`, `--ttl`...): longer
+/// ones would overflow the clock's arithmetic; Baton bounds its own much lower.
+pub const MAX_DURATION_ARG: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Whether a call failed because its connection to Baton broke under it (Baton killed, a
+/// connection reset): tonic reports that as `Unknown` with the HTTP/2 error, and it is as
+/// transient as `UNAVAILABLE` (nothing was done, or a stream's lease is released with it).
+pub fn connection_broke(status: &Status) -> bool {
+    status.code() == Code::Unknown
+        && (status.message().starts_with("h2 protocol error")
+            || std::error::Error::source(status).is_some_and(|e| e.is::<hyper::Error>()))
+}
+
+/// Parses a duration flag like `300ms` or `10s`, at most [`MAX_DURATION_ARG`] (a usage error
+/// past it, as any bad value).
+fn duration_arg(raw: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
+    if d > MAX_DURATION_ARG {
+        return Err(format!(
+            "{raw} is longer than {}",
+            humantime::format_duration(MAX_DURATION_ARG)
+        ));
+    }
+    Ok(d)
+}
+
 /// How to reach Baton, shared by every client subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
@@ -76,7 +119,7 @@ pub struct ClientArgs {
     #[arg(long, env = "BATON_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
     /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub timeout: Duration,
     /// File holding Baton's API token (its first non-empty line), sent on every call as
     /// `authorization: Bearer <token>`; read again for each call, so a rotated token is used.
@@ -109,10 +152,10 @@ pub struct LockArgs {
     pub name: String,
     /// The lease's ttl, renewed every third of it while the command runs: how soon the lock
     /// frees itself should this `baton` and its Baton both die (100ms to 1h).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub ttl: Duration,
     /// How long to wait for the lock; 0 tries once. Without it, waits as long as it takes.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration_arg)]
     pub wait: Option<Duration>,
     /// Take the lock shared (readers), instead of exclusive.
     #[arg(long)]
@@ -125,7 +168,7 @@ pub struct LockArgs {
     pub owner: String,
     /// Time the command and the processes it started (its process group) get to exit after
     /// SIGTERM (lease lost) or a signal passed on to them, before SIGKILL to the group.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -147,10 +190,10 @@ pub struct SemaphoreArgs {
     #[arg(long, default_value_t = 1)]
     pub permits: u32,
     /// The lease's ttl, as for `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub ttl: Duration,
     /// How long to wait for the permits; 0 tries once. Without it, as long as it takes.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration_arg)]
     pub wait: Option<Duration>,
     /// Wait in arrival order (FIFO).
     #[arg(long)]
@@ -160,7 +203,7 @@ pub struct SemaphoreArgs {
     pub owner: String,
     /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
     /// `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -181,14 +224,14 @@ pub struct CampaignArgs {
     pub value: String,
     /// The leadership's ttl, renewed every third of it while the command runs: how soon another
     /// candidate takes over should this `baton` and its Baton both die (100ms to 1h).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub ttl: Duration,
     /// How long to wait to be elected; without it, as long as it takes.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration_arg)]
     pub wait: Option<Duration>,
     /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
     /// `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -279,7 +322,7 @@ pub struct RateLimitCheckArgs {
     #[arg(long)]
     pub limit: u64,
     /// The period the limit applies to (e.g. 1m).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration_arg)]
     pub period: Duration,
     /// Units this action spends; 0 peeks.
     #[arg(long)]
@@ -369,17 +412,19 @@ pub struct HoldArgs {
     /// The lock to take.
     #[arg(long, default_value = "demo")]
     pub name: String,
-    /// Who holds it, as `Describe` shows it (a pod's name by default).
-    #[arg(long, env = "HOSTNAME", default_value = "baton-hold")]
+    /// Who holds it, as `Describe` shows it: unique per peer, since peers with one owner would
+    /// re-enter each other's lease (a pod's name by default; without `HOSTNAME`, this host's
+    /// name and the process id).
+    #[arg(long, env = "HOSTNAME", default_value = "")]
     pub owner: String,
     /// The lease's ttl, renewed while the lock is held (e.g. 10s).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub ttl: Duration,
     /// How long each turn holds the lock (e.g. 5s).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
     pub hold_for: Duration,
     /// Pause between releasing the lock and asking for it again (e.g. 2s).
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
     pub pause: Duration,
 }
 
@@ -459,14 +504,14 @@ fn block_on(run: impl Future<Output = Result<u8, Failure>>) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("baton: cannot start the runtime: {e}");
+            noteln!("baton: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_SOFTWARE);
         }
     };
     match runtime.block_on(run) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("baton: {}", failure.message);
+            noteln!("baton: {}", failure.message);
             ExitCode::from(failure.code)
         }
     }
@@ -492,6 +537,15 @@ impl Failure {
 
     /// The failure for a gRPC error of a call to Baton at `addr`.
     pub fn from_status(status: &Status, addr: &str) -> Self {
+        if connection_broke(status) {
+            return Self::new(
+                EXIT_UNAVAILABLE,
+                format!(
+                    "the connection to Baton at {addr} broke: {}",
+                    status.message()
+                ),
+            );
+        }
         // The connection failed under the call (Baton gone, or a TLS listener spoken to in the
         // clear): tonic reports it as Unknown with the transport error as its source.
         if let Some(transport) = std::error::Error::source(status)

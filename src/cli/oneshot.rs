@@ -42,9 +42,9 @@ pub(super) fn human(d: Option<Duration>) -> String {
 
 pub(super) fn print(json_output: bool, value: &Value, text: &str) {
     if json_output {
-        println!("{value}");
+        outln!("{value}");
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
 }
 
@@ -298,17 +298,17 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
         .collect::<Vec<_>>()
         .join("\n");
     if args.json {
-        println!("{value}");
+        outln!("{value}");
     } else {
         if !text.is_empty() {
-            println!("{text}");
+            outln!("{text}");
         }
         // Standard output holds the suggestions alone; what else a shell user needs goes aside.
         if !page.next_page_token.is_empty() {
-            eprintln!("next page: --page-token={}", page.next_page_token);
+            noteln!("next page: --page-token={}", page.next_page_token);
         }
         if page.incomplete {
-            eprintln!("incomplete: Baton stopped at its work budget; more matches may exist");
+            noteln!("incomplete: Baton stopped at its work budget; more matches may exist");
         }
     }
     Ok(0)
