@@ -126,6 +126,22 @@ async fn held(baton: &Baton, name: &str) -> bool {
         .held
 }
 
+/// Takes the lock `name` for 30 s through `baton`, so that `baton lock` finds it taken.
+async fn take(baton: &Baton, name: &str) {
+    let holder = baton
+        .client()
+        .await
+        .acquire(LockServiceAcquireRequest {
+            name: name.to_owned(),
+            ttl: Some(ms(30_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(holder.acquired);
+}
+
 /// Waits until `path` contains `line`.
 async fn wait_for_line(path: &Path, line: &str) {
     wait_until(
@@ -448,17 +464,7 @@ async fn user_and_quit_signals_reach_the_command() {
 async fn an_unwritable_stderr_keeps_the_exit_codes() {
     let redis = RedisServer::start().await;
     let baton = Baton::start(&redis).await;
-    let mut client = baton.client().await;
-    let holder = client
-        .acquire(LockServiceAcquireRequest {
-            name: "taken".to_owned(),
-            ttl: Some(ms(30_000)),
-            ..Default::default()
-        })
-        .await
-        .expect("Acquire")
-        .into_inner();
-    assert!(holder.acquired);
+    take(&baton, "taken").await;
     let full = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
@@ -517,18 +523,7 @@ async fn failures_have_distinct_exit_codes() {
     let redis = RedisServer::start().await;
     let baton = Baton::start(&redis).await;
     let addr = baton.addr().to_string();
-    let holder = baton
-        .client()
-        .await
-        .acquire(LockServiceAcquireRequest {
-            name: "taken".to_owned(),
-            ttl: Some(ms(30_000)),
-            ..Default::default()
-        })
-        .await
-        .expect("Acquire")
-        .into_inner();
-    assert!(holder.acquired);
+    take(&baton, "taken").await;
 
     let (code, _, stderr) = run(&addr, &["lock", "taken", "--wait", "0", "--", "true"]).await;
     assert_eq!(code, 75, "{stderr}");

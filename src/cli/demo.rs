@@ -45,15 +45,14 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
             .map_err(failed)?
             .and_then(|m| m.event)
         {
-            Some(Event::Acquired(lease)) => out(&format!(
+            Some(Event::Acquired(lease)) => outln!(
                 "{}: holds {:?} with fencing token {}",
-                args.owner, lease.name, lease.fencing_token
-            )),
+                args.owner,
+                lease.name,
+                lease.fencing_token
+            ),
             Some(Event::NotAcquired(_)) => {
-                out(&format!(
-                    "{}: {:?} is busy; asking again",
-                    args.owner, args.name
-                ));
+                outln!("{}: {:?} is busy; asking again", args.owner, args.name);
                 continue;
             }
             other => {
@@ -69,7 +68,7 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
                 () = tokio::time::sleep_until(turn_ends) => break,
                 message = stream.message() => match message.map_err(failed)? {
                     Some(m) => if let Some(Event::Lost(lost)) = m.event {
-                        out(&format!("{}: lost {:?}: {}", args.owner, args.name, lost.message));
+                        outln!("{}: lost {:?}: {}", args.owner, args.name, lost.message);
                         break;
                     },
                     None => break,
@@ -78,17 +77,9 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
         }
         // Closing the stream releases the lock at once.
         drop(stream);
-        out(&format!("{}: released {:?}", args.owner, args.name));
+        outln!("{}: released {:?}", args.owner, args.name);
         tokio::time::sleep_until(Instant::now() + args.pause).await;
     }
-}
-
-/// Writes a line to standard output, ignoring a failed write (`println!` would panic on a closed
-/// stdout).
-fn out(text: &str) {
-    use std::io::Write as _;
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "{text}");
 }
 
 /// A name of this process no peer shares: the host's name and the process id.
