@@ -382,6 +382,35 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     assert_eq!(status.code(), Some(76), "stderr: {}", run.stderr());
 }
 
+/// `baton` killed outright (SIGKILL) renews nothing: the command, which ignores SIGTERM, is
+/// killed with it, long before the lease (1 s) lapses and another holder can start, and not left
+/// running beside the next holder. Without it the command ran on for its whole minute.
+#[tokio::test]
+async fn a_killed_baton_takes_its_command_with_it() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("events");
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; echo ready >> {}; i=0; \
+         while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        pid_file.display(),
+        file.display()
+    );
+    let mut run = Run::start(
+        &baton.addr().to_string(),
+        &["lock", "killed", "--ttl", "1s", "--", "sh", "-c", &script],
+    );
+    wait_for_line(&file, "ready").await;
+    let command = pid_in(&pid_file).await;
+    assert!(alive(command), "the command runs");
+    nix::sys::signal::kill(run.pid(), Signal::SIGKILL).expect("SIGKILL");
+    let status = run.exit(Duration::from_secs(10)).await;
+    assert_eq!(status.signal(), Some(9), "baton was killed");
+    wait_gone(command, "the command killed with baton").await;
+}
+
 /// SIGINT to baton (Ctrl-C) is passed to the command; once it is gone the lock is released at
 /// once (30 s ttl) and baton exits as the command did: killed by SIGINT, 130.
 #[tokio::test]

@@ -20,6 +20,12 @@
 //! - Otherwise (no terminal, or `baton` in the background) the command's group never reads the
 //!   terminal's signals; those `baton` receives are passed on to the group once.
 //!
+//! - **`baton` killed** (SIGKILL, the OOM killer) can neither stop the command nor keep its lease:
+//!   on Linux the command is killed with it (`PR_SET_PDEATHSIG`), so that it does not run on
+//!   after the lease lapses and another holder starts. Only the command itself: processes it
+//!   started live on unless they end with it (`exec` in a shell command makes the shell's
+//!   program the command).
+//!
 //! The command is reaped here (`waitpid`, woken by `SIGCHLD`), which also reports it stopped. On
 //! Linux `baton` is a child subreaper: what the command leaves behind when it exits (a shell's
 //! background jobs) becomes `baton`'s children instead of init's, so their ends wake `baton` and
@@ -41,7 +47,7 @@ use nix::{
         signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask, raise},
         wait::{WaitPidFlag, WaitStatus, waitpid},
     },
-    unistd::{Pid, getpgid, getpgrp, getppid, getsid, setpgid, tcgetpgrp, tcsetpgrp},
+    unistd::{Pid, getpgid, getpgrp, getpid, getppid, getsid, setpgid, tcgetpgrp, tcsetpgrp},
 };
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -92,26 +98,41 @@ impl Job {
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .process_group(0);
-        if foreground {
-            let ttou = SigSet::from(Signal::SIGTTOU);
-            // SAFETY: the closure runs in the child between fork and exec, where only
-            // async-signal-safe calls are allowed: it makes only setpgid, pthread_sigmask and
-            // tcsetpgrp calls, on values made before the fork (nothing allocates, locks or
-            // touches std's globals: standard input is borrowed by its descriptor number).
-            unsafe {
-                command.pre_exec(move || {
-                    // The child takes the terminal itself before it runs the command (as a shell's
-                    // children do), so that the command never sees it as someone else's; baton
-                    // does it too, after the spawn.
+        let ttou = SigSet::from(Signal::SIGTTOU);
+        #[cfg(target_os = "linux")]
+        let parent = getpid();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: it makes only prctl, getppid, setpgid,
+        // pthread_sigmask and tcsetpgrp calls, on values made before the fork (nothing allocates,
+        // locks or touches std's globals: standard input is borrowed by its descriptor number).
+        unsafe {
+            command.pre_exec(move || {
+                // A baton killed outright (SIGKILL, the OOM killer) can stop nothing and renews
+                // nothing: the command is killed with it rather than run on after the lease
+                // lapses. The signal follows the thread that forked, baton's main thread (its
+                // runtime is single-threaded), which lives as long as baton. A baton that died
+                // before the call left the command to another parent, so it ends here.
+                #[cfg(target_os = "linux")]
+                {
+                    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                    if getppid() != parent {
+                        return Err(std::io::Error::other("baton exited"));
+                    }
+                }
+                if foreground {
+                    // The child takes the terminal itself before it runs the command (as a
+                    // shell's children do), so that the command never sees it as someone
+                    // else's; baton does it too, after the spawn.
                     let stdin = BorrowedFd::borrow_raw(0);
                     setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
                     let mut old = SigSet::empty();
                     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old))?;
                     let taken = tcsetpgrp(stdin, getpgrp());
                     pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
-                    Ok(taken?)
-                });
-            }
+                    taken?;
+                }
+                Ok(())
+            });
         }
         let child = command.spawn()?;
         // std's handle is only dropped: this module reaps the child.
