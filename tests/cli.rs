@@ -353,6 +353,40 @@ async fn a_frozen_baton_lets_the_lease_expire_locally() {
     wait_for_line(&file, "stopped").await;
 }
 
+/// `baton observe` through a Baton frozen with SIGSTOP ends, once its keepalive pings go
+/// unanswered (10 s apart, 10 s to answer), as a broken connection (69): before, it waited
+/// forever.
+#[tokio::test]
+async fn observe_through_a_frozen_baton_ends() {
+    let redis = RedisServer::start().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), support::unique_prefix()]);
+    let process = BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut observer = Run::start(&process.addr().to_string(), &["observe", "frozen"]);
+    wait_until(
+        Duration::from_secs(15),
+        "the observer's first state",
+        || {
+            let out = observer.stdout();
+            async move { if out.is_empty() { Err(()) } else { Ok(()) } }
+        },
+    )
+    .await;
+    let baton_pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
+    nix::sys::signal::kill(baton_pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let frozen = Instant::now();
+    // 20 s of pings and their timeout, with room for a busy machine.
+    let status = observer.exit(Duration::from_secs(60)).await;
+    let took = frozen.elapsed();
+    nix::sys::signal::kill(baton_pid, Signal::SIGCONT).expect("SIGCONT");
+    assert_eq!(status.code(), Some(69), "stderr: {}", observer.stderr());
+    assert!(observer.stderr().contains("broke"), "{}", observer.stderr());
+    assert!(
+        took >= Duration::from_secs(10),
+        "ended {took:?} after the freeze"
+    );
+}
+
 /// A command that ignores SIGTERM is killed with SIGKILL once the grace period is over.
 #[tokio::test]
 async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {

@@ -652,7 +652,7 @@ pub async fn connect(args: &ClientArgs) -> Result<Connection, Failure> {
                     .tls_config(config)
                     .map_err(|e| Failure::new(EXIT_USAGE, format!("TLS: {}", error_chain(&e))))?;
             }
-            endpoint
+            keepalive(endpoint)
                 .connect_timeout(connect_timeout)
                 .tcp_nodelay(true)
                 .connect()
@@ -671,8 +671,8 @@ pub async fn connect(args: &ClientArgs) -> Result<Connection, Failure> {
         Address::Unix(path) => {
             // The URI only names the `:authority` (a valid one); every connection goes to the
             // socket.
-            let endpoint =
-                Endpoint::from_static("http://localhost").connect_timeout(connect_timeout);
+            let endpoint = keepalive(Endpoint::from_static("http://localhost"))
+                .connect_timeout(connect_timeout);
             endpoint
                 .connect_with_connector(tower::service_fn(move |_| {
                     let path = path.clone();
@@ -690,6 +690,22 @@ pub async fn connect(args: &ClientArgs) -> Result<Connection, Failure> {
         channel,
         credentials,
     ))
+}
+
+/// How often a connection is pinged, and how long the answer may take:
+/// a stream (`baton observe`, a lease's) through a Baton that stopped answering (frozen, its
+/// host gone) ends as a broken connection after at most the sum, instead of waiting forever.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `endpoint` pinging as [`KEEPALIVE_INTERVAL`] says, idle or not: with pings only while calls
+/// are under way (hyper's `keep_alive_while_idle(false)`), `baton observe` through a frozen Baton
+/// was never pinged and waited forever.
+fn keepalive(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 fn unreachable(addr: &str, e: &dyn std::fmt::Display) -> String {
