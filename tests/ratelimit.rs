@@ -1396,6 +1396,107 @@ async fn envoy_rules_reload_when_the_file_changes() {
     assert_eq!(limit_now().await, Some(7));
 }
 
+/// Fixed windows of different lengths for one descriptor count apart, as envoyproxy/ratelimit
+/// counts them: a descriptor sent with and without a route's limit override spends each limit
+/// once (one count for both restarted at every switch, and admitted everything), and a reload that
+/// changes a rule's unit counts in windows of the new length while the old window's count stays,
+/// found again when the unit changes back.
+#[tokio::test]
+async fn envoy_fixed_windows_of_different_lengths_count_apart() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    // The rules give remote_address 2 an hour; the override 2 a day.
+    let plain = || descriptor(&[("remote_address", "10.9.9.9")]);
+    let overridden = || {
+        let mut d = plain();
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: Unit::Day.into(),
+        });
+        d
+    };
+    let mut allowed = (0, 0);
+    for i in 0..10 {
+        let (d, count) = if i % 2 == 0 {
+            (plain(), &mut allowed.0)
+        } else {
+            (overridden(), &mut allowed.1)
+        };
+        let got = should_rate_limit(&baton, envoy_request("edge", vec![d])).await;
+        if got.statuses[0].code() == Code::Ok {
+            *count += 1;
+        }
+    }
+    assert_eq!(allowed, (2, 2), "(the rule's hour, the override's day)");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("rules.yaml");
+    let rules = |unit: &str| {
+        format!(
+            "domain: live\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 3}}\n"
+        )
+    };
+    replace_file(&file, &rules("hour"));
+    let path = file.clone();
+    let baton = Baton::start_with(&redis, move |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules_path = Some(path);
+        c.ratelimit.reload_interval = Duration::from_millis(50);
+    })
+    .await;
+    // A peek (hits 0) counts nothing: (the unit in force, the units left).
+    let peek = || async {
+        let mut d = descriptor(&[("k", "v")]);
+        d.hits_addend = Some(UInt64Value { value: 0 });
+        let got = should_rate_limit(&baton, envoy_request("live", vec![d])).await;
+        let status = &got.statuses[0];
+        (
+            status.current_limit.as_ref().map(|l| l.unit()),
+            status.limit_remaining,
+        )
+    };
+    let spend = || async {
+        should_rate_limit(
+            &baton,
+            envoy_request("live", vec![descriptor(&[("k", "v")])]),
+        )
+        .await
+        .statuses[0]
+            .code()
+    };
+    for _ in 0..3 {
+        assert_eq!(spend().await, Code::Ok);
+    }
+    assert_eq!(spend().await, Code::OverLimit);
+    assert_eq!(peek().await, (Some(Unit::Hour), 0));
+
+    replace_file(&file, &rules("day"));
+    wait_until(
+        Duration::from_secs(5),
+        "the day's rule in force",
+        || async {
+            match peek().await {
+                (Some(Unit::Day), left) => Ok(left),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    assert_eq!(peek().await, (Some(Unit::Day), 3), "a new window length");
+    assert_eq!(spend().await, Code::Ok);
+
+    replace_file(&file, &rules("hour"));
+    wait_until(Duration::from_secs(5), "the hour's rule back", || async {
+        match peek().await {
+            (Some(Unit::Hour), _) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    assert_eq!(peek().await, (Some(Unit::Hour), 0), "the hour's count kept");
+    assert_eq!(spend().await, Code::OverLimit);
+}
+
 /// The positions `FILE:LINE:COLUMN:` that `text` gives for `file`, in order.
 fn positions(text: &str, file: &std::path::Path) -> Vec<(u32, u32)> {
     let needle = format!("{}:", file.display());

@@ -266,12 +266,12 @@ impl EnvoyRateLimitApi {
                     .as_ref()
                     .map_or(request_hits, |h| h.value)
                     .min(MAX_UNITS + 1);
-                let key_for = |algorithm| {
-                    super::limiter_key(
+                let key_for = |rate: &Rate| {
+                    super::rate_key(
                         prefix,
                         "rl-envoy",
                         &rules::limiter_name(&req.domain, entries(d)),
-                        algorithm,
+                        rate,
                     )
                 };
                 // A limit override from Envoy's route config applies in a known domain, as in
@@ -287,9 +287,9 @@ impl EnvoyRateLimitApi {
                     ) {
                         Ok(rate) => Plan::Check {
                             rule: None,
+                            key: key_for(&rate),
                             rate,
                             unit,
-                            key: key_for(Algorithm::AlignedWindow),
                             cost,
                         },
                         Err(_) => Plan::Blocked(
@@ -314,7 +314,7 @@ impl EnvoyRateLimitApi {
                     Quota::Unlimited => Plan::Unlimited,
                     Quota::Blocked { unit } => Plan::Blocked(rule, unit),
                     Quota::Limited { rate, unit } => Plan::Check {
-                        key: key_for(rate.algorithm),
+                        key: key_for(&rate),
                         rule: Some(rule),
                         rate,
                         unit,

@@ -11,7 +11,7 @@
 //! | `PREFIX{rl:KEY}:gcra` | string | theoretical arrival time (µs: whole and fraction) | until the bucket is full again (at most `burst` × `period` / `limit`) |
 //! | `PREFIX{rl:KEY}:fw` | string | units counted in the window | the window (`period` from its first allowed unit) |
 //! | `PREFIX{rl:KEY}:sw` | sorted set | one member per unit allowed in the last `period` | `period` after the last allowed unit |
-//! | `PREFIX{rl-envoy:DESCRIPTOR}:ALGO` | as above, plus `aw` (hash: window start, count) | the same for Envoy's API | the same; `aw` until the aligned window ends |
+//! | `PREFIX{rl-envoy:DESCRIPTOR}:ALGO` | as above, plus `aw:MS` (hash: window start, count) per window length of `MS` ms | the same for Envoy's API | the same; `aw:MS` until the aligned window ends |
 //!
 //! The gRPC handlers are in [`service`] (`baton.v1.RateLimitService`) and [`envoy`]
 //! (`envoy.service.ratelimit.v3.RateLimitService`); the Envoy rules file is read by [`rules`],
@@ -213,6 +213,18 @@ pub struct Decision {
 /// Envoy descriptors) under `prefix`.
 pub fn limiter_key(prefix: &str, namespace: &str, name: &str, algorithm: Algorithm) -> String {
     format!("{prefix}{{{namespace}:{name}}}:{}", algorithm.suffix())
+}
+
+/// The Redis key of the limiter enforcing `rate` for `name` in `namespace`: [`limiter_key`] for
+/// its algorithm, and for an aligned window the window's length too (`:aw:MS`), so that windows of
+/// different lengths for one descriptor (a rule's and a route's override, a rule before and after
+/// a reload changed its unit) count apart instead of restarting each other's count.
+pub fn rate_key(prefix: &str, namespace: &str, name: &str, rate: &Rate) -> String {
+    let key = limiter_key(prefix, namespace, name, rate.algorithm);
+    match rate.algorithm {
+        Algorithm::AlignedWindow => format!("{key}:{}", rate.period.as_millis()),
+        _ => key,
+    }
 }
 
 /// The rate limiter. Cheap to clone.
