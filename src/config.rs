@@ -6,7 +6,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
-use redis::Client;
+use redis::{Client, ConnectionAddr};
 
 use crate::cli;
 
@@ -1227,6 +1227,20 @@ impl Topology {
             }
         }
         let master = sentinel_master.map(str::trim).filter(|m| !m.is_empty());
+        if mode == "cluster" || mode == "sentinel" {
+            // Cluster nodes and Sentinels announce each other by host and port.
+            if let Some(url) = list.iter().find(|u| {
+                !matches!(
+                    Client::open(u.as_str()).map(|c| c.get_connection_info().addr().clone()),
+                    Ok(ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. })
+                )
+            }) {
+                return Err(format!(
+                    "--redis-url / BATON_REDIS_URL: {url:?}: {mode} mode takes redis://host:port \
+                     or rediss://host:port URLs, not a Unix socket"
+                ));
+            }
+        }
         match mode {
             "standalone" => {
                 if list.len() > 1 {
@@ -1533,6 +1547,25 @@ mod tests {
             "{errors:#?}"
         );
         assert!(!format!("{errors:?}").contains("hunter2"), "{errors:#?}");
+    }
+
+    /// Cluster nodes and Sentinels are reached by host and port: a Unix socket URL among them is
+    /// a configuration error, not a failure at startup (it was an internal error, exit 1).
+    #[test]
+    fn cluster_and_sentinel_urls_are_tcp() {
+        for (mode, urls, master) in [
+            ("cluster", "unix:///run/redis.sock", None),
+            ("cluster", "redis://a:7000,unix:///run/redis.sock", None),
+            ("sentinel", "unix:///run/sentinel.sock", Some("m")),
+        ] {
+            let err = Topology::parse(mode, urls, master).expect_err(urls);
+            assert!(
+                err.starts_with("--redis-url") && err.contains("not a Unix socket"),
+                "{err}"
+            );
+        }
+        assert!(Topology::parse("cluster", "redis://a:7000,rediss://b:7001", None).is_ok());
+        assert!(Topology::parse("standalone", "unix:///run/redis.sock", None).is_ok());
     }
 
     /// Every bad value is reported in one pass, each naming its flag.
