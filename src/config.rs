@@ -1118,20 +1118,44 @@ impl ServingConfig {
     }
 }
 
-/// `url` with its password, if any, replaced by `***` (for log lines).
+/// `url` with its password, if any, replaced by `***` (for log lines and errors): the password of
+/// the user part, and a `pass` or `password` query parameter (how a `unix://` URL carries one).
 pub fn masked(url: &str) -> String {
+    let secret =
+        |key: &str| key.eq_ignore_ascii_case("pass") || key.eq_ignore_ascii_case("password");
     match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // Only a URL that cannot have a password refuses one; this one has one.
-            let _ = parsed.set_password(Some("***"));
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                // Only a URL that cannot have a password refuses one; this one has one.
+                let _ = parsed.set_password(Some("***"));
+            }
+            if parsed.query_pairs().any(|(k, _)| secret(&k)) {
+                let pairs: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret(&k) {
+                            "***".to_owned()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             parsed.to_string()
         }
-        Ok(_) => url.to_owned(),
-        // Not a URL the parser reads: say nothing of what it holds after a user part.
-        Err(_) => match url.rsplit_once('@') {
-            Some((_, host)) => format!("***@{host}"),
-            None => url.to_owned(),
-        },
+        // Not a URL the parser reads: say nothing of what it holds after a user part, nor of
+        // its query.
+        Err(_) => {
+            let url = url
+                .split_once('?')
+                .map_or(url.to_owned(), |(u, _)| format!("{u}?***"));
+            match url.rsplit_once('@') {
+                Some((_, host)) => format!("***@{host}"),
+                None => url,
+            }
+        }
     }
 }
 
@@ -1222,7 +1246,8 @@ impl Topology {
         for url in &list {
             if let Err(e) = Client::open(url.as_str()) {
                 return Err(format!(
-                    "--redis-url / BATON_REDIS_URL: {url:?} is not a Redis URL: {e}"
+                    "--redis-url / BATON_REDIS_URL: {:?} is not a Redis URL: {e}",
+                    masked(url)
                 ));
             }
         }
@@ -1236,8 +1261,9 @@ impl Topology {
                 )
             }) {
                 return Err(format!(
-                    "--redis-url / BATON_REDIS_URL: {url:?}: {mode} mode takes redis://host:port \
-                     or rediss://host:port URLs, not a Unix socket"
+                    "--redis-url / BATON_REDIS_URL: {:?}: {mode} mode takes redis://host:port \
+                     or rediss://host:port URLs, not a Unix socket",
+                    masked(url)
                 ));
             }
         }
@@ -1415,6 +1441,35 @@ mod tests {
             "{summary}"
         );
         assert_eq!(masked("unix:///run/redis.sock"), "unix:///run/redis.sock");
+        // A Unix socket URL's password is a query parameter.
+        for (url, shown) in [
+            (
+                "unix:///run/redis.sock?pass=s3cret",
+                "unix:///run/redis.sock?pass=***",
+            ),
+            (
+                "redis+unix:///run/redis.sock?user=u&password=s3cret&db=2",
+                "redis+unix:///run/redis.sock?user=u&password=***&db=2",
+            ),
+        ] {
+            assert_eq!(masked(url), shown);
+        }
+        // URLs that do not parse say nothing after a user part or of a query.
+        assert_eq!(masked("redis://u:s3cret@redis:99999"), "***@redis:99999");
+        assert_eq!(
+            masked("rediss://redis:99999?pass=s3cret"),
+            "rediss://redis:99999?***"
+        );
+        for bad in [
+            "redis://baton:s3cret@redis:99999",
+            "redi://baton:s3cret@redis:6379",
+            "redis://baton:s3cret@redis:6379/notadb",
+        ] {
+            let err = Topology::parse("standalone", bad, None).expect_err(bad);
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        let err = Topology::parse("cluster", "unix:///r.sock?pass=s3cret", None).expect_err("unix");
+        assert!(!err.contains("s3cret"), "{err}");
         assert_eq!(
             masked("redis://127.0.0.1:6379/2"),
             "redis://127.0.0.1:6379/2"

@@ -166,16 +166,16 @@ impl Cluster {
         let mut template = None;
         let mut addrs = Vec::new();
         for seed in seeds {
-            let info = seed
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| Error::Internal(format!("redis url {seed:?}: {e}")))?;
+            let info = seed.as_str().into_connection_info().map_err(|e| {
+                Error::Internal(format!("redis url {:?}: {e}", crate::config::masked(seed)))
+            })?;
             let (ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) =
                 info.addr()
             else {
                 return Err(Error::Internal(format!(
-                    "redis url {seed:?}: a Cluster seed must be redis://host:port or \
-                     rediss://host:port"
+                    "redis url {:?}: a Cluster seed must be redis://host:port or \
+                     rediss://host:port",
+                    crate::config::masked(seed)
                 )));
             };
             addrs.push(Arc::from(format!("{host}:{port}")));
