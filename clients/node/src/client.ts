@@ -29,6 +29,7 @@ import {
   BatonError,
   DeadlineExceededError,
   fromError,
+  InvalidArgumentError,
   NotAcquiredError,
   UnavailableError,
 } from "./errors.js";
@@ -43,6 +44,118 @@ const DEFAULT_RETRY_DELAY_MS = 100;
 const MAX_RETRY_DELAY_MS = 2000;
 /** Baton's longest wait per call; longer waits are made of several. */
 const MAX_WAIT_MS = 3_600_000;
+/** The longest delay setTimeout keeps (a longer one fires at once); longer ones are chained. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+// Arguments are checked before anything is sent: a number protobuf cannot encode (NaN, a
+// fraction in an integer field, a negative count) would otherwise fail the call as an opaque
+// Internal error, or be encoded as something else (an unknown mode as UNSPECIFIED). A value of
+// the wrong type throws TypeError; a value out of range InvalidArgumentError, whose `field` is
+// the option's name.
+
+function describe(value: unknown): string {
+  return typeof value === "string" ? JSON.stringify(value) : typeof value === "bigint" ? `${value}n` : String(value);
+}
+
+function badValue(field: string, value: unknown, want: string): InvalidArgumentError {
+  return new InvalidArgumentError(`${field}: ${describe(value)} is not ${want}`, field);
+}
+
+/** A duration of `value` ms (a finite number from 0), rounded up to the millisecond as Python's is. */
+function msDuration(value: unknown, field: string): Duration {
+  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeof value}`);
+  if (!(value >= 0 && value <= MAX_DURATION_MS)) throw badValue(field, value, "a finite number of milliseconds from 0");
+  // To the microsecond first (as Python does), so that 1000.0000001 stays 1000.
+  return durationFromMs(Math.ceil(Math.round(value * 1000) / 1000) || 0);
+}
+
+/**
+ * A wait in ms: undefined or Infinity wait as long as it takes (undefined is returned), else a
+ * number from 0 up.
+ */
+function checkWait(value: unknown, field = "waitMs"): number | undefined {
+  if (value === undefined || value === Infinity) return undefined;
+  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeof value}`);
+  if (!(value >= 0)) throw badValue(field, value, "a number of milliseconds from 0 up (or Infinity: no end)");
+  return value;
+}
+
+/** The wait of an Acquire (one call: Baton waits at most MAX_WAIT_MS), default 0. */
+function acquireWait(value: unknown): number {
+  if (value === undefined) return 0;
+  if (typeof value !== "number") throw new TypeError(`waitMs: milliseconds as a number, not ${typeof value}`);
+  if (!(value >= 0 && value < Infinity)) {
+    throw badValue("waitMs", value, `a number of milliseconds from 0 (an Acquire waits at most ${MAX_WAIT_MS}; lock() and semaphore() wait longer)`);
+  }
+  return value;
+}
+
+const UINT32_MAX = 2 ** 32 - 1;
+/** protobuf's longest Duration (10000 years). */
+const MAX_DURATION_MS = 315_576_000_000_000;
+const UINT64_MAX = 2n ** 64n - 1n;
+
+/** A count: an integer from `min` to 2^32 - 1. */
+function count(value: unknown, field: string, min = 0): number {
+  if (typeof value !== "number") throw new TypeError(`${field}: a number, not ${typeof value}`);
+  if (!Number.isInteger(value) || value < min || value > UINT32_MAX) {
+    throw badValue(field, value, `an integer from ${min} to ${UINT32_MAX}`);
+  }
+  return value;
+}
+
+/** A 64-bit count: an integer (number or bigint) from 0 to 2^64 - 1. */
+function count64(value: unknown, field: string): bigint {
+  if (typeof value !== "number" && typeof value !== "bigint") {
+    throw new TypeError(`${field}: a number or bigint, not ${typeof value}`);
+  }
+  if (typeof value === "number" && !Number.isSafeInteger(value)) {
+    throw badValue(field, value, `an integer from 0 to ${UINT64_MAX} (a bigint past 2^53)`);
+  }
+  const n = BigInt(value);
+  if (n < 0n || n > UINT64_MAX) throw badValue(field, value, `an integer from 0 to ${UINT64_MAX}`);
+  return n;
+}
+
+/** The enum value `name` stands for in `table`, like Python's ValueError for an unknown one. */
+function choice<T>(table: Record<string, T>, name: unknown, field: string): T {
+  if (typeof name === "string" && Object.hasOwn(table, name)) return table[name];
+  throw new InvalidArgumentError(`${field}: ${describe(name)} is not one of ${Object.keys(table).join(", ")}`, field);
+}
+
+function text(value: unknown, field: string): string {
+  if (typeof value !== "string") throw new TypeError(`${field}: a string, not ${typeof value}`);
+  return value;
+}
+
+function bytes(value: unknown, field: string, want = "bytes (a Uint8Array or Buffer; encode text with TextEncoder)"): Uint8Array {
+  if (!(value instanceof Uint8Array)) {
+    throw new TypeError(`${field}: ${want}, not ${value === null ? "null" : typeof value}`);
+  }
+  return value;
+}
+
+/** A list of display texts: one string, or an array of strings. */
+function texts(value: unknown, field: string): string[] {
+  if (typeof value === "string") return [value];
+  if (!Array.isArray(value)) throw new TypeError(`${field}: a string or an array of strings, not ${typeof value}`);
+  return value.map((v, i) => text(v, `${field}[${i}]`));
+}
+
+/**
+ * Runs `fn` after `delayMs` (any length: a delay above what setTimeout keeps is chained);
+ * returns what cancels it.
+ */
+function longTimeout(fn: () => void, delayMs: number): () => void {
+  const due = Date.now() + delayMs;
+  let timer: ReturnType<typeof setTimeout>;
+  const arm = () => {
+    const left = due - Date.now();
+    timer = left > MAX_TIMER_MS ? setTimeout(arm, MAX_TIMER_MS) : setTimeout(fn, Math.max(0, left));
+  };
+  arm();
+  return () => clearTimeout(timer);
+}
 
 /** Where Baton is: a base URL (`https://` for TLS), and the Unix socket to reach it through, if any. */
 export interface Address {
@@ -221,7 +334,7 @@ function tlsOptions(address: Address, options: ConnectOptions): Record<string, u
 export interface LockOptions {
   /** The lease's ttl in ms, renewed every third of it (at least 100); default 10 s. */
   ttlMs?: number;
-  /** How long to wait in ms; undefined waits as long as it takes, 0 tries once. */
+  /** How long to wait in ms; undefined (or Infinity) waits as long as it takes, 0 tries once. */
   waitMs?: number;
   /** Re-enter as this owner (must be unique per holder). */
   owner?: string;
@@ -247,7 +360,7 @@ export interface CampaignOptions {
   value?: string | Uint8Array;
   /** The leadership's ttl in ms, renewed every third of it (at least 100); default 10 s. */
   ttlMs?: number;
-  /** How long to wait to be elected in ms; undefined waits as long as it takes. */
+  /** How long to wait to be elected in ms; undefined (or Infinity) waits as long as it takes. */
   waitMs?: number;
   /** Give up waiting when this aborts. */
   signal?: AbortSignal;
@@ -402,6 +515,28 @@ const MODES: Record<MatchMode, AutocompleteMatchMode> = {
   automatic: AutocompleteMatchMode.AUTOMATIC,
   fuzzy: AutocompleteMatchMode.FUZZY,
 };
+
+const ORDERS: Record<"lexicographic" | "score", AutocompleteOrder> = {
+  lexicographic: AutocompleteOrder.LEXICOGRAPHIC,
+  score: AutocompleteOrder.SCORE,
+};
+
+/** The fields of one term to add (a display text, or the term's fields, checked). */
+function termFields(t: unknown, field: string): { display: string; score?: number; increment?: boolean; payload?: Uint8Array } {
+  if (typeof t === "string") return { display: t };
+  if (t === null || typeof t !== "object") throw new TypeError(`${field}: a string or { display, score, increment, payload }, not ${t === null ? "null" : typeof t}`);
+  const term = t as { display?: unknown; score?: unknown; increment?: unknown; payload?: unknown };
+  if (term.score !== undefined) {
+    if (typeof term.score !== "number") throw new TypeError(`${field}.score: a number, not ${typeof term.score}`);
+    if (!Number.isFinite(term.score)) throw badValue(`${field}.score`, term.score, "a finite number");
+  }
+  return {
+    display: text(term.display, `${field}.display`),
+    score: term.score as number | undefined,
+    increment: term.increment === undefined ? undefined : Boolean(term.increment),
+    payload: term.payload === undefined ? undefined : bytes(term.payload, `${field}.payload`),
+  };
+}
 
 const FEATURES: Record<Feature, AutocompleteFeature> = {
   ranked: AutocompleteFeature.RANKED,
@@ -596,9 +731,11 @@ export class Baton {
    * reached within it.
    */
   async campaign(name: string, options: CampaignOptions = {}): Promise<Leadership> {
-    const deadline = options.waitMs === undefined ? undefined : Date.now() + options.waitMs;
-    const value = typeof options.value === "string" ? new TextEncoder().encode(options.value) : options.value ?? new Uint8Array();
-    const request = { name, value, ttl: durationFromMs(options.ttlMs ?? 10_000) };
+    const wait = checkWait(options.waitMs);
+    const value = options.value == null ? new Uint8Array()
+      : typeof options.value === "string" ? new TextEncoder().encode(options.value) : bytes(options.value, "value", "text or bytes (a string or a Uint8Array)");
+    const request = { name, value, ttl: msDuration(options.ttlMs ?? 10_000, "ttlMs") };
+    const deadline = wait === undefined ? undefined : Date.now() + wait;
     const notElected = () => new NotAcquiredError(`not elected in "${name}" within ${options.waitMs} ms`);
     let failures = 0;
     for (;;) {
@@ -606,12 +743,13 @@ export class Baton {
       const stream = new AbortController();
       const stop = () => stream.abort(options.signal?.reason);
       options.signal?.addEventListener("abort", stop, { once: true });
-      // Campaign has no wait timeout: the client bounds the wait by closing the stream.
+      // Campaign has no wait timeout: the client bounds the wait by closing the stream (a wait
+      // longer than setTimeout's longest delay is a chain of timers).
       let timedOut = false;
-      const timer = deadline === undefined ? undefined : setTimeout(() => {
+      const cancelTimer = deadline === undefined ? undefined : longTimeout(() => {
         timedOut = true;
         stream.abort();
-      }, Math.max(0, deadline - Date.now()));
+      }, deadline - Date.now());
       const events = mapEvents(this.#elections.campaign(request, { signal: stream.signal }), electionEvent);
       let err: BatonError;
       try {
@@ -628,7 +766,7 @@ export class Baton {
         if (options.signal?.aborted) throw options.signal.reason;
         err = fromError(e);
       } finally {
-        clearTimeout(timer);
+        cancelTimer?.();
         options.signal?.removeEventListener("abort", stop);
       }
       stream.abort();
@@ -689,16 +827,17 @@ export class Baton {
     name: string,
     options: { ttlMs: number; waitMs?: number; owner?: string; fair?: boolean; shared?: boolean },
   ): Promise<LockGrant | undefined> {
+    const waitMs = acquireWait(options.waitMs);
     const request = {
       name,
-      ttl: durationFromMs(options.ttlMs),
-      waitTimeout: durationFromMs(options.waitMs ?? 0),
+      ttl: msDuration(options.ttlMs, "ttlMs"),
+      waitTimeout: msDuration(waitMs, "waitMs"),
       owner: options.owner ?? "",
       fair: options.fair ?? false,
       mode: options.shared ? LockMode.SHARED : LockMode.EXCLUSIVE,
       idempotencyKey: randomUUID(),
     };
-    const reply = await this.acquire((r, o) => this.#locks.acquire(r, o), request, options.waitMs ?? 0);
+    const reply = await this.acquire((r, o) => this.#locks.acquire(r, o), request, waitMs);
     return reply.acquired && reply.lease ? lockGrant(reply.lease) : undefined;
   }
 
@@ -710,7 +849,7 @@ export class Baton {
 
   /** Sets the hold's remaining ttl; throws FailedPreconditionError when it is gone. */
   async refreshLock(grant: LockGrant, ttlMs?: number): Promise<number> {
-    const request = { name: grant.name, token: grant.token, ttl: ttlMs === undefined ? undefined : durationFromMs(ttlMs) };
+    const request = { name: grant.name, token: grant.token, ttl: ttlMs === undefined ? undefined : msDuration(ttlMs, "ttlMs") };
     const reply = await this.call((o) => this.#locks.refresh(request, o));
     return ms(reply.remainingTtl) ?? 0;
   }
@@ -736,17 +875,18 @@ export class Baton {
     name: string,
     options: { limit: number; permits?: number; ttlMs: number; waitMs?: number; owner?: string; fair?: boolean },
   ): Promise<PermitGrant | undefined> {
+    const waitMs = acquireWait(options.waitMs);
     const request = {
       name,
-      limit: options.limit,
-      permits: options.permits ?? 1,
-      ttl: durationFromMs(options.ttlMs),
-      waitTimeout: durationFromMs(options.waitMs ?? 0),
+      limit: count(options.limit, "limit"),
+      permits: count(options.permits ?? 1, "permits"),
+      ttl: msDuration(options.ttlMs, "ttlMs"),
+      waitTimeout: msDuration(waitMs, "waitMs"),
       owner: options.owner ?? "",
       fair: options.fair ?? false,
       idempotencyKey: randomUUID(),
     };
-    const reply = await this.acquire((r, o) => this.#semaphores.acquire(r, o), request, options.waitMs ?? 0);
+    const reply = await this.acquire((r, o) => this.#semaphores.acquire(r, o), request, waitMs);
     return reply.acquired && reply.permit ? permitGrant(reply.permit) : undefined;
   }
 
@@ -828,8 +968,8 @@ export class Baton {
   #open(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>, waitMs: number, signal: AbortSignal): AsyncIterator<HoldEvent> {
     const common = {
       name,
-      ttl: durationFromMs(options.ttlMs ?? 10_000),
-      waitTimeout: durationFromMs(waitMs),
+      ttl: msDuration(options.ttlMs ?? 10_000, "ttlMs"),
+      waitTimeout: msDuration(waitMs, "waitMs"),
       owner: options.owner ?? "",
       fair: options.fair ?? false,
     };
@@ -887,7 +1027,14 @@ export class Baton {
   /** Opens Hold streams until one grants the lease (a wait longer than Baton's longest is made
    * of several; UNAVAILABLE before the grant, when nothing is held, is retried). */
   async #hold(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>): Promise<Lease | undefined> {
-    const deadline = options.waitMs === undefined ? undefined : Date.now() + options.waitMs;
+    // Checked here, before any stream is opened (#open builds each attempt's request from them).
+    const wait = checkWait(options.waitMs);
+    msDuration(options.ttlMs ?? 10_000, "ttlMs");
+    if (kind === "semaphore") {
+      count(options.limit ?? 0, "limit");
+      count(options.permits ?? 1, "permits");
+    }
+    const deadline = wait === undefined ? undefined : Date.now() + wait;
     let failures = 0;
     for (;;) {
       options.signal?.throwIfAborted();
@@ -980,11 +1127,11 @@ export class RateLimits {
   ): Promise<RateLimitDecision> {
     const request = {
       key,
-      limit: BigInt(options.limit),
-      period: durationFromMs(options.periodMs),
-      cost: options.cost === undefined ? undefined : BigInt(options.cost),
-      algorithm: ALGORITHMS[options.algorithm ?? "gcra"],
-      burst: BigInt(options.burst ?? 0),
+      limit: count64(options.limit, "limit"),
+      period: msDuration(options.periodMs, "periodMs"),
+      cost: options.cost === undefined ? undefined : count64(options.cost, "cost"),
+      algorithm: choice(ALGORITHMS, options.algorithm ?? "gcra", "algorithm"),
+      burst: count64(options.burst ?? 0, "burst"),
     };
     const r = await this.client.call((o) => this.stub.check(request, o));
     const decidedBy = r.decidedBy === RateLimitDecidedBy.FAIL_OPEN ? "fail_open"
@@ -1005,20 +1152,23 @@ export class Autocomplete {
   /** @internal */
   constructor(private readonly client: Baton, private readonly stub: Client<typeof AutocompleteService>) {}
 
-  /** Adds or updates terms; a request id (made up when not given) makes retries apply once. */
-  async add(dictionary: string, terms: Term[], requestId: string = randomUUID()) {
+  /** Adds or updates terms (one term, or an array of them); a request id (made up when not
+   * given) makes retries apply once. */
+  async add(dictionary: string, terms: Term | Term[], requestId: string = randomUUID()) {
+    const list = Array.isArray(terms) ? terms : [terms];
     const request = {
       dictionary,
       requestId,
-      terms: terms.map((t) => create(AutocompleteTermSchema, typeof t === "string" ? { display: t } : t)),
+      terms: list.map((t, i) => create(AutocompleteTermSchema, termFields(t, `terms[${i}]`))),
     };
     const r = await this.client.call((o) => this.stub.add(request, o));
     return { added: r.added, updated: r.updated, scores: r.scores, termCount: r.termCount };
   }
 
-  /** Removes terms by display text; returns how many were there. */
-  async remove(dictionary: string, displays: string[]): Promise<number> {
-    return (await this.client.call((o) => this.stub.remove({ dictionary, displays }, o))).removed;
+  /** Removes terms by display text (one, or an array); returns how many were there. */
+  async remove(dictionary: string, displays: string | string[]): Promise<number> {
+    const request = { dictionary, displays: texts(displays, "displays") };
+    return (await this.client.call((o) => this.stub.remove(request, o))).removed;
   }
 
   /** How many terms the dictionary has. */
@@ -1032,7 +1182,8 @@ export class Autocomplete {
    * each served once built (FailedPrecondition while a change to other features is under way).
    * Returns the features it serves now. */
   async configure(dictionary: string, features: Feature[]): Promise<Feature[]> {
-    const request = { dictionary, features: features.map((f) => FEATURES[f]) };
+    if (!Array.isArray(features)) throw new TypeError(`features: an array, not ${typeof features}`);
+    const request = { dictionary, features: features.map((f) => choice(FEATURES, f, "features")) };
     return featureNames((await this.client.call((o) => this.stub.configure(request, o))).features);
   }
 
@@ -1055,9 +1206,9 @@ export class Autocomplete {
     const request = {
       dictionary,
       query,
-      limit: options.limit ?? 10,
-      mode: MODES[options.mode ?? "prefix"],
-      order: options.order === "score" ? AutocompleteOrder.SCORE : AutocompleteOrder.LEXICOGRAPHIC,
+      limit: count(options.limit ?? 10, "limit"),
+      mode: choice(MODES, options.mode ?? "prefix", "mode"),
+      order: choice(ORDERS, options.order ?? "lexicographic", "order"),
       pageToken: options.pageToken ?? "",
       maxEdits,
     };
@@ -1079,29 +1230,37 @@ export class Autocomplete {
   async recordRecent(list: string, display: string, options: { payload?: Uint8Array; maxItems?: number; ttlMs?: number } = {}) {
     const request = {
       list,
-      display,
-      payload: options.payload,
-      maxItems: options.maxItems ?? 0,
-      ttl: options.ttlMs === undefined ? undefined : durationFromMs(options.ttlMs),
+      display: text(display, "display"),
+      payload: options.payload === undefined ? undefined : bytes(options.payload, "payload"),
+      maxItems: count(options.maxItems ?? 0, "maxItems"),
+      ttl: options.ttlMs === undefined ? undefined : msDuration(options.ttlMs, "ttlMs"),
     };
     const r = await this.client.call((o) => this.stub.recordRecent(request, o));
     return { size: r.size, evicted: r.evicted, recordedAt: r.recordedAt ? timestampDate(r.recordedAt) : undefined };
   }
 
-  /** Removes items from a recent list; returns how many were there. */
-  async removeRecent(list: string, displays: string[]): Promise<number> {
-    return (await this.client.call((o) => this.stub.removeRecent({ list, displays }, o))).removed;
+  /** Removes items from a recent list (one display, or an array); returns how many were there. */
+  async removeRecent(list: string, displays: string | string[]): Promise<number> {
+    const request = { list, displays: texts(displays, "displays") };
+    return (await this.client.call((o) => this.stub.removeRecent(request, o))).removed;
   }
 
   /** One page of the recent list, most recent first. */
   async recent(list: string, options: { limit?: number; pageToken?: string } = {}) {
-    const r = await this.client.call((o) => this.stub.listRecent({ list, limit: options.limit ?? 0, pageToken: options.pageToken ?? "" }, o));
+    const request = { list, limit: count(options.limit ?? 0, "limit"), pageToken: options.pageToken ?? "" };
+    const r = await this.client.call((o) => this.stub.listRecent(request, o));
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
   }
 
   /** One page of the recent list's items matching `query` (every mode but "fuzzy", which is for dictionaries). */
   async completeRecent(list: string, query: string, options: { limit?: number; mode?: Exclude<MatchMode, "fuzzy">; pageToken?: string } = {}) {
-    const request = { list, query, limit: options.limit ?? 10, mode: MODES[options.mode ?? "prefix"], pageToken: options.pageToken ?? "" };
+    const request = {
+      list,
+      query,
+      limit: count(options.limit ?? 10, "limit"),
+      mode: choice(MODES, options.mode ?? "prefix", "mode"),
+      pageToken: options.pageToken ?? "",
+    };
     const r = await this.client.call((o) => this.stub.completeRecent(request, o));
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
   }

@@ -376,6 +376,24 @@ describe("leader election", () => {
     client.close();
   });
 
+  test("a waitMs beyond setTimeout's longest delay, or Infinity, keeps the candidate waiting", async () => {
+    const client = Baton.connect(server.tcp);
+    const name = uniqueName();
+    await client.withLeadership(name, async () => {
+      for (const waitMs of [30 * 24 * 3600 * 1000, 2 ** 31, Infinity]) {
+        const started = Date.now();
+        // Still waiting when the caller gives up, not NotAcquiredError at once.
+        await assert.rejects(client.campaign(name, { waitMs, signal: AbortSignal.timeout(700) }), (e: unknown) => {
+          assert.ok(!(e instanceof NotAcquiredError), `waitMs ${waitMs}: ${e}`);
+          return true;
+        });
+        assert.ok(Date.now() - started >= 650, `waitMs ${waitMs} gave up after ${Date.now() - started} ms`);
+      }
+      await waitUntil("the candidates to leave", async () => (await client.leader(name)).candidates === 0);
+    }, { value: "a" });
+    client.close();
+  });
+
   test("a lost leadership aborts the signal and withLeadership throws LeaseLostError", async () => {
     const client = Baton.connect(server.tcp);
     const name = uniqueName();
@@ -446,5 +464,88 @@ test("a caller's signal keeps no listener once a lock, tryLock or campaign call 
   await assert.rejects(unreachable.campaign("x", { waitMs: 300, signal: stop.signal }), UnavailableError);
   assert.equal(listeners(), 0, "after failures");
   unreachable.close();
+  client.close();
+});
+
+test("fractional milliseconds are rounded up to the millisecond, as in Python", async () => {
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const decision = await client.rateLimit.check(name, { limit: 5, periodMs: 1000 / 3 });
+  assert.equal(decision.allowed, true);
+  assert.ok((await client.autocomplete.recordRecent(name, "a", { ttlMs: 2.5 * 1000 / 3 + 1000 })).size === 1);
+  const grant = await client.acquirePermits(name, { limit: 2, ttlMs: 1000 / 3 });
+  assert.ok(grant && grant.remainingMs > 300 && grant.remainingMs <= 334, `${grant?.remainingMs}`);
+  const lock = await client.acquireLock(name, { ttlMs: 1000.0000001, waitMs: 0.5 });
+  assert.ok(lock && lock.remainingMs <= 1000, `${lock?.remainingMs}`);
+  await client.withLock(name + "-held", async (lease) => assert.ok(lease.held), { ttlMs: 2000 / 3, waitMs: 1000 / 3 });
+  client.close();
+});
+
+test("numbers protobuf cannot carry and wrongly typed options are refused before any call", async () => {
+  // A client whose every call would fail UNAVAILABLE: each check must throw first.
+  const client = Baton.connect("127.0.0.1:1");
+  const invalid = (field: string) => (e: unknown) => {
+    assert.ok(e instanceof InvalidArgumentError, `${field}: ${e}`);
+    assert.equal(e.field, field);
+    assert.ok(e.message.startsWith(`${field}: `), e.message);
+    return true;
+  };
+  const ac = client.autocomplete;
+  const rl = client.rateLimit;
+  for (const periodMs of [NaN, Infinity, -5]) {
+    await assert.rejects(rl.check("k", { limit: 5, periodMs }), invalid("periodMs"));
+  }
+  for (const limit of [5.5, NaN, -1, 2 ** 64]) await assert.rejects(rl.check("k", { limit, periodMs: 1000 }), invalid("limit"));
+  await assert.rejects(rl.check("k", { limit: -1n, periodMs: 1000 }), invalid("limit"));
+  await assert.rejects(rl.check("k", { limit: 5, periodMs: 1000, cost: -1 }), invalid("cost"));
+  await assert.rejects(rl.check("k", { limit: 5, periodMs: 1000, burst: 0.5 }), invalid("burst"));
+  await assert.rejects(rl.check("k", { limit: "5" as never, periodMs: 1000 }), /limit/);
+  await assert.rejects(rl.check("k", { limit: "5" as never, periodMs: 1000 }), TypeError);
+  for (const ttlMs of [NaN, Infinity, -1]) await assert.rejects(ac.recordRecent("L", "a", { ttlMs }), invalid("ttlMs"));
+  for (const maxItems of [-1, 2.5, NaN, 2 ** 32 + 5]) await assert.rejects(ac.recordRecent("L", "a", { maxItems }), invalid("maxItems"));
+  await assert.rejects(ac.recordRecent("L", "a", { payload: "abc" as never }), (e: unknown) => e instanceof TypeError && /^payload: /.test(e.message));
+  await assert.rejects(ac.recordRecent("L", 42 as never), (e: unknown) => e instanceof TypeError && /^display: /.test(e.message));
+  for (const limit of [-1, 1.5]) await assert.rejects(ac.recent("L", { limit }), invalid("limit"));
+  await assert.rejects(ac.complete("D", "a", { limit: NaN }), invalid("limit"));
+  await assert.rejects(ac.add("D", [{ display: "x", score: NaN }]), invalid("terms[0].score"));
+  await assert.rejects(ac.add("D", [42 as never]), TypeError);
+  for (const limit of [NaN, 2.5, -1]) await assert.rejects(client.trySemaphore("S", { limit }), invalid("limit"));
+  await assert.rejects(client.semaphore("S", { limit: 2, permits: 1.5 }), invalid("permits"));
+  await assert.rejects(client.trySemaphore("S", { limit: 2, ttlMs: NaN }), invalid("ttlMs"));
+  for (const waitMs of [NaN, -1]) {
+    await assert.rejects(client.semaphore("S", { limit: 2, waitMs }), invalid("waitMs"));
+    await assert.rejects(client.lock("L", { waitMs }), invalid("waitMs"));
+    await assert.rejects(client.campaign("E", { waitMs }), invalid("waitMs"));
+    await assert.rejects(client.acquirePermits("S", { limit: 2, ttlMs: 1000, waitMs }), invalid("waitMs"));
+  }
+  await assert.rejects(client.acquireLock("L", { ttlMs: 1000, waitMs: Infinity }), invalid("waitMs"));
+  await assert.rejects(client.acquirePermits("S", { limit: 2, ttlMs: NaN }), invalid("ttlMs"));
+  await assert.rejects(client.campaign("E", { ttlMs: NaN }), invalid("ttlMs"));
+  await assert.rejects(client.campaign("E", { value: 42 as never }), (e: unknown) => e instanceof TypeError && /^value: /.test(e.message));
+  client.close();
+});
+
+test("an unknown algorithm, mode, order or feature throws, naming the choices", async () => {
+  const client = Baton.connect("127.0.0.1:1");
+  const unknown = (field: string, given: string) => (e: unknown) =>
+    e instanceof InvalidArgumentError && e.field === field && e.message.startsWith(`${field}: "${given}" is not one of `);
+  await assert.rejects(client.rateLimit.check("k", { limit: 5, periodMs: 1000, algorithm: "fixed-window" as never }), unknown("algorithm", "fixed-window"));
+  await assert.rejects(client.autocomplete.completeRecent("L", "a", { mode: "contain" as never }), unknown("mode", "contain"));
+  await assert.rejects(client.autocomplete.complete("D", "a", { mode: "Prefix" as never }), unknown("mode", "Prefix"));
+  await assert.rejects(client.autocomplete.complete("D", "a", { order: "bogus" as never }), unknown("order", "bogus"));
+  await assert.rejects(client.autocomplete.configure("D", ["words", "rank" as never]), unknown("features", "rank"));
+  client.close();
+});
+
+test("add and remove take one term or display as well as an array", async () => {
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const ac = client.autocomplete;
+  assert.equal((await ac.add(name, "hello")).termCount, 1n);
+  assert.equal((await ac.add(name, { display: "world", score: 2 })).termCount, 2n);
+  assert.deepEqual((await ac.complete(name, "h")).suggestions.map((s) => s.display), ["hello"]);
+  assert.equal(await ac.remove(name, "hello"), 1);
+  await ac.recordRecent(name, "abc");
+  assert.equal(await ac.removeRecent(name, "abc"), 1);
   client.close();
 });

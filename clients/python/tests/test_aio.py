@@ -175,3 +175,27 @@ async def test_cancel_during_the_release_is_not_swallowed(own_server, name):
         async with client.lock(name, ttl=5, wait=10):
             waited = time.monotonic() - started
         assert waited < 5, f"took {waited:.1f}s, the ttl is 30 s"
+
+
+async def test_add_takes_a_single_term_and_arguments_are_checked(server, name):
+    """As in the blocking client: a lone string is one term, bytes displays and a mode of None
+    raise errors naming the argument, and waits and ttls are checked."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        ac = client.autocomplete
+        assert (await ac.add(name, "world")).term_count == 1
+        assert [s.display for s in (await ac.complete(name, "w")).suggestions] == ["world"]
+        assert (await ac.complete(name, "o")).suggestions == []
+        with pytest.raises(TypeError, match="^displays: "):
+            await ac.remove_recent(name, b"abc")
+        with pytest.raises(ValueError, match="^mode: None"):
+            await ac.complete_recent(name, "a", mode=None)
+        for wait in (float("nan"), -1):
+            with pytest.raises(baton.InvalidArgument, match="^wait: "):
+                async with client.campaign(name, wait=wait):
+                    pass
+        with pytest.raises(baton.InvalidArgument, match="^ttl: "):
+            client.campaign(name, ttl=float("nan"))
+        with pytest.raises(baton.InvalidArgument, match="^period: "):
+            await client.rate_limit.check(name, limit=1, period=float("inf"))
+        async with client.campaign(name, wait=float("inf")) as leadership:
+            assert leadership.term > 0

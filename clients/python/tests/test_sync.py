@@ -362,3 +362,100 @@ def test_run_kills_a_command_ignoring_sigterm_after_the_grace(server, redis, nam
                     lease.run(["sh", "-c", f"trap '' TERM; touch {ready}; sleep 600"], grace=1)
                 took = time.monotonic() - started
         assert 1 <= took < 10, f"{took:.1f}s"
+
+
+def test_add_takes_a_single_term_as_one_term(server, name):
+    """A lone string (or Term, or (display, score) tuple) is one term, as `remove` takes a lone
+    display: "hello" is not five one-letter terms."""
+    with baton.Baton.connect(server.tcp) as client:
+        ac = client.autocomplete
+        assert ac.add(name, "hello").term_count == 1
+        assert ac.add(name, ("world", 2.0)).term_count == 2
+        assert ac.add(name, baton.Term("zoë")).term_count == 3
+        assert ac.add(name, ("alpha", "beta")).term_count == 5  # a tuple of terms is several
+        assert [s.display for s in ac.complete(name, "h").suggestions] == ["hello"]
+        assert ac.complete(name, "l").suggestions == []
+        assert ac.remove(name, "hello") == 1
+        with pytest.raises(TypeError, match="^terms: "):
+            ac.add(name, b"bytes")
+        with pytest.raises(TypeError, match="^terms: "):
+            ac.add(name, [42])
+
+
+def test_recent_arguments_of_the_wrong_kind_name_the_argument(server, name):
+    """Bytes where displays are expected, and a mode of None, raise errors naming the argument."""
+    with baton.Baton.connect(server.tcp) as client:
+        ac = client.autocomplete
+        ac.record_recent(name, "abc")
+        with pytest.raises(TypeError, match="^displays: .*bytes"):
+            ac.remove_recent(name, b"abc")
+        with pytest.raises(TypeError, match="^displays: "):
+            ac.remove_recent(name, ["abc", 1])
+        with pytest.raises(ValueError, match="^mode: None is not one of prefix"):
+            ac.complete_recent(name, "a", mode=None)
+        with pytest.raises(ValueError, match="^order: 'bogus' is not one of"):
+            ac.complete(name, "a", order="bogus")
+        assert ac.remove_recent(name, "abc") == 1
+
+
+def test_a_campaign_waiting_without_end_is_elected_later(server, name):
+    """wait=inf waits as long as it takes (as for locks), without a timer thread failing."""
+    failures = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: failures.append(args.exc_value)
+    try:
+        with baton.Baton.connect(server.tcp) as client:
+            with client.campaign(name, wait=float("inf")) as first:
+                elected = []
+
+                def second():
+                    with client.campaign(name, wait=float("inf")) as leadership:
+                        elected.append(leadership.term)
+                thread = threading.Thread(target=second)
+                thread.start()
+                wait_until("the second candidate to queue",
+                           lambda: client.leader(name).candidates == 1)
+                time.sleep(0.3)
+                assert elected == []
+            thread.join(10)
+            assert elected and elected[0] > first.term
+            with client.lock(name, wait=float("inf")) as lease:
+                assert lease.held
+    finally:
+        threading.excepthook = hook
+    assert failures == []
+
+
+@pytest.mark.parametrize("kind", ["campaign", "lock", "semaphore"])
+def test_a_nan_or_negative_wait_raises_naming_it(server, name, kind):
+    """wait=nan or a negative wait is refused before anything is sent, not given up at once."""
+    with baton.Baton.connect(server.tcp) as client:
+        extra = {"limit": 1} if kind == "semaphore" else {}
+        for wait in (float("nan"), -1):
+            with pytest.raises(baton.InvalidArgument, match="^wait: ") as raised:
+                with getattr(client, kind)(name, wait=wait, **extra):
+                    pass
+            assert raised.value.field == "wait" and isinstance(raised.value, ValueError)
+        for wait in (float("nan"), -1, float("inf")):
+            with pytest.raises(ValueError, match="^wait: "):
+                client.acquire_lock(name, ttl=5, wait=wait)
+
+
+def test_nan_and_infinite_times_raise_naming_the_argument(server, name):
+    """NaN or infinite ttls and periods raise ValueError (InvalidArgument) naming the argument."""
+    with baton.Baton.connect(server.tcp) as client:
+        for bad in (float("nan"), float("inf"), -1):
+            for call in (lambda: client.campaign(name, ttl=bad),
+                         lambda: client.lock(name, ttl=bad),
+                         lambda: client.acquire_permits(name, limit=2, ttl=bad),
+                         lambda: client.autocomplete.record_recent(name, "a", ttl=bad)):
+                with pytest.raises(baton.InvalidArgument, match="^ttl: ") as raised:
+                    call()
+                assert raised.value.field == "ttl"
+            with pytest.raises(baton.InvalidArgument, match="^period: ") as raised:
+                client.rate_limit.check(name, limit=5, period=bad)
+            assert raised.value.field == "period"
+        with pytest.raises(TypeError, match="^period: "):
+            client.rate_limit.check(name, limit=5, period="1")
+        # Fractions of a millisecond are rounded up, as before.
+        assert client.rate_limit.check(name, limit=5, period=1 / 3).allowed

@@ -102,13 +102,14 @@ class Baton:
              owner: Optional[str] = None, fair: bool = False, shared: bool = False) -> "Held":
         """A context manager holding the lock `name` while its block runs.
 
-        Waits up to `wait` seconds (None: as long as it takes) and raises `NotAcquired` if the
-        lock stays taken (`DeadlineExceeded` when Baton has not answered `timeout` seconds after
-        the wait: a frozen Baton). The lease (`ttl`, at least 0.1 s) is renewed in the background and
-        released the moment the block exits; a lease lost meanwhile raises `LeaseLost` there.
-        `shared`: a reader's lock; `owner`: re-enter (must be unique per holder); `fair`: FIFO."""
+        Waits up to `wait` seconds (None or inf: as long as it takes) and raises `NotAcquired`
+        if the lock stays taken (`DeadlineExceeded` when Baton has not answered `timeout`
+        seconds after the wait: a frozen Baton). The lease (`ttl`, at least 0.1 s) is renewed
+        in the background and released the moment the block exits; a lease lost meanwhile
+        raises `LeaseLost` there. `shared`: a reader's lock; `owner`: re-enter (must be unique
+        per holder); `fair`: FIFO."""
         request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
-        return Held(self, "lock", request, t.seconds(wait), try_only=False)
+        return Held(self, "lock", request, t.wait_seconds(wait), try_only=False)
 
     def try_lock(self, name: str, *, ttl: t.Seconds = 10, owner: Optional[str] = None,
                  shared: bool = False) -> "Held":
@@ -121,7 +122,7 @@ class Baton:
                   fair: bool = False) -> "Held":
         """A context manager holding `permits` of the semaphore `name` (at most `limit` in use)."""
         request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, fair)
-        return Held(self, "semaphore", request, t.seconds(wait), try_only=False)
+        return Held(self, "semaphore", request, t.wait_seconds(wait), try_only=False)
 
     def try_semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
                       owner: Optional[str] = None) -> "Held":
@@ -137,13 +138,13 @@ class Baton:
         as the leader, publishing `value` (text or bytes, up to 4096 bytes).
 
         Candidates are elected one at a time, in the order they joined. Entering waits up to
-        `wait` seconds (None: as long as it takes) and raises `NotAcquired` if not elected by
-        then. The block gets a `Leadership`: its `term` (a fencing token), `lost`, `check()`,
-        `proclaim(value)`. The leadership (`ttl`, at least 0.1 s) is renewed in the background;
-        leaving the block resigns at once and the next candidate is elected; a leadership lost
-        meanwhile raises `LeaseLost` there."""
+        `wait` seconds (None or inf: as long as it takes) and raises `NotAcquired` if not
+        elected by then. The block gets a `Leadership`: its `term` (a fencing token), `lost`,
+        `check()`, `proclaim(value)`. The leadership (`ttl`, at least 0.1 s) is renewed in the
+        background; leaving the block resigns at once and the next candidate is elected; a
+        leadership lost meanwhile raises `LeaseLost` there."""
         request = t.campaign_request(name, value, ttl)
-        return Held(self, "election", request, t.seconds(wait), try_only=False)
+        return Held(self, "election", request, t.wait_seconds(wait), try_only=False)
 
     def leader(self, name: str) -> t.ElectionState:
         """Who leads the election `name` now (`leader` is None when nobody does), and how many
@@ -175,8 +176,9 @@ class Baton:
         A fresh idempotency key makes retries after `UNAVAILABLE` or a lost reply return the
         same hold rather than take a second one."""
         request = lock_pb.LockServiceAcquireRequest(
-            name=name, ttl=t.duration(ttl), wait_timeout=t.duration(wait), owner=owner or "",
-            fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
+            name=name, ttl=t.duration(ttl, "ttl"), wait_timeout=t.duration(wait, "wait"),
+            owner=owner or "", fair=fair,
+            mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
             idempotency_key=t.new_key())
         reply = self._acquire(self._locks.Acquire, request, t.seconds(wait))
         return t.lock_grant(reply.lease) if reply.acquired else None
@@ -191,7 +193,7 @@ class Baton:
         Raises `FailedPrecondition` when the hold is gone."""
         request = lock_pb.LockServiceRefreshRequest(name=grant.name, token=grant.token)
         if ttl is not None:
-            request.ttl.CopyFrom(t.duration(ttl))
+            request.ttl.CopyFrom(t.duration(ttl, "ttl"))
         return t.from_duration(self._call(self._locks.Refresh, request).remaining_ttl)
 
     def describe_lock(self, name: str) -> t.LockState:
@@ -204,8 +206,8 @@ class Baton:
                         fair: bool = False) -> Optional[t.PermitGrant]:
         """Takes permits that last `ttl` unless refreshed or released; None if not acquired."""
         request = sem_pb.SemaphoreServiceAcquireRequest(
-            name=name, limit=limit, permits=permits, ttl=t.duration(ttl),
-            wait_timeout=t.duration(wait), owner=owner or "", fair=fair,
+            name=name, limit=limit, permits=permits, ttl=t.duration(ttl, "ttl"),
+            wait_timeout=t.duration(wait, "wait"), owner=owner or "", fair=fair,
             idempotency_key=t.new_key())
         reply = self._acquire(self._semaphores.Acquire, request, t.seconds(wait))
         return t.permit_grant(reply.permit) if reply.acquired else None
@@ -279,7 +281,10 @@ class Baton:
                         if not state["elected"]:
                             state["gave_up"] = True
                             call.cancel()
-                timer = threading.Timer(max(0.0, deadline - time.monotonic()), give_up)
+                # A Timer's longest delay is threading.TIMEOUT_MAX (centuries): a longer wait
+                # is cut to it rather than overflow in the timer's thread.
+                left = min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
+                timer = threading.Timer(left, give_up)
                 timer.daemon = True
                 timer.start()
             try:
@@ -528,9 +533,11 @@ class Autocomplete:
     def __init__(self, client: Baton, stub):
         self._client, self._stub = client, stub
 
-    def add(self, dictionary: str, terms: Iterable[Union[str, t.Term, tuple]],
+    def add(self, dictionary: str,
+            terms: Union[str, t.Term, tuple, Iterable[Union[str, t.Term, tuple]]],
             request_id: Optional[str] = None) -> t.AddResult:
-        """Adds or updates terms (strings, `Term`s or (display, score) tuples). A request id
+        """Adds or updates terms (strings, `Term`s or (display, score) tuples; one of them
+        alone is one term, as a single display is for `remove`). A request id
         (made up when not given) makes the retries after `UNAVAILABLE` apply each entry once."""
         request = t.add_request(dictionary, terms, request_id)
         return t.add_result(self._client._call(self._stub.Add, request))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Union
 
 from google.protobuf.duration_pb2 import Duration
 
+from .errors import InvalidArgument
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import election_pb2 as el_pb
 from .v1 import lease_pb2
@@ -23,18 +25,48 @@ Seconds = Union[float, int, datetime.timedelta]
 MAX_WAIT = 3600.0
 
 
-def seconds(value: Optional[Seconds]) -> Optional[float]:
-    """`value` in seconds (None stays None)."""
+#: protobuf's longest Duration (10000 years), in seconds.
+MAX_DURATION = 315_576_000_000.0
+
+# Times are checked before anything is sent: NaN or infinity would otherwise fail deep in the
+# conversion (or in a timer thread), and a negative one mean "at once". A number out of range
+# raises `InvalidArgument` (a `ValueError`) whose `field` is the argument's name; a value that
+# is not a number, `TypeError`.
+
+
+def seconds(value: Optional[Seconds], what: str = "wait") -> Optional[float]:
+    """`value` in seconds (None stays None): a number or a timedelta, not NaN nor negative."""
     if value is None:
         return None
     if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    return float(value)
+        s = value.total_seconds()
+    elif isinstance(value, (str, bytes, bytearray, bool)):
+        raise TypeError(f"{what}: seconds as a number or a timedelta, not {type(value).__name__}")
+    else:
+        try:
+            s = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}: seconds as a number or a timedelta, not "
+                            f"{type(value).__name__}") from None
+    if math.isnan(s) or s < 0:
+        raise InvalidArgument(f"{what}: {value!r} is not a number of seconds from 0", field=what)
+    return s
 
 
-def duration(value: Seconds) -> Duration:
-    """A protobuf Duration of `value` seconds, rounded up to the millisecond."""
-    ms = -(-int(round(seconds(value) * 1_000_000)) // 1000)
+def wait_seconds(value: Optional[Seconds], what: str = "wait") -> Optional[float]:
+    """The wait of a lock, semaphore or campaign in seconds: None (and infinity) wait as long as
+    it takes, and stay None."""
+    s = seconds(value, what)
+    return None if s == math.inf else s
+
+
+def duration(value: Seconds, what: str = "duration") -> Duration:
+    """A protobuf Duration of `value` seconds (finite, from 0), rounded up to the millisecond."""
+    s = seconds(value, what)
+    if s > MAX_DURATION:
+        raise InvalidArgument(f"{what}: {value!r} is not a finite number of seconds (at most "
+                              f"{MAX_DURATION:.0f}, protobuf's longest duration)", field=what)
+    ms = -(-int(round(s * 1_000_000)) // 1000)
     return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
@@ -249,22 +281,22 @@ _ALGORITHMS = {"gcra": 1, "fixed_window": 2, "sliding_window": 3}
 
 
 def _enum(table, value: str, what: str) -> int:
-    try:
+    if isinstance(value, str) and value.lower() in table:
         return table[value.lower()]
-    except KeyError:
-        raise ValueError(f"{what}: {value!r} is not one of {', '.join(table)}") from None
+    raise ValueError(f"{what}: {value!r} is not one of {', '.join(table)}")
 
 
 def lock_hold_request(name, ttl, wait, owner, fair, shared) -> lock_pb.LockServiceHoldRequest:
     return lock_pb.LockServiceHoldRequest(
-        name=name, ttl=duration(ttl), wait_timeout=duration(wait or 0), owner=owner or "",
-        fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE)
+        name=name, ttl=duration(ttl, "ttl"), wait_timeout=duration(wait or 0, "wait"),
+        owner=owner or "", fair=fair,
+        mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE)
 
 
 def semaphore_hold_request(name, limit, permits, ttl, wait, owner, fair):
     return sem_pb.SemaphoreServiceHoldRequest(
-        name=name, limit=limit, permits=permits, ttl=duration(ttl),
-        wait_timeout=duration(wait or 0), owner=owner or "", fair=fair)
+        name=name, limit=limit, permits=permits, ttl=duration(ttl, "ttl"),
+        wait_timeout=duration(wait or 0, "wait"), owner=owner or "", fair=fair)
 
 
 def value_bytes(value: Union[str, bytes, None]) -> bytes:
@@ -281,24 +313,33 @@ def value_bytes(value: Union[str, bytes, None]) -> bytes:
 
 def campaign_request(name, value, ttl) -> el_pb.ElectionServiceCampaignRequest:
     return el_pb.ElectionServiceCampaignRequest(name=name, value=value_bytes(value),
-                                                ttl=duration(ttl))
+                                                ttl=duration(ttl, "ttl"))
 
 
 def with_wait(request, wait: float):
     """A copy of a Hold or Acquire request waiting `wait` seconds."""
     copy = type(request)()
     copy.CopyFrom(request)
-    copy.wait_timeout.CopyFrom(duration(wait))
+    copy.wait_timeout.CopyFrom(duration(wait, "wait"))
     return copy
 
 
 def check_request(key, limit, period, cost, algorithm, burst) -> rl_pb.RateLimitServiceCheckRequest:
     request = rl_pb.RateLimitServiceCheckRequest(
-        key=key, limit=limit, period=duration(period),
+        key=key, limit=limit, period=duration(period, "period"),
         algorithm=_enum(_ALGORITHMS, algorithm, "algorithm"), burst=burst)
     if cost is not None:
         request.cost = cost
     return request
+
+
+def _one_term(terms) -> bool:
+    """Whether `terms` (an argument of `add`) is a single term rather than a collection: a
+    string, a `Term`, or a (display, score...) tuple, whose second item is not a term."""
+    if isinstance(terms, (str, Term)):
+        return True
+    return (isinstance(terms, tuple) and len(terms) >= 2 and isinstance(terms[0], str)
+            and not isinstance(terms[1], (str, Term, tuple)))
 
 
 def term(t: Union[str, Term, tuple]) -> ac_pb.AutocompleteTerm:
@@ -306,6 +347,9 @@ def term(t: Union[str, Term, tuple]) -> ac_pb.AutocompleteTerm:
         t = Term(t)
     elif isinstance(t, tuple):
         t = Term(*t)
+    elif not isinstance(t, Term):
+        raise TypeError(f"terms: a term is a str, a Term or a (display, score) tuple, not "
+                        f"{type(t).__name__}")
     msg = ac_pb.AutocompleteTerm(display=t.display, increment=t.increment)
     if t.score is not None:
         msg.score = t.score
@@ -315,6 +359,10 @@ def term(t: Union[str, Term, tuple]) -> ac_pb.AutocompleteTerm:
 
 
 def add_request(dictionary, terms: Iterable, request_id: Optional[str]):
+    if _one_term(terms):
+        terms = [terms]
+    elif isinstance(terms, (bytes, bytearray, memoryview)):
+        raise TypeError(f"terms: {type(terms).__name__} is not text: give str terms")
     return ac_pb.AutocompleteServiceAddRequest(
         dictionary=dictionary, terms=[term(t) for t in terms], request_id=request_id or new_key())
 
@@ -346,7 +394,7 @@ def record_request(list_name, display, payload, max_items, ttl):
     if payload is not None:
         request.payload = payload
     if ttl is not None:
-        request.ttl.CopyFrom(duration(ttl))
+        request.ttl.CopyFrom(duration(ttl, "ttl"))
     return request
 
 
@@ -436,5 +484,19 @@ def record_result(r) -> RecordResult:
     return RecordResult(r.size, r.evicted, wall(r.recorded_at))
 
 
-def as_list(values: Union[str, Sequence[str]]) -> List[str]:
-    return [values] if isinstance(values, str) else list(values)
+def as_list(values: Union[str, Sequence[str]], what: str = "displays") -> List[str]:
+    """One display text or several, as a list; anything but text raises `TypeError`."""
+    if isinstance(values, str):
+        return [values]
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what}: a str or a sequence of str, not {type(values).__name__} "
+                        "(decode it first)")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what}: a str or a sequence of str, not "
+                        f"{type(values).__name__}") from None
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{what}: each display is a str, not {type(item).__name__}")
+    return items

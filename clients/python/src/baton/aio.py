@@ -93,7 +93,7 @@ class Baton:
         """An async context manager holding the lock `name` (see `baton.Baton.lock`). With
         `cancel_on_lost` (the default) the block's task is cancelled when the lease is lost."""
         request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
-        return Held(self, "lock", request, t.seconds(wait), False, cancel_on_lost)
+        return Held(self, "lock", request, t.wait_seconds(wait), False, cancel_on_lost)
 
     def try_lock(self, name: str, *, ttl: t.Seconds = 10, owner: Optional[str] = None,
                  shared: bool = False, cancel_on_lost: bool = True) -> "Held":
@@ -106,7 +106,7 @@ class Baton:
                   fair: bool = False, cancel_on_lost: bool = True) -> "Held":
         """An async context manager holding `permits` of the semaphore `name`."""
         request = t.semaphore_hold_request(name, limit, permits, ttl, 0, owner, fair)
-        return Held(self, "semaphore", request, t.seconds(wait), False, cancel_on_lost)
+        return Held(self, "semaphore", request, t.wait_seconds(wait), False, cancel_on_lost)
 
     def try_semaphore(self, name: str, *, limit: int, permits: int = 1, ttl: t.Seconds = 10,
                       owner: Optional[str] = None, cancel_on_lost: bool = True) -> "Held":
@@ -121,7 +121,7 @@ class Baton:
         `cancel_on_lost` (the default) its task is cancelled when the leadership is lost, and the
         block exits with `LeaseLost`."""
         request = t.campaign_request(name, value, ttl)
-        return Held(self, "election", request, t.seconds(wait), False, cancel_on_lost)
+        return Held(self, "election", request, t.wait_seconds(wait), False, cancel_on_lost)
 
     async def leader(self, name: str) -> t.ElectionState:
         """Who leads the election `name` now, and how many candidates wait (a snapshot)."""
@@ -145,8 +145,9 @@ class Baton:
                            shared: bool = False) -> Optional[t.LockGrant]:
         """Takes a hold without a stream (see `baton.Baton.acquire_lock`); None if not acquired."""
         request = lock_pb.LockServiceAcquireRequest(
-            name=name, ttl=t.duration(ttl), wait_timeout=t.duration(wait), owner=owner or "",
-            fair=fair, mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
+            name=name, ttl=t.duration(ttl, "ttl"), wait_timeout=t.duration(wait, "wait"),
+            owner=owner or "", fair=fair,
+            mode=lock_pb.LOCK_MODE_SHARED if shared else lock_pb.LOCK_MODE_EXCLUSIVE,
             idempotency_key=t.new_key())
         reply = await self._acquire(self._locks.Acquire, request, t.seconds(wait))
         return t.lock_grant(reply.lease) if reply.acquired else None
@@ -161,7 +162,7 @@ class Baton:
         """Sets the hold's remaining ttl; raises `FailedPrecondition` when it is gone."""
         request = lock_pb.LockServiceRefreshRequest(name=grant.name, token=grant.token)
         if ttl is not None:
-            request.ttl.CopyFrom(t.duration(ttl))
+            request.ttl.CopyFrom(t.duration(ttl, "ttl"))
         return t.from_duration((await self._call(self._locks.Refresh, request)).remaining_ttl)
 
     async def describe_lock(self, name: str) -> t.LockState:
@@ -174,8 +175,8 @@ class Baton:
                               fair: bool = False) -> Optional[t.PermitGrant]:
         """Takes permits without a stream; None if not acquired."""
         request = sem_pb.SemaphoreServiceAcquireRequest(
-            name=name, limit=limit, permits=permits, ttl=t.duration(ttl),
-            wait_timeout=t.duration(wait), owner=owner or "", fair=fair,
+            name=name, limit=limit, permits=permits, ttl=t.duration(ttl, "ttl"),
+            wait_timeout=t.duration(wait, "wait"), owner=owner or "", fair=fair,
             idempotency_key=t.new_key())
         reply = await self._acquire(self._semaphores.Acquire, request, t.seconds(wait))
         return t.permit_grant(reply.permit) if reply.acquired else None
@@ -504,9 +505,10 @@ class Autocomplete:
     def __init__(self, client: Baton, stub):
         self._client, self._stub = client, stub
 
-    async def add(self, dictionary: str, terms: Iterable[Union[str, t.Term, tuple]],
+    async def add(self, dictionary: str,
+                  terms: Union[str, t.Term, tuple, Iterable[Union[str, t.Term, tuple]]],
                   request_id: Optional[str] = None) -> t.AddResult:
-        """Adds or updates terms; retries apply each entry once."""
+        """Adds or updates terms (one alone is one term); retries apply each entry once."""
         request = t.add_request(dictionary, terms, request_id)
         return t.add_result(await self._client._call(self._stub.Add, request))
 
