@@ -35,6 +35,7 @@ use crate::{
     grpc::{
         authority::FixAuthority,
         conn::{CountCalls, Watched},
+        drain::EndAtShutdown,
     },
     lock::{Lock, Locks, service::LockApi},
     metrics::{self, grpc::RpcLayer},
@@ -282,6 +283,8 @@ pub async fn serve_until(
     paths.extend(OTHER_METHODS.iter().map(|p| (*p).to_owned()));
     let rpc_metrics = RpcLayer::new(paths.iter().map(String::as_str));
 
+    // Ends the streams of health and reflection once their watchers were told NOT_SERVING.
+    let end_streams = CancellationToken::new();
     let router = || -> anyhow::Result<_> {
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -309,9 +312,10 @@ pub async fn serve_until(
             .layer(CountCalls)
             // Inside the metrics layer, so refused calls are counted with their code.
             .layer(serving.guard())
-            .add_service(health.clone())
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
+            // Their streams have no end of their own: they end when shutdown begins.
+            .add_service(EndAtShutdown::new(health.clone(), end_streams.clone()))
+            .add_service(EndAtShutdown::new(reflection_v1, end_streams.clone()))
+            .add_service(EndAtShutdown::new(reflection_v1alpha, end_streams.clone()))
             .add_service(sized!(AutocompleteServiceServer::new(
                 autocomplete_api.clone()
             )))
@@ -356,7 +360,7 @@ pub async fn serve_until(
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(
             Server::builder()
-                .add_service(health.clone())
+                .add_service(EndAtShutdown::new(health.clone(), end_streams.clone()))
                 .serve_with_incoming_shutdown(incoming, stop),
         );
     }
@@ -376,6 +380,7 @@ pub async fn serve_until(
             for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
+            end_streams.cancel();
             tracing::info!(deadline = ?config.drain_timeout, "shutting down: draining open calls and streams");
             // The calls and streams first, then the releases and clean-ups still being retried
             // (a client that left just before, a Redis slow to answer), all by one deadline.

@@ -740,3 +740,101 @@ async fn a_hold_granted_as_shutdown_begins_is_given_back_unheard() {
         .await
         .expect("a clean shutdown");
 }
+
+/// Health's `Watch` and a reflection stream have no end of their own: on SIGTERM the watch says
+/// NOT_SERVING and ends with `UNAVAILABLE`, the reflection stream ends, and Baton exits at once
+/// rather than at the drain deadline (10 s here), which one health watcher used to hold every
+/// shutdown to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_streams_do_not_hold_the_shutdown() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest,
+    };
+
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let prefix = unique_prefix();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--drain-timeout",
+        "10s",
+    ])
+    .await;
+    let channel = support::channel(baton.addr()).await;
+    let mut watch = HealthClient::new(channel.clone())
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let first = within(READY, watch.message(), "the first health status")
+        .await
+        .expect("the watch")
+        .expect("a status");
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    // A reflection stream whose client keeps its side open.
+    let (requests, rx) = tokio::sync::mpsc::channel(1);
+    requests
+        .send(ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        })
+        .await
+        .expect("queued");
+    let mut reflection = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("ServerReflectionInfo")
+        .into_inner();
+    within(READY, reflection.message(), "the service list")
+        .await
+        .expect("the reflection stream")
+        .expect("a response");
+
+    let signalled = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 20 s after SIGTERM"));
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM; the drain deadline is 10 s"
+    );
+    let stderr = baton.stderr();
+    assert!(!stderr.contains("drain deadline passed"), "{stderr}");
+
+    // The watch said NOT_SERVING, then ended with UNAVAILABLE.
+    let mut statuses = Vec::new();
+    let end = loop {
+        match within(READY, watch.message(), "the watch's end").await {
+            Ok(Some(m)) => statuses.push(m.status()),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert_eq!(
+        statuses.last(),
+        Some(&ServingStatus::NotServing),
+        "{statuses:?}"
+    );
+    let end = end.expect_err("ended by a status");
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("shutting down"), "{end:?}");
+    // Its handler saw the client's side end, and ended it (or the shutdown's status did).
+    match within(READY, reflection.message(), "the reflection stream's end").await {
+        Ok(None) => {}
+        Err(end) => assert_eq!(end.code(), Code::Unavailable, "{end:?}"),
+        Ok(Some(m)) => panic!("a message after the shutdown: {m:?}"),
+    }
+    drop(requests);
+}
