@@ -409,7 +409,7 @@ type SubscriptionSource = Box<dyn Fn() -> Option<usize> + Send + Sync>;
 
 /// Everything recorded, and the registry that exposes it.
 struct Metrics {
-    registry: Registry,
+    registries: Registries,
     rpc_calls: Family<RpcLabels, Counter>,
     rpc_durations: Family<RpcLabels, Histogram>,
     rpc_in_flight: Family<MethodLabels, Gauge<i64>>,
@@ -431,21 +431,37 @@ struct Metrics {
 /// The process's metrics, registered on first use.
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
-/// Registers `metric` under `name`. Names and help texts are constants checked by the unit
-/// tests, so registration cannot fail at run time; a failure would only leave the metric out.
-fn register(
-    registry: &mut Registry,
+/// The metrics twice, for the two text formats: the Prometheus format names a counter's family
+/// as its samples (`baton_rpc_calls_total`), OpenMetrics names it without `_total`
+/// (`baton_rpc_calls`, whose samples the encoder suffixes), which strict OpenMetrics parsers
+/// require. Both hold the same metrics (clones share their values).
+struct Registries {
+    prometheus: Registry,
+    open_metrics: Registry,
+}
+
+/// Registers `metric` under `name` in both registries (a counter's `name` ends in `_total`).
+/// Names and help texts are constants checked by the unit tests, so registration cannot fail at
+/// run time; a failure would only leave the metric out.
+fn register<M: fastmetrics::registry::Metric + Clone>(
+    registries: &mut Registries,
     name: &'static str,
     help: &'static str,
     unit: Option<Unit>,
-    metric: impl fastmetrics::registry::Metric,
+    metric: M,
 ) {
-    let registered = match unit {
-        Some(unit) => registry.register_with_unit(name, help, unit, metric),
-        None => registry.register(name, help, metric),
-    };
-    if let Err(e) = registered {
-        tracing::error!(metric = name, error = %e, "a metric could not be registered");
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    for (registry, name, metric) in [
+        (&mut registries.prometheus, name, metric.clone()),
+        (&mut registries.open_metrics, family, metric),
+    ] {
+        let registered = match unit.clone() {
+            Some(unit) => registry.register_with_unit(name, help, unit, metric),
+            None => registry.register(name, help, metric),
+        };
+        if let Err(e) = registered {
+            tracing::error!(metric = name, error = %e, "a metric could not be registered");
+        }
     }
 }
 
@@ -494,11 +510,17 @@ impl LeaseFamilies {
 impl Metrics {
     fn new() -> Self {
         // The namespace is a valid constant: the default registry is never used.
-        let mut registry = Registry::builder()
-            .with_namespace("baton")
-            .build()
-            .unwrap_or_default();
-        let r = &mut registry;
+        let registry = || {
+            Registry::builder()
+                .with_namespace("baton")
+                .build()
+                .unwrap_or_default()
+        };
+        let mut registries = Registries {
+            prometheus: registry(),
+            open_metrics: registry(),
+        };
+        let r = &mut registries;
 
         let build: Family<BuildLabels, Gauge<i64>> = Family::default();
         build.with_or_new(
@@ -717,7 +739,7 @@ impl Metrics {
         );
 
         Self {
-            registry,
+            registries,
             rpc_calls,
             rpc_durations,
             rpc_in_flight,
@@ -880,7 +902,11 @@ impl Format {
 /// Every metric of the process in `format`.
 pub fn encode(format: Format) -> Result<String, std::fmt::Error> {
     let mut out = String::with_capacity(16 * 1024);
-    text::encode(&mut out, &METRICS.registry, format.profile()).map_err(|_| std::fmt::Error)?;
+    let registry = match format {
+        Format::Prometheus => &METRICS.registries.prometheus,
+        Format::OpenMetrics | Format::OpenMetricsV0 => &METRICS.registries.open_metrics,
+    };
+    text::encode(&mut out, registry, format.profile()).map_err(|_| std::fmt::Error)?;
     Ok(out)
 }
 
@@ -997,6 +1023,32 @@ mod tests {
         }
         let open = encode(Format::OpenMetrics).expect("encodes");
         assert!(open.ends_with("# EOF\n"), "{open}");
+        // OpenMetrics names a counter's family without `_total` and its samples with it (strict
+        // parsers refused a family named `baton_rpc_calls_total`); the same counters as above.
+        let counters: Vec<&str> = open
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+            .collect();
+        assert!(counters.contains(&"baton_rpc_calls"), "{open}");
+        for family in &counters {
+            assert!(!family.ends_with("_total"), "{family} in:\n{open}");
+            assert!(
+                text.contains(&format!("# TYPE {family}_total counter")),
+                "{family} in the Prometheus format"
+            );
+        }
+        for sample in open.lines().filter(|l| !l.starts_with('#')) {
+            let name = sample.split(['{', ' ']).next().unwrap_or_default();
+            if let Some(family) = counters.iter().find(|f| {
+                name.strip_prefix(**f)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+            }) {
+                assert!(
+                    name == format!("{family}_total") || name == format!("{family}_created"),
+                    "{sample}"
+                );
+            }
+        }
     }
 
     /// Buckets increase strictly, as histograms require.
