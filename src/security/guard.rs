@@ -106,9 +106,9 @@ impl Checks {
         if let Some(token) = &self.token
             && !OPEN_PREFIXES.iter().any(|p| path.starts_with(p))
         {
-            let value = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+            let values = request.headers().get_all(AUTHORIZATION);
             token
-                .check(value)
+                .check(values.iter().map(|v| v.as_bytes()))
                 .map_err(|refusal| Status::unauthenticated(refusal.message()))?;
         }
         if !self.lease_paths.contains(path) {

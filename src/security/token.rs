@@ -93,6 +93,8 @@ pub enum Refusal {
     Malformed,
     /// A token that is not accepted.
     Wrong,
+    /// Several `authorization` values: which one counts would be a guess, so none does.
+    Repeated,
 }
 
 impl Refusal {
@@ -110,6 +112,10 @@ impl Refusal {
             Self::Wrong => {
                 "the API token is not valid: it is not one of the tokens of Baton's \
                  --api-token-file"
+            }
+            Self::Repeated => {
+                "the `authorization` metadata is given more than once: send it once, \
+                 `Bearer <token>`"
             }
         }
     }
@@ -131,9 +137,16 @@ impl ApiToken {
         }
     }
 
-    /// Checks the value of a call's `authorization` metadata, if any.
-    pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), Refusal> {
-        let value = authorization.ok_or(Refusal::Missing)?;
+    /// Checks the values of a call's `authorization` metadata: exactly one, carrying a token in
+    /// force.
+    pub fn check<'v>(
+        &self,
+        mut authorization: impl Iterator<Item = &'v [u8]>,
+    ) -> Result<(), Refusal> {
+        let value = authorization.next().ok_or(Refusal::Missing)?;
+        if authorization.next().is_some() {
+            return Err(Refusal::Repeated);
+        }
         let token = bearer(value).ok_or(Refusal::Malformed)?;
         let current = self
             .current

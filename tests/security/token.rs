@@ -43,6 +43,22 @@ impl Interceptor for Authorization {
 
 type Locks = LockServiceClient<InterceptedService<Channel, Authorization>>;
 
+/// Adds two `authorization` values to every call, in this order.
+#[derive(Clone)]
+struct TwoAuthorizations(&'static str, &'static str);
+
+impl Interceptor for TwoAuthorizations {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        for value in [self.0, self.1] {
+            request.metadata_mut().append(
+                "authorization",
+                MetadataValue::try_from(value).expect("an ASCII value"),
+            );
+        }
+        Ok(request)
+    }
+}
+
 fn locks(channel: &Channel, authorization: Option<&'static str>) -> Locks {
     LockServiceClient::with_interceptor(channel.clone(), Authorization(authorization))
 }
@@ -69,8 +85,8 @@ fn assert_unauthenticated<T: std::fmt::Debug>(result: Result<T, Status>, says: &
     }
 }
 
-/// Without the token, with a malformed or a wrong one, a call fails UNAUTHENTICATED saying what
-/// to send, over TCP and over the socket; either token of the file gets in; health answers
+/// Without the token, with a malformed or a wrong one, or with two `authorization` values, a call
+/// fails UNAUTHENTICATED saying what to send, over TCP and over the socket; either token of the file gets in; health answers
 /// without one, reflection does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_need_the_api_token() {
@@ -104,6 +120,33 @@ async fn calls_need_the_api_token() {
             acquire(&mut locks(&channel, Some("Bearer not-the-token")), "a").await,
             "not valid",
         );
+        // Two values: which one would count is a guess (the first used to, so a wrong token
+        // before the right one was refused and the reverse let in), so neither does.
+        for (a, b) in [
+            (
+                "Bearer not-the-token",
+                "Bearer first-token-8b1f0c2e9a7d4c11",
+            ),
+            (
+                "Bearer first-token-8b1f0c2e9a7d4c11",
+                "Bearer not-the-token",
+            ),
+            (
+                "Bearer first-token-8b1f0c2e9a7d4c11",
+                "Bearer first-token-8b1f0c2e9a7d4c11",
+            ),
+        ] {
+            let mut two =
+                LockServiceClient::with_interceptor(channel.clone(), TwoAuthorizations(a, b));
+            let got = two
+                .acquire(pb::LockServiceAcquireRequest {
+                    name: "a".to_owned(),
+                    ttl: Some(ms(10_000)),
+                    ..Default::default()
+                })
+                .await;
+            assert_unauthenticated(got, "more than once");
+        }
         let lock = format!("t-{}", uuid::Uuid::new_v4().simple());
         let first = acquire(
             &mut locks(&channel, Some("Bearer first-token-8b1f0c2e9a7d4c11")),
