@@ -1252,8 +1252,8 @@ impl Topology {
             }
         }
         let master = sentinel_master.map(str::trim).filter(|m| !m.is_empty());
-        if mode == "cluster" || mode == "sentinel" {
-            // Cluster nodes and Sentinels announce each other by host and port.
+        if mode == "cluster" {
+            // Cluster nodes announce each other by host and port.
             if let Some(url) = list.iter().find(|u| {
                 !matches!(
                     Client::open(u.as_str()).map(|c| c.get_connection_info().addr().clone()),
@@ -1261,7 +1261,7 @@ impl Topology {
                 )
             }) {
                 return Err(format!(
-                    "--redis-url / BATON_REDIS_URL: {:?}: {mode} mode takes redis://host:port \
+                    "--redis-url / BATON_REDIS_URL: {:?}: cluster mode takes redis://host:port \
                      or rediss://host:port URLs, not a Unix socket",
                     masked(url)
                 ));
@@ -1604,14 +1604,13 @@ mod tests {
         assert!(!format!("{errors:?}").contains("hunter2"), "{errors:#?}");
     }
 
-    /// Cluster nodes and Sentinels are reached by host and port: a Unix socket URL among them is
-    /// a configuration error, not a failure at startup (it was an internal error, exit 1).
+    /// Cluster nodes are reached by host and port: a Unix socket URL among the seeds is a
+    /// configuration error, not a failure at startup (it was an internal error, exit 1).
     #[test]
     fn cluster_and_sentinel_urls_are_tcp() {
         for (mode, urls, master) in [
             ("cluster", "unix:///run/redis.sock", None),
             ("cluster", "redis://a:7000,unix:///run/redis.sock", None),
-            ("sentinel", "unix:///run/sentinel.sock", Some("m")),
         ] {
             let err = Topology::parse(mode, urls, master).expect_err(urls);
             assert!(
@@ -1621,6 +1620,8 @@ mod tests {
         }
         assert!(Topology::parse("cluster", "redis://a:7000,rediss://b:7001", None).is_ok());
         assert!(Topology::parse("standalone", "unix:///run/redis.sock", None).is_ok());
+        // A Sentinel may listen on a socket; the master it names is reached by host and port.
+        assert!(Topology::parse("sentinel", "unix:///run/sentinel.sock", Some("m")).is_ok());
     }
 
     /// Every bad value is reported in one pass, each naming its flag.
