@@ -600,6 +600,318 @@ class ChartRenders(unittest.TestCase):
             app = [c for c in spec["containers"] if c["name"] == "app"][0]
             self.assertEqual([e["name"] for e in app["env"]], ["BATON_ADDR", "HOSTNAME"])
 
+    # (value's path, `baton serve` flag, least, greatest, whether 0s (off) is accepted too): the
+    # ranges Baton accepts, as its errors state them ("... is outside 10ms to 10s").
+    DURATION_RANGES = [
+        ("redis.commandTimeout", "--redis-command-timeout", "10ms", "10s", False),
+        ("redis.connectTimeout", "--redis-connect-timeout", "10ms", "10s", False),
+        ("redis.minReplicasAckTimeout", "--min-replicas-ack-timeout", "1ms", "5s", False),
+        ("limits.handshakeTimeout", "--handshake-timeout", "100ms", "10m", False),
+        ("credentialsReload", "--credentials-reload", "10ms", "60m", True),
+        ("rateLimit.timeout", "--ratelimit-timeout", "1ms", "10s", False),
+        ("rateLimit.reloadInterval", "--ratelimit-config-reload", "10ms", "60m", True),
+        ("drainTimeout", "--drain-timeout", "0s", "10m", False),
+        ("shutdownDelay", "--shutdown-delay", "0s", "10m", False),
+    ]
+
+    @staticmethod
+    def _at(path, value):
+        """{"a": {"b": value}} for the path "a.b"."""
+        out = value
+        for key in reversed(path.split(".")):
+            out = {key: out}
+        return out
+
+    def _refused(self, chart, values, message, name="baton"):
+        with self.assertRaises(helm.HelmError) as caught:
+            self.charts.render(chart, values, name=name)
+        self.assertIn(message, str(caught.exception))
+
+    def test_durations_outside_batons_ranges_are_refused(self):
+        """Each duration the chart passes to `baton serve` renders at the ends of the range Baton
+        accepts and is refused a millisecond outside it, with a message naming the value, the
+        range and the flag; Baton itself (asked with each value) draws the same line. The demo's
+        holdFor is refused past 3590s: its app waits that long plus its 10s ttl, and Baton bounds
+        a wait to 1h."""
+        def ms(d):
+            return int(d[:-2]) if d.endswith("ms") else int(d[:-1]) * (60_000 if d.endswith(
+                "m") else 1000)
+        # Grace period long enough for every accepted drain and delay.
+        base = {"terminationGracePeriodSeconds": 3600}
+        for path, flag, low, high, off in self.DURATION_RANGES:
+            inside = [low, high] + (["0s"] if off else [])
+            outside = [f"{ms(high) + 1}ms"] + ([f"{ms(low) - 1}ms"] if ms(low) > 0 else [])
+            if off and ms(low) > 1:
+                outside.append("1ms")
+            for value in inside + outside:
+                with self.subTest(value=path, duration=value):
+                    # Baton's own verdict: `--listen=` without a socket is always an invalid
+                    # configuration, and Baton lists every other problem with it.
+                    run = subprocess.run([os.environ["BATON_BIN"], "serve", "--listen=",
+                                          f"{flag}={value}"], capture_output=True, text=True,
+                                         timeout=30)
+                    self.assertEqual(run.returncode, 2, run.stderr)
+                    baton_refuses = f"  - {flag} " in run.stderr
+                    self.assertEqual(baton_refuses, value in outside, run.stderr)
+                    values = merge(base, self._at(path, value))
+                    if value in outside:
+                        self._refused(self.charts.chart, values,
+                                      f"{path}: {value} is outside {low} to {high}")
+                        self._refused(self.charts.chart, values, f"({flag})")
+                    else:
+                        objects = documents(self.charts.render(self.charts.chart, merge(
+                            values, {"demo": {"enabled": True},
+                                     "rateLimit": {"rules": [{"domain": "d"}]}})))
+                        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+                        baton, _ = batons(spec)
+                        self.assertIn(f"{flag}={value}", baton["args"])
+        self.charts.render(self.charts.chart, {"demo": {"enabled": True, "holdFor": "3590s"}})
+        self._refused(self.charts.chart, {"demo": {"enabled": True, "holdFor": "3591s"}},
+                      "demo.holdFor: 3591s is outside 0s to 3590s")
+        self._refused(self.charts.chart, {"demo": {"enabled": True, "holdFor": "61m"}},
+                      "Baton bounds a wait to 1h")
+        # A parent chart's pods are checked as well.
+        self._refused(self.charts.example, {"baton": {"redis": {"commandTimeout": "15s"}}},
+                      "redis.commandTimeout: 15s is outside 10ms to 10s")
+
+    def test_other_values_baton_would_refuse_are_refused(self):
+        """Two listeners on one port, Redis URLs Baton does not take (a port outside 1..65535,
+        rediss:// mixed with redis://, a Cluster seed on a Unix socket), a rate limit domain given
+        twice, extraArgs repeating a flag (the chart's or its own) and a blank log filter fail
+        the render, each with a message naming the value; the URLs Baton takes still render."""
+        refused = [
+            ({"metrics": {"port": 50052}}, "health.port and metrics.port are both 50052"),
+            ({"transport": "tcp", "tcp": {"port": 50052}},
+             "health.port and tcp.port are both 50052"),
+            ({"transport": "tcp", "tcp": {"port": 9090}},
+             "metrics.port and tcp.port are both 9090"),
+            ({"redis": {"url": "redis://redis:99999"}},
+             'the port of "redis://redis:99999" is "99999", not a port from 1 to 65535'),
+            ({"redis": {"url": "redis://redis:0"}}, "not a port from 1 to 65535"),
+            ({"redis": {"url": "redis://[::1]:65536/0"}}, "not a port from 1 to 65535"),
+            ({"redis": {"url": "rediss://user@redis:6x79"}}, "not a port from 1 to 65535"),
+            ({"redis": {"mode": "cluster", "url": "redis://a:7000, rediss://b:7000"}},
+             "redis.url: \"redis://a:7000, rediss://b:7000\" mixes rediss://"),
+            ({"redis": {"mode": "sentinel", "sentinelMaster": "m",
+                        "url": "rediss://a:26379,redis://b:26379"}}, "mixes rediss://"),
+            ({"redis": {"mode": "cluster", "url": "unix:///var/run/redis.sock"}},
+             'redis.url: "unix:///var/run/redis.sock" is a Unix socket, and every seed of a '
+             "Redis Cluster"),
+            ({"rateLimit": {"rules": [{"domain": "edge"}, {"domain": "api"},
+                                      {"domain": "edge"}]}},
+             'rateLimit.rules: the domain "edge" is configured twice'),
+            ({"extraArgs": ["--log=debug"]}, "extraArgs: --log is already set by the chart"),
+            ({"extraArgs": ["--redis-url=redis://x:1"]}, "extraArgs: --redis-url is already set"),
+            ({"transport": "tcp", "extraArgs": ["--listen=0.0.0.0:1"]},
+             "extraArgs: --listen is already set"),
+            ({"extraArgs": ["--client-keepalive-interval=1s", "--client-keepalive-interval=2s"]},
+             "extraArgs: --client-keepalive-interval is given twice"),
+            ({"log": {"level": " \t"}}, "/log/level"),
+        ]
+        for values, message in refused:
+            with self.subTest(values=values):
+                self._refused(self.charts.chart, values, message)
+        # Baton refuses each of them too (a render that went through would crash-loop).
+        for args, error in [
+            (["--redis-url=redis://redis:99999"], "is not a Redis URL"),
+            (["--redis-mode=cluster", "--redis-url=redis://a:7000,rediss://b:7000"],
+             "some URLs are rediss://"),
+            (["--log= \t"], "is not a log filter"),
+            (["--log=debug", "--log=info"], "cannot be used multiple times"),
+        ]:
+            with self.subTest(baton=args):
+                run = subprocess.run([os.environ["BATON_BIN"], "serve", "--listen=", *args],
+                                     capture_output=True, text=True, timeout=30)
+                self.assertEqual(run.returncode, 2)
+                self.assertIn(error, run.stderr)
+        for url in ["redis://[::1]:6379", "rediss://user@redis:6380/2?protocol=resp3",
+                    "unix:///var/run/redis/redis.sock", "redis://redis"]:
+            with self.subTest(url=url):
+                self.charts.render(self.charts.chart, {"redis": {"url": url}})
+        self.charts.render(self.charts.chart, {"redis": {
+            "mode": "cluster", "url": "rediss://a:7000, rediss://b:65535"}})
+        self.charts.render(self.charts.chart, {"metrics": {"enabled": False, "port": 50052}})
+        self.charts.render(self.charts.chart, {"extraArgs": [
+            "--client-keepalive-interval=2s", "--client-keepalive-timeout=30s"]})
+        self._refused(self.charts.example, {"baton": {"metrics": {"port": 50052}}},
+                      "health.port and metrics.port are both 50052")
+
+    def test_socket_path_fits_and_has_a_folder_of_its_own(self):
+        """The socket's path (socket.dir/socket.name) renders at 107 bytes, the most a Unix
+        socket's path can hold (Baton's own client then connects), and is refused at 108; "."
+        and ".." are refused as socket names; a socket.dir on, inside or above a folder the chart
+        mounts a Secret or the rules in is refused, as is /."""
+        def socket_values(path_length, name="baton.sock"):
+            folder = "/var/run/" + "d" * (path_length - len("/var/run/") - len(name) - 1)
+            return {"demo": {"enabled": True}, "socket": {"dir": folder, "name": name}}
+        objects = documents(self.charts.render(self.charts.chart, socket_values(107)))
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        (app,) = [c for c in spec["containers"] if c["name"] == "app"]
+        (addr,) = [e["value"] for e in app["env"] if e["name"] == "BATON_ADDR"]
+        self.assertEqual(len(addr), len("unix://") + 107)
+        self._refused(self.charts.chart, socket_values(108),
+                      "is 108 bytes, and a Unix socket's path can have at most 107")
+        self._refused(self.charts.chart, merge(socket_values(108), {"socket": {
+            "dir": "/var/run/" + "d" * 40 + "/", "name": "s" * 58}}), "socket.dir and socket.name")
+        self._refused(self.charts.example, {"baton": {"socket": {"dir": "/" + "d" * 100,
+                                                                 "name": "s" * 10}}},
+                      "at most 107")
+        for name in [".", ".."]:
+            with self.subTest(name=name):
+                self._refused(self.charts.chart, {"socket": {"name": name}},
+                              f'socket.name: "{name}" is a folder')
+        for folder in ["/var/run/secrets/baton/redis", "/var/run/secrets/baton/redis-tls/",
+                       "/var/run/secrets/baton/tls", "/var/run/secrets/baton/api-token",
+                       "/etc/baton/ratelimit", "/etc/baton/ratelimit/sock", "/etc/baton",
+                       "/var/run/secrets/baton"]:
+            with self.subTest(folder=folder):
+                self._refused(self.charts.chart, {"socket": {"dir": folder}},
+                              f'socket.dir: "{folder}" overlaps')
+        self._refused(self.charts.chart, {"socket": {"dir": "/"}}, "socket.dir: / cannot be")
+        # Folders beside them are fine; with TCP the socket's values are not used.
+        self.charts.render(self.charts.chart, {"socket": {"dir": "/var/run/secrets/baton-sock"}})
+        self.charts.render(self.charts.chart, {"transport": "tcp", "socket": {"dir": "/"}})
+        # Baton's client reaches a socket at 107 bytes and cannot at 108.
+        with tempfile.TemporaryDirectory(prefix="baton-sock-") as folder:
+            for length, reached in [(107, True), (108, False)]:
+                path = os.path.join(folder, "s" * (length - len(folder) - 1))
+                self.assertEqual(len(path), length)
+                server = subprocess.Popen(
+                    [os.environ["BATON_BIN"], "serve", "--listen=", f"--socket={path}",
+                     "--redis-url=redis://127.0.0.1:1"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    wait_until("the socket", lambda: os.path.exists(path), timeout=20)
+                    check = subprocess.run(
+                        [os.environ["BATON_BIN"], "health", f"--addr=unix://{path}",
+                         "--service=liveness", "--timeout=5s"],
+                        capture_output=True, text=True, timeout=30)
+                    self.assertEqual(check.returncode == 0, reached, check.stderr)
+                finally:
+                    server.kill()
+                    server.wait()
+                    if os.path.exists(path):
+                        os.remove(path)
+
+    def test_names_are_valid_and_distinct(self):
+        """Whatever the release name (up to Helm's 53 characters) or the overrides, every name the
+        chart renders is valid (a DNS-1035 label for Services, at most 63 characters) and no two
+        objects of a kind share one; the demo's Redis URL names the Redis Service as rendered.
+        Overrides Kubernetes would refuse, and release names that would give invalid Service
+        names, fail the render; the image tag becomes a valid version label (digest left out)."""
+        service_name = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+        label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+        everything = {"demo": {"enabled": True},
+                      "metrics": {"podMonitor": {"enabled": True},
+                                  "serviceMonitor": {"enabled": True}},
+                      "rateLimit": {"rules": [{"domain": "d" * 245}]}}
+        cases = [
+            ("payments-coordination-service-production-eu-west-1234", everything),
+            ("payments-coordination-service-production-eu-west-12", everything),
+            ("p" * 53, merge(everything, {"demo": {"enabled": False}})),
+            ("rel", merge(everything, {"fullnameOverride": "f" * 51})),
+            ("rel", merge(everything, {"fullnameOverride": "x" * 50 + "y",
+                                       "demo": {"enabled": False}})),
+            ("rel", merge(everything, {"nameOverride": "n" * 63})),
+            ("a" * 50 + "-b", everything),
+        ]
+        for release, values in cases:
+            with self.subTest(release=release, values=str(values)[:80]):
+                objects = documents(self.charts.render(self.charts.chart, values, name=release))
+                names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+                self.assertEqual(len(names), len(set(names)), names)
+                services = [n for k, n in names if k == "Service"]
+                for kind, name in names:
+                    self.assertLessEqual(len(name), 63, name)
+                    self.assertRegex(name, r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+                for name in services:
+                    self.assertRegex(name, service_name)
+                self.assertEqual(len(set(services)), len(services), services)
+                for o in objects:
+                    for key, value in o["metadata"]["labels"].items():
+                        self.assertLessEqual(len(value), 63, (key, value))
+                        self.assertRegex(value, label_value)
+                    if o["kind"] == "ConfigMap":
+                        for key in o["data"]:
+                            self.assertLessEqual(len(key), 253)
+                for _, spec in pod_specs(objects):
+                    for c in spec.get("initContainers", []) + spec["containers"]:
+                        for a in c.get("args", []):
+                            if a.startswith("--redis-url=redis://"):
+                                host = a.split("//", 1)[1].rsplit(":", 1)[0]
+                                self.assertIn(host, services)
+                            if a.startswith("--addr="):
+                                self.assertIn(a.split("=", 1)[1].rsplit(":", 1)[0], services)
+        refused = [
+            ("rel", {"fullnameOverride": "f" * 52}, "/fullnameOverride"),
+            ("rel", {"fullnameOverride": "Baton"}, "/fullnameOverride"),
+            ("rel", {"fullnameOverride": "1baton"}, "/fullnameOverride"),
+            ("rel", {"nameOverride": "my_baton"}, "/nameOverride"),
+            ("1st-release", {}, 'from the release name "1st-release"'),
+            ("my.release", {"demo": {"enabled": True}}, "set fullnameOverride"),
+            ("rel", {"rateLimit": {"rules": [{"domain": "d" * 246}]}},
+             "/rateLimit/rules/0/domain"),
+        ]
+        for release, values, message in refused:
+            with self.subTest(release=release, values=values):
+                self._refused(self.charts.chart, values, message, name=release)
+        # The same release renders with an override, or where it names no Service.
+        self.charts.render(self.charts.chart, {"fullnameOverride": "first"}, name="1st-release")
+        self.charts.render(self.charts.chart, {"tests": {"enabled": False}}, name="1st-release")
+        for tag, label in [("0.1.0@sha256:" + "0" * 64, "0.1.0"),
+                           ("v1.2.3+build.7", "v1.2.3-build.7"),
+                           ("_" + "x" * 70, "x" * 62), ("1.0-" + "-" * 70, "1.0"),
+                           ("@sha256:" + "a" * 64, "")]:
+            with self.subTest(tag=tag):
+                objects = documents(self.charts.render(self.charts.chart, {
+                    "image": {"tag": tag}, "demo": {"enabled": True}}))
+                for o in objects:
+                    self.assertEqual(o["metadata"]["labels"]["app.kubernetes.io/version"], label)
+                (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+                self.assertEqual(batons(spec)[0]["image"], f"baton:{tag}")
+
+    def test_large_ids_render_as_integers(self):
+        """User and group IDs of a million and more (an OpenShift-style range) and large numbers
+        in the rate limit rules render as integers, never in float notation such as 1e+06, and
+        validate strictly."""
+        values = {"socket": {"group": 1000680000},
+                  "demo": {"enabled": True, "appUser": 2147483647},
+                  "securityContext": {"runAsUser": 1000000, "runAsGroup": 1000680000},
+                  "rateLimit": {"rules": [{"domain": "edge", "descriptors": [{
+                      "key": "remote_address",
+                      "rate_limit": {"unit": "hour", "requests_per_unit": 10000000}}]}]}}
+        rendered = self.charts.render(self.charts.chart, values)
+        for path, text in rendered.items():
+            self.assertNotRegex(text, r"\d(\.\d+)?e\+\d", path)
+        objects = documents(rendered)
+        for obj in objects:
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        self.assertEqual(spec["securityContext"]["fsGroup"], 1000680000)
+        baton, _ = batons(spec)
+        self.assertEqual(baton["securityContext"]["runAsUser"], 1000000)
+        self.assertEqual(baton["securityContext"]["runAsGroup"], 1000680000)
+        self.assertIn("--socket-group=1000680000", baton["args"])
+        (app,) = [c for c in spec["containers"] if c["name"] == "app"]
+        self.assertEqual(app["securityContext"]["runAsUser"], 2147483647)
+        self.assertEqual(app["securityContext"]["runAsGroup"], 2147483647)
+        (hook,) = [o for o in objects if is_test_hook(o)]
+        self.assertEqual(hook["spec"]["containers"][0]["securityContext"]["runAsUser"], 1000000)
+        (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+        (rules,) = [yaml.safe_load(t) for t in cm["data"].values()]
+        self.assertEqual(rules["descriptors"][0]["rate_limit"]["requests_per_unit"], 10000000)
+        self.assertIn("group 1000680000", rendered["baton/templates/NOTES.txt"])
+        # The example parent chart: its own app user, and Baton's values through it.
+        rendered = self.charts.render(self.charts.example, {
+            "runAsUser": 1000680000, "baton": {"socket": {"group": 1000680000}}})
+        for path, text in rendered.items():
+            self.assertNotRegex(text, r"\d(\.\d+)?e\+\d", path)
+        (_, spec), = [p for p in pod_specs(documents(rendered)) if p[0].endswith("-myapp")]
+        self.assertEqual(spec["securityContext"]["fsGroup"], 1000680000)
+        (app,) = [c for c in spec["containers"] if c["name"] == "app"]
+        self.assertEqual(app["securityContext"]["runAsUser"], 1000680000)
+
     def test_every_value_is_documented(self):
         """Each key of values.yaml has a `# --` comment, or lies in a value documented as a whole,
         or is a section whose keys are; the image tag is the chart's appVersion."""

@@ -9,26 +9,39 @@ chart gets the same names as this chart's own templates.
 {{- default "baton" .baton.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The full name of the resources: release name and chart name, at most 63 characters. */}}
+{{/* The full name of the resources: release name and chart name, at most 51 characters, so that
+every name the chart derives from it (the longest: FULLNAME-test-health, 12 more) fits in 63
+characters without being cut, and no two of them end up the same. */}}
 {{- define "baton.fullname" -}}
+{{- $full := "" -}}
 {{- if .baton.fullnameOverride -}}
-{{- .baton.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $full = .baton.fullnameOverride -}}
 {{- else -}}
 {{- $name := include "baton.name" . -}}
 {{- if contains $name .context.Release.Name -}}
-{{- .context.Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- $full = .context.Release.Name -}}
 {{- else -}}
-{{- printf "%s-%s" .context.Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- $full = printf "%s-%s" .context.Release.Name $name -}}
 {{- end -}}
 {{- end -}}
+{{- regexReplaceAll "[-.]+$" ($full | trunc 51) "" -}}
 {{- end -}}
 
 {{/* Labels of every resource this chart renders. */}}
 {{- define "baton.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .context.Chart.Name .context.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "baton.selectorLabels" . }}
-app.kubernetes.io/version: {{ .baton.image.tag | quote }}
+app.kubernetes.io/version: {{ include "baton.versionLabel" . | quote }}
 app.kubernetes.io/managed-by: {{ .context.Release.Service }}
+{{- end -}}
+
+{{/* app.kubernetes.io/version: the image tag made a valid label value (a digest pin's
+`@sha256:...` left out, characters a label cannot hold replaced with `-`, at most 63 characters,
+beginning and ending with a letter or digit). */}}
+{{- define "baton.versionLabel" -}}
+{{- $tag := regexReplaceAll "@.*$" (toString .baton.image.tag) "" -}}
+{{- $tag = regexReplaceAll "[^-A-Za-z0-9_.]" $tag "-" | trunc 63 -}}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $tag "" -}}
 {{- end -}}
 
 {{/* Labels that select this release's resources. */}}
@@ -62,13 +75,23 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 
 {{/* The name of the ConfigMap of rate limit rules. */}}
 {{- define "baton.rulesConfigMap" -}}
-{{- printf "%s-ratelimit" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-ratelimit" (include "baton.fullname" .) -}}
+{{- end -}}
+
+{{/* The name of the demo's Deployment and Service. */}}
+{{- define "baton.demoName" -}}
+{{- printf "%s-demo" (include "baton.fullname" .) -}}
+{{- end -}}
+
+{{/* The name of the demo's evaluation Redis (its Deployment and Service). */}}
+{{- define "baton.demoRedisName" -}}
+{{- printf "%s-redis" (include "baton.fullname" .) -}}
 {{- end -}}
 
 {{/* The Redis URL Baton uses: the demo's Redis when it is deployed, `redis.url` otherwise. */}}
 {{- define "baton.redisUrl" -}}
 {{- if and .baton.demo.enabled .baton.demo.redis.enabled -}}
-{{- printf "redis://%s-redis:6379" (include "baton.fullname" .) -}}
+{{- printf "redis://%s:6379" (include "baton.demoRedisName" .) -}}
 {{- else -}}
 {{- .baton.redis.url -}}
 {{- end -}}
@@ -96,9 +119,9 @@ app.kubernetes.io/instance: {{ .context.Release.Name }}
 selects every pod carrying this Baton. */}}
 {{- define "baton.testService" -}}
 {{- if .baton.demo.enabled -}}
-{{- printf "%s-demo" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "baton.demoName" . -}}
 {{- else -}}
-{{- printf "%s-health" (include "baton.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-health" (include "baton.fullname" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -120,4 +143,158 @@ selects every pod carrying this Baton. */}}
 {{- if and $v.demo.enabled $v.tls.existingSecret -}}
 {{- fail "the demo app talks to Baton without TLS: leave tls.existingSecret empty with demo.enabled" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Milliseconds in a duration of the form 500ms, 10s, 2m (the forms the schema accepts). */}}
+{{- define "baton.milliseconds" -}}
+{{- mulf (include "baton.seconds" . | float64) 1000 -}}
+{{- end -}}
+
+{{/* Fails the render when a duration is outside the range Baton accepts for its flag. Takes
+(list VALUE-NAME VALUE MIN MAX FLAG OFF), OFF true when 0 (off) is accepted as well. */}}
+{{- define "baton.checkDuration" -}}
+{{- $name := index . 0 -}}{{- $value := index . 1 -}}{{- $min := index . 2 -}}{{- $max := index . 3 -}}
+{{- $flag := index . 4 -}}{{- $off := index . 5 -}}
+{{- $ms := include "baton.milliseconds" $value | float64 -}}
+{{- if not (and $off (eq $ms 0.0)) -}}
+{{- if or (lt $ms (include "baton.milliseconds" $min | float64)) (gt $ms (include "baton.milliseconds" $max | float64)) -}}
+{{- fail (printf "%s: %s is outside %s to %s%s, the range Baton accepts (%s)" $name (toString $value) $min $max (ternary " (or 0s: off)" "" $off) $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails the render on values the schema lets through but Baton (or Kubernetes) would refuse:
+durations outside Baton's ranges, listeners sharing a port, Redis URLs Baton does not take, the
+socket's path, names, rate limit rules and extra arguments. Included by every workload template
+(through "baton.sidecar") and by this chart's own templates. */}}
+{{- define "baton.checkValues" -}}
+{{- $v := .baton -}}
+{{- /* Durations, with the ranges of `baton serve` (its --help and its errors). */ -}}
+{{- include "baton.checkDuration" (list "redis.commandTimeout" $v.redis.commandTimeout "10ms" "10s" "--redis-command-timeout" false) -}}
+{{- include "baton.checkDuration" (list "redis.connectTimeout" $v.redis.connectTimeout "10ms" "10s" "--redis-connect-timeout" false) -}}
+{{- include "baton.checkDuration" (list "redis.minReplicasAckTimeout" $v.redis.minReplicasAckTimeout "1ms" "5s" "--min-replicas-ack-timeout" false) -}}
+{{- include "baton.checkDuration" (list "limits.handshakeTimeout" $v.limits.handshakeTimeout "100ms" "10m" "--handshake-timeout" false) -}}
+{{- include "baton.checkDuration" (list "credentialsReload" $v.credentialsReload "10ms" "60m" "--credentials-reload" true) -}}
+{{- include "baton.checkDuration" (list "rateLimit.timeout" $v.rateLimit.timeout "1ms" "10s" "--ratelimit-timeout" false) -}}
+{{- include "baton.checkDuration" (list "rateLimit.reloadInterval" $v.rateLimit.reloadInterval "10ms" "60m" "--ratelimit-config-reload" true) -}}
+{{- include "baton.checkDuration" (list "drainTimeout" $v.drainTimeout "0s" "10m" "--drain-timeout" false) -}}
+{{- include "baton.checkDuration" (list "shutdownDelay" $v.shutdownDelay "0s" "10m" "--shutdown-delay" false) -}}
+{{- /* `baton hold` waits for the lock for --hold-for plus its 10s ttl, and Baton bounds a wait to
+1h. */ -}}
+{{- include "baton.checkDuration" (list "demo.holdFor" $v.demo.holdFor "0s" "3590s" "the demo app's `baton hold --hold-for`: it waits for the lock that long plus its 10s ttl, and Baton bounds a wait to 1h" false) -}}
+{{- /* Listeners: each needs its own port. */ -}}
+{{- $ports := dict -}}
+{{- $_ := set $ports "health.port" (int64 $v.health.port) -}}
+{{- if $v.metrics.enabled -}}{{- $_ := set $ports "metrics.port" (int64 $v.metrics.port) -}}{{- end -}}
+{{- if eq $v.transport "tcp" -}}{{- $_ := set $ports "tcp.port" (int64 $v.tcp.port) -}}{{- end -}}
+{{- range $a := keys $ports | sortAlpha -}}
+{{- range $b := keys $ports | sortAlpha -}}
+{{- if and (lt $a $b) (eq (get $ports $a) (get $ports $b)) -}}
+{{- fail (printf "%s and %s are both %d: Baton binds each of its listeners on its own port (they would fail with `Address already in use`)" $a $b (get $ports $a)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* Redis URLs: ports in 1..65535, all rediss:// or none, no unix:// seed for a Cluster. */ -}}
+{{- if not (and $v.demo.enabled $v.demo.redis.enabled) -}}
+{{- $tls := 0 -}}{{- $plain := 0 -}}
+{{- range $u := splitList "," $v.redis.url -}}
+{{- $u = trim $u -}}
+{{- if hasPrefix "rediss://" $u -}}{{- $tls = add $tls 1 -}}{{- else -}}{{- $plain = add $plain 1 -}}{{- end -}}
+{{- if hasPrefix "unix://" $u -}}
+{{- if eq $v.redis.mode "cluster" -}}
+{{- fail (printf "redis.url: %q is a Unix socket, and every seed of a Redis Cluster (redis.mode: cluster) must be redis://HOST:PORT or rediss://HOST:PORT" $u) -}}
+{{- end -}}
+{{- else -}}
+{{- $authority := regexReplaceAll "[/?#].*$" (regexReplaceAll "^rediss?://" $u "") "" -}}
+{{- $port := regexFind ":[^:\\]]*$" (regexReplaceAll "^.*@" $authority "") -}}
+{{- if $port -}}
+{{- $port = trimPrefix ":" $port -}}
+{{- if or (not (regexMatch "^[0-9]{1,5}$" $port)) (lt (atoi $port) 1) (gt (atoi $port) 65535) -}}
+{{- fail (printf "redis.url: the port of %q is %q, not a port from 1 to 65535" $u $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (gt $tls 0) (gt $plain 0) -}}
+{{- fail (printf "redis.url: %q mixes rediss:// (TLS) with other URLs: Baton uses TLS for all of a deployment's connections or for none" $v.redis.url) -}}
+{{- end -}}
+{{- end -}}
+{{- /* The socket: a path that fits a sockaddr_un, a file name, a folder of its own. */ -}}
+{{- if eq $v.transport "socket" -}}
+{{- $path := include "baton.socketPath" . -}}
+{{- if gt (len $path) 107 -}}
+{{- fail (printf "socket.dir and socket.name: the socket's path %q is %d bytes, and a Unix socket's path can have at most 107 (clients cannot connect to a longer one)" $path (len $path)) -}}
+{{- end -}}
+{{- if has $v.socket.name (list "." "..") -}}
+{{- fail (printf "socket.name: %q is a folder, not a file name for the socket" $v.socket.name) -}}
+{{- end -}}
+{{- $dir := clean $v.socket.dir -}}
+{{- if eq $dir "/" -}}
+{{- fail "socket.dir: / cannot be the socket's folder (an emptyDir mounted over the container's root)" -}}
+{{- end -}}
+{{- range $m := list (include "baton.passwordDir" .) (include "baton.redisTlsDir" .) (include "baton.tlsDir" .) (include "baton.apiTokenDir" .) (include "baton.rulesDir" .) -}}
+{{- if or (eq $dir $m) (hasPrefix (printf "%s/" $m) $dir) (hasPrefix (printf "%s/" $dir) $m) -}}
+{{- fail (printf "socket.dir: %q overlaps %q, where the chart mounts one of Baton's Secrets or ConfigMaps: choose another folder" $v.socket.dir $m) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* Names: the Services' names must be DNS-1035 labels. */ -}}
+{{- if or $v.demo.enabled $v.tests.enabled (and $v.metrics.enabled $v.metrics.serviceMonitor.enabled) -}}
+{{- $full := include "baton.fullname" . -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
+{{- fail (printf "the chart's resources would be named %q (from the release name %q, nameOverride and fullnameOverride), and a Service's name must start with a lowercase letter and hold only lowercase letters, digits and '-': set fullnameOverride (or nameOverride) to such a name" $full .context.Release.Name) -}}
+{{- end -}}
+{{- end -}}
+{{- /* Rate limit rules: one configuration per domain. */ -}}
+{{- $domains := dict -}}
+{{- range $v.rateLimit.rules -}}
+{{- if hasKey $domains .domain -}}
+{{- fail (printf "rateLimit.rules: the domain %q is configured twice (Baton refuses it): merge its descriptors into one entry" .domain) -}}
+{{- end -}}
+{{- $_ := set $domains .domain true -}}
+{{- end -}}
+{{- /* Extra arguments: a flag may be given once. */ -}}
+{{- $set := dict -}}
+{{- range regexFindAll "(?m)^- \"--[a-z0-9-]+" (include "baton.serveArgs" .) -1 -}}
+{{- $_ := set $set (trimPrefix "- \"" .) true -}}
+{{- end -}}
+{{- $extra := dict -}}
+{{- range $v.extraArgs -}}
+{{- $flag := regexReplaceAll "=.*$" . "" -}}
+{{- if hasKey $set $flag -}}
+{{- fail (printf "extraArgs: %s is already set by the chart (from its values): set that value instead, since Baton takes each flag once" $flag) -}}
+{{- end -}}
+{{- if hasKey $extra $flag -}}
+{{- fail (printf "extraArgs: %s is given twice, and Baton takes each flag once" $flag) -}}
+{{- end -}}
+{{- $_ := set $extra $flag true -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Rewrites, in place, every whole number in a map (and the maps and lists inside it) from a
+float to an integer: Helm reads values' numbers as floats, which toYaml writes as 1e+06 from a
+million on, where Kubernetes and Baton's rule parser want an integer. Returns nothing. */}}
+{{- define "baton.wholeNumbersToInts" -}}
+{{- $m := . -}}
+{{- range $k, $x := $m -}}
+{{- if and (kindIs "float64" $x) (eq (floor $x) $x) (lt $x 9.0e15) (gt $x -9.0e15) -}}
+{{- $_ := set $m $k (int64 $x) -}}
+{{- else if kindIs "map" $x -}}
+{{- include "baton.wholeNumbersToInts" $x -}}
+{{- else if kindIs "slice" $x -}}
+{{- range $x -}}{{- if kindIs "map" . -}}{{- include "baton.wholeNumbersToInts" . -}}{{- end -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A map as YAML, its whole numbers written as integers ("baton.wholeNumbersToInts"). */}}
+{{- define "baton.toYaml" -}}
+{{- $copy := deepCopy . -}}
+{{- include "baton.wholeNumbersToInts" $copy -}}
+{{- toYaml $copy -}}
+{{- end -}}
+
+{{/* Baton's container security context (`securityContext`), its user and group IDs integers. */}}
+{{- define "baton.securityContext" -}}
+{{- include "baton.toYaml" .baton.securityContext -}}
 {{- end -}}

@@ -45,6 +45,7 @@ false`), or nothing. */}}
 {{- $v := .baton -}}
 {{- include "baton.checkGracePeriod" . -}}
 {{- include "baton.checkSecurity" . -}}
+{{- include "baton.checkValues" . -}}
 - name: baton
   image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -54,72 +55,7 @@ false`), or nothing. */}}
   command:
     - /baton
   args:
-    - serve
-    {{- if eq $v.transport "socket" }}
-    - "--listen="
-    - {{ printf "--socket=%v" (include "baton.socketPath" .) | quote }}
-    - {{ printf "--socket-mode=%v" ($v.socket.mode) | quote }}
-    - {{ printf "--socket-group=%v" (int64 $v.socket.group) | quote }}
-    {{- else }}
-    - {{ printf "--listen=127.0.0.1:%v" ($v.tcp.port) | quote }}
-    {{- end }}
-    - {{ printf "--health-listen=%v:%v" ($v.health.address) ($v.health.port) | quote }}
-    - {{ printf "--redis-mode=%v" ($v.redis.mode) | quote }}
-    - {{ printf "--redis-url=%v" (include "baton.redisUrl" .) | quote }}
-    {{- if eq $v.redis.mode "sentinel" }}
-    - {{ printf "--redis-sentinel-master=%v" ($v.redis.sentinelMaster) | quote }}
-    {{- end }}
-    {{- if $v.redis.username }}
-    - {{ printf "--redis-username=%v" $v.redis.username | quote }}
-    {{- end }}
-    {{- if $v.redis.password.existingSecret }}
-    - {{ printf "--redis-password-file=%v/password" (include "baton.passwordDir" .) | quote }}
-    {{- end }}
-    {{- if $v.redis.tls.existingSecret }}
-    - {{ printf "--redis-tls-ca=%v/ca.crt" (include "baton.redisTlsDir" .) | quote }}
-    {{- if $v.redis.tls.clientCert }}
-    - {{ printf "--redis-tls-cert=%v/tls.crt" (include "baton.redisTlsDir" .) | quote }}
-    - {{ printf "--redis-tls-key=%v/tls.key" (include "baton.redisTlsDir" .) | quote }}
-    {{- end }}
-    {{- end }}
-    {{- if $v.redis.tls.insecure }}
-    - "--redis-tls-insecure"
-    {{- end }}
-    {{- if $v.tls.existingSecret }}
-    - {{ printf "--tls-cert=%v/tls.crt" (include "baton.tlsDir" .) | quote }}
-    - {{ printf "--tls-key=%v/tls.key" (include "baton.tlsDir" .) | quote }}
-    {{- if $v.tls.clientCA }}
-    - {{ printf "--tls-client-ca=%v/ca.crt" (include "baton.tlsDir" .) | quote }}
-    {{- end }}
-    {{- end }}
-    {{- if $v.apiToken.existingSecret }}
-    - {{ printf "--api-token-file=%v" (include "baton.apiTokenFile" .) | quote }}
-    {{- end }}
-    - {{ printf "--credentials-reload=%v" $v.credentialsReload | quote }}
-    - {{ printf "--key-prefix=%v" ($v.redis.keyPrefix) | quote }}
-    - {{ printf "--min-replicas-ack=%v" ($v.redis.minReplicasAck) | quote }}
-    - {{ printf "--min-replicas-ack-timeout=%v" ($v.redis.minReplicasAckTimeout) | quote }}
-    - {{ printf "--redis-connect-timeout=%v" ($v.redis.connectTimeout) | quote }}
-    - {{ printf "--redis-command-timeout=%v" ($v.redis.commandTimeout) | quote }}
-    - {{ printf "--redis-pool-size=%v" ($v.redis.poolSize) | quote }}
-    - {{ printf "--ratelimit-timeout=%v" ($v.rateLimit.timeout) | quote }}
-    - {{ printf "--ratelimit-failure-mode=%v" ($v.rateLimit.failureMode) | quote }}
-    {{- if $v.rateLimit.rules }}
-    - {{ printf "--ratelimit-config=%v" (include "baton.rulesDir" .) | quote }}
-    - {{ printf "--ratelimit-config-reload=%v" ($v.rateLimit.reloadInterval) | quote }}
-    {{- end }}
-    - {{ printf "--max-connections=%v" (int64 $v.limits.maxConnections) | quote }}
-    - {{ printf "--max-concurrent-streams=%v" (int64 $v.limits.maxConcurrentStreams) | quote }}
-    - {{ printf "--max-lease-streams=%v" (int64 $v.limits.maxLeaseStreams) | quote }}
-    - {{ printf "--max-message-size=%v" (int64 $v.limits.maxMessageSize) | quote }}
-    - {{ printf "--handshake-timeout=%v" ($v.limits.handshakeTimeout) | quote }}
-    - {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
-    - {{ printf "--shutdown-delay=%v" ($v.shutdownDelay) | quote }}
-    - {{ printf "--log-format=%v" ($v.log.format) | quote }}
-    - {{ printf "--log=%v" ($v.log.level) | quote }}
-    {{- if $v.metrics.enabled }}
-    - {{ printf "--metrics-listen=%v:%v" ($v.health.address) ($v.metrics.port) | quote }}
-    {{- end }}
+    {{- include "baton.serveArgs" . | nindent 4 }}
     {{- range $v.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -156,7 +92,7 @@ false`), or nothing. */}}
   resources:
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
-    {{- toYaml $v.securityContext | nindent 4 }}
+    {{- include "baton.securityContext" . | nindent 4 }}
   volumeMounts:
     {{- if eq $v.transport "socket" }}
     - name: baton-socket
@@ -188,6 +124,78 @@ false`), or nothing. */}}
       readOnly: true
     {{- end }}
     {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.redis.tls.existingSecret $v.tls.existingSecret $v.apiToken.existingSecret $v.rateLimit.rules) }} []{{ end }}
+{{- end -}}
+
+{{/* The arguments of `baton serve` the chart sets from its values (`extraArgs` follow them), as
+list items. */}}
+{{- define "baton.serveArgs" -}}
+{{- $v := .baton -}}
+- serve
+{{- if eq $v.transport "socket" }}
+- "--listen="
+- {{ printf "--socket=%v" (include "baton.socketPath" .) | quote }}
+- {{ printf "--socket-mode=%v" ($v.socket.mode) | quote }}
+- {{ printf "--socket-group=%v" (int64 $v.socket.group) | quote }}
+{{- else }}
+- {{ printf "--listen=127.0.0.1:%v" ($v.tcp.port) | quote }}
+{{- end }}
+- {{ printf "--health-listen=%v:%v" ($v.health.address) ($v.health.port) | quote }}
+- {{ printf "--redis-mode=%v" ($v.redis.mode) | quote }}
+- {{ printf "--redis-url=%v" (include "baton.redisUrl" .) | quote }}
+{{- if eq $v.redis.mode "sentinel" }}
+- {{ printf "--redis-sentinel-master=%v" ($v.redis.sentinelMaster) | quote }}
+{{- end }}
+{{- if $v.redis.username }}
+- {{ printf "--redis-username=%v" $v.redis.username | quote }}
+{{- end }}
+{{- if $v.redis.password.existingSecret }}
+- {{ printf "--redis-password-file=%v/password" (include "baton.passwordDir" .) | quote }}
+{{- end }}
+{{- if $v.redis.tls.existingSecret }}
+- {{ printf "--redis-tls-ca=%v/ca.crt" (include "baton.redisTlsDir" .) | quote }}
+{{- if $v.redis.tls.clientCert }}
+- {{ printf "--redis-tls-cert=%v/tls.crt" (include "baton.redisTlsDir" .) | quote }}
+- {{ printf "--redis-tls-key=%v/tls.key" (include "baton.redisTlsDir" .) | quote }}
+{{- end }}
+{{- end }}
+{{- if $v.redis.tls.insecure }}
+- "--redis-tls-insecure"
+{{- end }}
+{{- if $v.tls.existingSecret }}
+- {{ printf "--tls-cert=%v/tls.crt" (include "baton.tlsDir" .) | quote }}
+- {{ printf "--tls-key=%v/tls.key" (include "baton.tlsDir" .) | quote }}
+{{- if $v.tls.clientCA }}
+- {{ printf "--tls-client-ca=%v/ca.crt" (include "baton.tlsDir" .) | quote }}
+{{- end }}
+{{- end }}
+{{- if $v.apiToken.existingSecret }}
+- {{ printf "--api-token-file=%v" (include "baton.apiTokenFile" .) | quote }}
+{{- end }}
+- {{ printf "--credentials-reload=%v" $v.credentialsReload | quote }}
+- {{ printf "--key-prefix=%v" ($v.redis.keyPrefix) | quote }}
+- {{ printf "--min-replicas-ack=%v" ($v.redis.minReplicasAck) | quote }}
+- {{ printf "--min-replicas-ack-timeout=%v" ($v.redis.minReplicasAckTimeout) | quote }}
+- {{ printf "--redis-connect-timeout=%v" ($v.redis.connectTimeout) | quote }}
+- {{ printf "--redis-command-timeout=%v" ($v.redis.commandTimeout) | quote }}
+- {{ printf "--redis-pool-size=%v" ($v.redis.poolSize) | quote }}
+- {{ printf "--ratelimit-timeout=%v" ($v.rateLimit.timeout) | quote }}
+- {{ printf "--ratelimit-failure-mode=%v" ($v.rateLimit.failureMode) | quote }}
+{{- if $v.rateLimit.rules }}
+- {{ printf "--ratelimit-config=%v" (include "baton.rulesDir" .) | quote }}
+- {{ printf "--ratelimit-config-reload=%v" ($v.rateLimit.reloadInterval) | quote }}
+{{- end }}
+- {{ printf "--max-connections=%v" (int64 $v.limits.maxConnections) | quote }}
+- {{ printf "--max-concurrent-streams=%v" (int64 $v.limits.maxConcurrentStreams) | quote }}
+- {{ printf "--max-lease-streams=%v" (int64 $v.limits.maxLeaseStreams) | quote }}
+- {{ printf "--max-message-size=%v" (int64 $v.limits.maxMessageSize) | quote }}
+- {{ printf "--handshake-timeout=%v" ($v.limits.handshakeTimeout) | quote }}
+- {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
+- {{ printf "--shutdown-delay=%v" ($v.shutdownDelay) | quote }}
+- {{ printf "--log-format=%v" ($v.log.format) | quote }}
+- {{ printf "--log=%v" ($v.log.level) | quote }}
+{{- if $v.metrics.enabled }}
+- {{ printf "--metrics-listen=%v:%v" ($v.health.address) ($v.metrics.port) | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* The pod's volumes Baton uses, as list items (an empty list when it uses none). */}}
@@ -288,7 +296,7 @@ TCP without an API token): the socket's folder, the API token's. */}}
 
 {{/* The pod security context Baton needs: the socket's group as fsGroup. */}}
 {{- define "baton.podSecurityContext" -}}
-fsGroup: {{ .baton.socket.group }}
+fsGroup: {{ int64 .baton.socket.group }}
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
