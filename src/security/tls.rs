@@ -104,7 +104,20 @@ impl Verifier {
                     rustls::Error::InvalidCertificate(Why::Revoked) => {
                         "it has been revoked".to_owned()
                     }
-                    rustls::Error::InvalidCertificate(why) => format!("{why:?}"),
+                    rustls::Error::InvalidCertificate(
+                        Why::InvalidPurpose | Why::InvalidPurposeContext { .. },
+                    ) => "it is not for client authentication (its extended key usage lacks \
+                          clientAuth)"
+                        .to_owned(),
+                    rustls::Error::InvalidCertificate(
+                        Why::NotValidForName | Why::NotValidForNameContext { .. },
+                    ) => "it is not valid for this name".to_owned(),
+                    rustls::Error::InvalidCertificate(Why::BadSignature) => {
+                        "its signature does not verify".to_owned()
+                    }
+                    rustls::Error::InvalidCertificate(why) => {
+                        rustls::Error::InvalidCertificate(why).to_string()
+                    }
                     other => other.to_string(),
                 };
                 format!(

@@ -162,10 +162,13 @@ async fn mutual_tls_refuses_every_call_of_a_client_without_a_valid_certificate()
 
     let stranger = other_ca.client("stranger");
     let expired = client_ca.expired_client("expired");
+    // Issued by the right CA, but for servers only.
+    let server_only = client_ca.server("server-only");
     for (identity, says) in [
         (None, "presented none"),
         (Some(&stranger), "not issued by a CA this Baton trusts"),
         (Some(&expired), "has expired"),
+        (Some(&server_only), "not for client authentication"),
     ] {
         let channel = tls_channel(addr, &[&server_ca], identity)
             .await
