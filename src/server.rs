@@ -360,6 +360,8 @@ pub async fn serve_until(
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(
             Server::builder()
+                // Counted like the calls of the API's listeners (any other path as `unknown`).
+                .layer(rpc_metrics.clone())
                 .add_service(EndAtShutdown::new(health.clone(), end_streams.clone()))
                 .serve_with_incoming_shutdown(incoming, stop),
         );

@@ -36,7 +36,7 @@ use envoy_types::pb::envoy::{
 };
 use redis::AsyncCommands;
 use support::{
-    BatonProcess, RedisServer, channel,
+    BatonProcess, RedisServer, channel, free_port,
     lease::{next_event, read_until_lost},
     ms, wait_until, within,
 };
@@ -1040,6 +1040,45 @@ async fn failures_are_logged_with_their_trace() {
             .is_some_and(|c| c.contains("redis_url=redis://127.0.0.1:")),
         "{start}"
     );
+}
+
+/// Calls on the health listener (`--health-listen`) are counted like those of the API's
+/// listeners: its health checks by method and code, a method of the API it does not serve as
+/// `UNIMPLEMENTED`. They went uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_the_health_listener_are_counted() {
+    let redis = RedisServer::start_standalone().await;
+    let health_addr = format!("127.0.0.1:{}", free_port());
+    let served = spawn(&redis, &["--health-listen", &health_addr]).await;
+    let channel = channel(health_addr.parse().expect("address")).await;
+    let check =
+        "baton_rpc_calls_total{service=\"grpc.health.v1.Health\",method=\"Check\",code=\"OK\"}";
+    let unserved = "baton_rpc_calls_total{service=\"baton.v1.LockService\",method=\"Acquire\",code=\"UNIMPLEMENTED\"}";
+    let before = Scrape::of(&served).await;
+    let mut health = HealthClient::new(channel.clone());
+    for _ in 0..3 {
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "liveness".to_owned(),
+            })
+            .await
+            .expect("Check");
+    }
+    let refused = pb::lock_service_client::LockServiceClient::new(channel)
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "not-here".to_owned(),
+            ttl: Some(ms(1_000)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the health listener serves no lock API");
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    scrape_until_moved(
+        &served,
+        &before,
+        &[(check.to_owned(), 3.0), (unserved.to_owned(), 1.0)],
+    )
+    .await;
 }
 
 /// Waits (bounded) for a scrape in which `check` holds, returning it.
