@@ -232,13 +232,7 @@ async fn noauth_after_a_password_appears_is_unavailable() {
         .await
         .expect("CONFIG SET requirepass");
     // Connections made before keep their authentication: drop Baton's.
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes")
-        .query_async(&mut admin)
+    support::client_kill(&mut admin, &["TYPE", "normal", "SKIPME", "yes"])
         .await
         .expect("CLIENT KILL");
     let status = refused_with(&client, "NOAUTH").await;
@@ -281,11 +275,7 @@ async fn wrongpass_after_a_rotation_is_unavailable() {
         .query_async(&mut admin)
         .await
         .expect("ACL SETUSER");
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("USER")
-        .arg("baton")
-        .query_async(&mut admin)
+    support::client_kill(&mut admin, &["USER", "baton"])
         .await
         .expect("CLIENT KILL");
     let status = refused_with(&client, "WRONGPASS").await;

@@ -676,13 +676,7 @@ async fn calls_after_redis_closed_idle_connections_succeed() {
         }
         // Idleness is what the check looks for: this wait is the scenario, not a poll.
         tokio::time::sleep(baton::redis::IDLE_CHECK + Duration::from_millis(100)).await;
-        let killed: u64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut admin)
+        let killed = support::client_kill(&mut admin, &["TYPE", "normal", "SKIPME", "yes"])
             .await
             .expect("CLIENT KILL");
         assert!(

@@ -46,11 +46,7 @@ async fn acl(redis: &RedisServer, user: &str, rules: &[&str]) {
 /// Closes every connection of `user` (`CLIENT KILL USER`), as a Redis restart or a network
 /// blip would, so that Baton has to connect again; returns how many there were.
 async fn kill_connections(redis: &RedisServer, user: &str) -> i64 {
-    redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("USER")
-        .arg(user)
-        .query_async(&mut redis.client().await)
+    crate::support::client_kill(&mut redis.client().await, &["USER", user])
         .await
         .expect("CLIENT KILL USER")
 }

@@ -359,13 +359,7 @@ async fn tls_files_are_read_again_when_they_change() {
     ca.write(&read("other-ca.pem"));
     let mut admin = redis.admin().await;
     for kind in ["normal", "pubsub"] {
-        let _: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg(kind)
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut admin)
+        crate::support::client_kill(&mut admin, &["TYPE", kind, "SKIPME", "yes"])
             .await
             .expect("CLIENT KILL");
     }

@@ -97,6 +97,20 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Closes the Redis connections that `filters` select (`CLIENT KILL` with filters such as
+/// `["TYPE", "normal", "SKIPME", "yes"]` or `["USER", "baton"]`), as a Redis restart or a network
+/// blip would, so that Baton has to connect again; returns how many were closed.
+pub async fn client_kill<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    filters: &[&str],
+) -> redis::RedisResult<i64> {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg(filters)
+        .query_async(conn)
+        .await
+}
+
 /// A key prefix no other test uses.
 pub fn unique_prefix() -> String {
     format!("test-{}:", uuid::Uuid::new_v4().simple())
