@@ -844,6 +844,9 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// Default lease and election streams (`Hold`, `KeepAlive`, `Campaign`, `Observe`) one Baton
 /// serves at once.
 pub const DEFAULT_MAX_LEASE_STREAMS: usize = 16_384;
+/// Default of `--max-waiters`: each waiting caller costs Redis a script call about every second
+/// (a fair one renews its place), so thousands of them load it as much as a busy application.
+pub const DEFAULT_MAX_WAITERS: usize = 2_048;
 /// Default largest gRPC message accepted or sent, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Largest `--max-message-size` accepted, in bytes.
@@ -889,6 +892,10 @@ pub struct ServingArgs {
     /// a new one fails RESOURCE_EXHAUSTED.
     #[arg(long, env = "BATON_MAX_LEASE_STREAMS", default_value_t = DEFAULT_MAX_LEASE_STREAMS.to_string())]
     pub max_lease_streams: String,
+    /// Callers waiting for a lock, permits or leadership at once (Acquire with a wait, Hold,
+    /// Campaign); past it a new one that would wait fails RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_MAX_WAITERS", default_value_t = DEFAULT_MAX_WAITERS.to_string())]
+    pub max_waiters: String,
     /// Largest gRPC message received or sent, in bytes (larger requests fail OUT_OF_RANGE).
     #[arg(long, env = "BATON_MAX_MESSAGE_SIZE", default_value_t = DEFAULT_MAX_MESSAGE_BYTES.to_string())]
     pub max_message_size: String,
@@ -917,6 +924,8 @@ pub struct ServingConfig {
     pub max_concurrent_streams: u32,
     /// Lease and election streams served at once.
     pub max_lease_streams: usize,
+    /// Callers waiting at once.
+    pub max_waiters: usize,
     /// Largest gRPC message received or sent, in bytes.
     pub max_message_bytes: usize,
     /// Client connections open at once.
@@ -935,6 +944,7 @@ impl Default for ServingConfig {
             socket_group: None,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_lease_streams: DEFAULT_MAX_LEASE_STREAMS,
+            max_waiters: DEFAULT_MAX_WAITERS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
@@ -1048,6 +1058,13 @@ impl ServingConfig {
             1..=1_000_000,
             DEFAULT_MAX_LEASE_STREAMS,
         );
+        let max_waiters = count(
+            errors,
+            "--max-waiters / BATON_MAX_WAITERS",
+            &args.max_waiters,
+            1..=1_000_000,
+            DEFAULT_MAX_WAITERS,
+        );
         let max_message_bytes = count(
             errors,
             "--max-message-size / BATON_MAX_MESSAGE_SIZE",
@@ -1077,6 +1094,7 @@ impl ServingConfig {
             socket_group,
             max_concurrent_streams,
             max_lease_streams,
+            max_waiters,
             max_message_bytes,
             max_connections,
             handshake_timeout,
@@ -1111,6 +1129,7 @@ impl ServingConfig {
                 self.max_concurrent_streams.to_string(),
             ),
             ("max_lease_streams", self.max_lease_streams.to_string()),
+            ("max_waiters", self.max_waiters.to_string()),
             ("max_message_size", self.max_message_bytes.to_string()),
             ("max_connections", self.max_connections.to_string()),
             ("handshake_timeout", show(self.handshake_timeout)),

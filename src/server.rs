@@ -37,6 +37,7 @@ use crate::{
         conn::{CountCalls, Watched},
         drain::EndAtShutdown,
     },
+    lease::WaitLimit,
     lock::{Lock, Locks, service::LockApi},
     metrics::{self, grpc::RpcLayer},
     proto::{
@@ -65,6 +66,9 @@ const READY_NAMES: &[&str] = &[
 ];
 /// Health service names that follow the process.
 const LIVE_NAMES: &[&str] = &["", "liveness"];
+/// Largest metadata (HTTP/2 header list) a call may carry, in bytes.
+pub const MAX_METADATA_BYTES: u32 = 16 * 1024;
+
 /// Methods served beside those of Baton's and health's descriptor sets: reflection, and Envoy's
 /// rate limit API.
 const OTHER_METHODS: &[&str] = &[
@@ -236,16 +240,29 @@ pub async fn serve_until(
         shutdown.clone(),
         tasks.clone(),
     ));
-    let locks = Locks::new(Lock::new(redis.clone()), notifier.clone(), tasks.clone());
+    // One bound on the callers waiting at once, over every leased primitive.
+    let waiting = WaitLimit::new(config.serving.max_waiters);
+    let locks = Locks::new(
+        Lock::new(redis.clone()),
+        notifier.clone(),
+        tasks.clone(),
+        waiting.clone(),
+    );
     let lock_api = LockApi::new(locks, shutdown.clone(), pings);
     let elections = Elections::new(
         Election::new(redis.clone(), notifier.clone()),
         notifier.clone(),
         tasks.clone(),
+        waiting.clone(),
     );
     let election_api = ElectionApi::new(elections, shutdown.clone(), pings);
     let semaphore_api = SemaphoreApi::new(
-        Semaphores::new(Semaphore::new(redis.clone()), notifier, tasks.clone()),
+        Semaphores::new(
+            Semaphore::new(redis.clone()),
+            notifier,
+            tasks.clone(),
+            waiting,
+        ),
         shutdown.clone(),
         pings,
     );
@@ -307,6 +324,9 @@ pub async fn serve_until(
             .http2_keepalive_interval(config.client_keepalive_interval)
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .max_concurrent_streams(config.serving.max_concurrent_streams)
+            // A call's metadata (its HTTP/2 header list), as advertised to clients: past it the
+            // call fails, far past it the connection is closed (docs/security.md, Limits).
+            .http2_max_header_list_size(MAX_METADATA_BYTES)
             .layer(rpc_metrics.clone())
             // Tells each connection's writes how many of its calls are at work.
             .layer(CountCalls)

@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::{
-    QUEUE_LEASE, Renewable, VOID_RETENTION,
+    QUEUE_LEASE, Renewable, VOID_RETENTION, WaitLimit,
     batch::{Batcher, Renewal},
     clean_up,
     keepalive::Described,
@@ -210,6 +210,8 @@ struct Inner<P: Primitive> {
     tasks: TaskTracker,
     /// Batches the renewals of keepalive streams.
     renewals: Batcher<Renewing>,
+    /// Bounds the callers waiting at once (shared with the other primitives' engines).
+    waiting: WaitLimit,
 }
 
 impl<P: Primitive> Clone for Engine<P> {
@@ -223,7 +225,7 @@ impl<P: Primitive> Clone for Engine<P> {
 impl<P: Primitive> Engine<P> {
     /// The engine of `primitive`, its waiters woken through `notifier`; its clean-ups and
     /// keepalive streams run on `tasks`, which a draining server waits for.
-    pub fn new(primitive: P, notifier: Notifier, tasks: TaskTracker) -> Self {
+    pub fn new(primitive: P, notifier: Notifier, tasks: TaskTracker, waiting: WaitLimit) -> Self {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner<P>>| {
             let renewals = Batcher::for_owner(weak, |inner, leases: Vec<Renewing>| async move {
                 inner.primitive.refresh_many(&leases).await
@@ -233,6 +235,7 @@ impl<P: Primitive> Engine<P> {
                 notifier,
                 tasks,
                 renewals,
+                waiting,
             }
         });
         Self { inner }
@@ -287,10 +290,17 @@ impl<P: Primitive> Engine<P> {
         // Uncontended acquisitions cost one script call: subscribe only once the resource is
         // held. A caller that will wait registers on this first try already, so a fair one takes
         // its place in the queue in the order its request reached Redis.
+        // A caller that would wait beyond the most allowed to wait at once only tries.
+        let place = (!wait.is_zero())
+            .then(|| self.inner.waiting.take())
+            .flatten();
         let waiter = Uuid::new_v4().simple().to_string();
-        let first = (!wait.is_zero()).then_some((waiter.as_str(), wait));
+        let first = place.is_some().then_some((waiter.as_str(), wait));
         match self.try_once(request, &token, first).await {
-            Ok(Acquired::Refused(_)) if !wait.is_zero() => {}
+            Ok(Acquired::Refused(_)) if place.is_some() => {}
+            Ok(Acquired::Refused(_)) if !wait.is_zero() => {
+                return Err(self.inner.waiting.refusal());
+            }
             Err(e) => {
                 // The script may have run and registered the waiter (a fair one holds a place in
                 // the queue): take it out rather than hold the queue up until it expires.

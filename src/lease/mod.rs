@@ -31,6 +31,39 @@ use crate::error::Error;
 pub use engine::{Acquired, Busy, CleanUp, Engine, Grant, Primitive, Refusal, Request};
 pub use keepalive::{Described, Event, Kept, LostReason, Renewable};
 
+/// How many callers may wait at once, over every primitive of a Baton (`--max-waiters`): each
+/// waiting caller costs Redis a script call about every second, so their number is bounded like
+/// everything else a client can open. Cheap to clone (the clones share the count).
+#[derive(Clone, Debug)]
+pub struct WaitLimit {
+    permits: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl WaitLimit {
+    /// At most `max` callers waiting at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A place to wait, held while the caller waits; `None` when `max` callers wait already.
+    fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().ok()
+    }
+
+    /// The refusal of a caller that found the resource busy and no place to wait.
+    fn refusal(&self) -> Error {
+        Error::ResourceExhausted(format!(
+            "{} callers already wait at this Baton, its most (--max-waiters), and the resource \
+             is busy: retry later",
+            self.max
+        ))
+    }
+}
+
 /// Longest name of a leased resource (a lock, a semaphore), in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
 /// Longest owner, in bytes.

@@ -28,6 +28,83 @@ use crate::{
     },
 };
 
+/// Past `--max-waiters` callers waiting at once (an `Acquire` with a wait, a waiting `Hold`, over
+/// every primitive), a caller that finds the resource busy fails RESOURCE_EXHAUSTED naming the
+/// flag instead of waiting, without taking a place in Redis; one that finds it free is still
+/// granted, one that does not wait is answered as ever, and once a waiter leaves a new one waits.
+/// Waiting callers had no bound: thousands of them, each renewing its place every second,
+/// overloaded Redis for every client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_past_the_bound_are_refused() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| c.serving.max_waiters = 2).await;
+    let mut locks = baton.client().await;
+    let (_holder, _) = held(&mut locks, hold_request("busy", 30_000, None, "")).await;
+    let mut waiting = Vec::new();
+    for fair in [false, true] {
+        let mut client = locks.clone();
+        let mut request = acquire_request("busy", 5_000, Some(30_000), "");
+        request.fair = fair;
+        waiting.push(tokio::spawn(async move { client.acquire(request).await }));
+    }
+    crate::support::lease::wait_for_waiters(&locks, "busy", 2).await;
+
+    let refused = locks
+        .acquire(acquire_request("busy", 5_000, Some(30_000), ""))
+        .await
+        .expect_err("a third waiter");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("--max-waiters"), "{refused:?}");
+    // A Hold's refusal comes as the call's status or as its stream's end.
+    let refused = match locks
+        .hold(hold_request("busy", 5_000, Some(30_000), ""))
+        .await
+    {
+        Err(status) => status,
+        Ok(response) => within(
+            Duration::from_secs(5),
+            response.into_inner().message(),
+            "the Hold's answer",
+        )
+        .await
+        .expect_err("a waiting Hold past the bound"),
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let other = crate::support::lock::describe(&mut locks, "busy")
+        .await
+        .waiters;
+    assert_eq!(other, 2, "the refused callers took no place");
+
+    // Not waiting, or finding the resource free: answered as ever.
+    let tried = locks
+        .acquire(acquire_request("busy", 5_000, None, ""))
+        .await
+        .expect("a try")
+        .into_inner();
+    assert!(!tried.acquired);
+    let free = locks
+        .acquire(acquire_request("free", 5_000, Some(30_000), ""))
+        .await
+        .expect("a free lock")
+        .into_inner();
+    assert!(free.acquired);
+
+    // A waiter leaves; a new one waits in its place.
+    waiting.remove(0).abort();
+    crate::support::lease::wait_for_waiters(&locks, "busy", 1).await;
+    let mut client = locks.clone();
+    let again = tokio::spawn(async move {
+        client
+            .acquire(acquire_request("busy", 5_000, Some(30_000), ""))
+            .await
+    });
+    crate::support::lease::wait_for_waiters(&locks, "busy", 2).await;
+    again.abort();
+    for w in waiting {
+        w.abort();
+    }
+}
+
 /// Past `--max-lease-streams`, a new Hold or KeepAlive fails RESOURCE_EXHAUSTED naming the flag,
 /// while unary calls and health go on; once a stream ends, a new one opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
