@@ -61,6 +61,12 @@ pub trait Grant: Send + 'static {
     fn name(&self) -> &str;
     /// The token of the grant (the hold or lease it is).
     fn token(&self) -> &str;
+    /// The token the granting call proposed: [`Grant::token`] when that call made the grant,
+    /// another when it got an existing grant back by its idempotency key. A clean-up of a grant
+    /// whose caller never saw it names this one, so that it withdraws that call's claim only.
+    fn call_token(&self) -> &str {
+        self.token()
+    }
     /// The owner it was granted to (empty for an anonymous caller).
     fn owner(&self) -> &str;
     /// The earliest moment it can expire, by this process's clock (when the call that granted it
@@ -367,7 +373,7 @@ impl<P: Primitive> Engine<P> {
     ) -> Result<Acquired<P::Grant, P::Busy>, Error> {
         let primitive = &self.inner.primitive;
         match primitive.try_acquire(request, token, waiting).await {
-            Ok((Acquired::Granted(grant), Ack::Missing { replicas })) => {
+            Ok((Acquired::Granted(_), Ack::Missing { replicas })) => {
                 tracing::warn!(
                     kind = P::KIND,
                     name = %request.name(),
@@ -376,11 +382,12 @@ impl<P: Primitive> Engine<P> {
                 );
                 // Released before the answer, so that "not acquired" leaves no lease in Redis for
                 // others to meet; should that fail, it is retried in the background.
+                // Named by the call's own token: a retry's claim is withdrawn, not the grant.
                 let released = primitive
-                    .release(request.name(), grant.token(), Some(CleanUp::default()))
+                    .release(request.name(), token, Some(CleanUp::default()))
                     .await;
                 if released.is_err() {
-                    self.release_in_background(request.name(), grant.token(), request.ttl(), false);
+                    self.release_in_background(request.name(), token, request.ttl(), false);
                 }
                 let wait = primitive.redis().replica_ack_timeout();
                 Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
@@ -399,8 +406,11 @@ impl<P: Primitive> Engine<P> {
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
     /// anyway (`ttl` from now): for grants whose caller will never see them (a reply that came
     /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
-    /// never came). Harmless when the token holds nothing; a grant that its caller's retry with
-    /// the same idempotency key has claimed meanwhile is left alone. With `void` (after a call
+    /// never came). `token` is the one the call proposed ([`Grant::call_token`]): the grant's
+    /// own when the call made it, a retry's when the call got it again by its idempotency key,
+    /// whose claim is withdrawn. The grant is released once its own call and every retry that
+    /// claimed it were given up so; while one of them may have reached its caller, it is left
+    /// alone. Harmless when the token holds nothing. With `void` (after a call
     /// whose reply never came, which Redis may still run), the token is void for
     /// [`VOID_RETENTION`]: that call cannot grant with it.
     pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration, void: bool) {

@@ -86,8 +86,18 @@ if key ~= '' then
     if lease.owner ~= owner or (lease.mode == 's' and mode == 'x') then
       return {-4}
     end
-    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone.
+    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone,
+    -- until this retry's own clean-up (under its own token) withdraws the claim. The oldest claim
+    -- remembered gives way past MAX_CLAIMERS: its clean-up then keeps the hold (until its ttl).
     h[CLAIMS] = h[CLAIMS] + 1
+    h[LOST] = h[LOST] or 0
+    local claimers = h[CLAIMERS] or {}
+    if #claimers >= MAX_CLAIMERS then
+      redis.call('HDEL', K.state, 'c:' .. table.remove(claimers, 1))
+    end
+    claimers[#claimers + 1] = token
+    h[CLAIMERS] = claimers
+    redis.call('HSET', K.state, 'c:' .. token, granted)
     redis.call('HSET', K.state, 'l:' .. id, cmsgpack.pack(lease))
     settle(lease.mode)
     return {1, granted, id, h[EXPIRY] - now, #lease.holds, lease.mode}

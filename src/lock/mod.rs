@@ -161,6 +161,8 @@ pub struct Lease {
     pub name: String,
     /// The opaque token proving this hold.
     pub token: String,
+    /// The token the granting call proposed ([`lease::Grant::call_token`]).
+    pub call_token: String,
     /// The fencing token of this tenure (the lease's id).
     pub fencing_token: u64,
     /// Time left on this hold when Redis answered.
@@ -183,6 +185,10 @@ impl lease::Grant for Lease {
 
     fn token(&self) -> &str {
         &self.token
+    }
+
+    fn call_token(&self) -> &str {
+        &self.call_token
     }
 
     fn owner(&self) -> &str {
@@ -374,6 +380,7 @@ impl Primitive for Lock {
         let keys = self.keys(&request.name);
         let (waiter, wait_left) = waiting.unwrap_or(("", Duration::ZERO));
         let owner = request.owner.as_deref().unwrap_or("");
+        let call_token = token;
         let invocation = scripts::Acquire {
             owner,
             token,
@@ -396,6 +403,7 @@ impl Primitive for Lock {
                 Acquired::Granted(Lease {
                     name: request.name.clone(),
                     token: string(token)?,
+                    call_token: call_token.to_owned(),
                     fencing_token: fence(fencing)?,
                     remaining: ms(int(remaining)?).unwrap_or(request.ttl),
                     hold_count: count(holds)?,

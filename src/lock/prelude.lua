@@ -20,7 +20,11 @@
 --
 --   'x'         -> the id of the exclusive lease, while there is one
 --   'l:<id>'    -> the lease: cmsgpack of {mode, owner, holds}, each hold {token, expiry, ttl, key,
---                  claims}: claims counts the retries with its idempotency key that got it again
+--                  claims, lost, claimers}: claims counts the retries with its idempotency key that
+--                  got it again and may have reached their callers, claimers lists those retries'
+--                  own tokens (at most MAX_CLAIMERS, the latest), lost is 1 once the call that
+--                  granted it was known not to reach its caller
+--   'c:<token>' -> the token of the hold that the retry whose own token this is got again
 --   't:<token>' -> the id of the lease the hold belongs to
 --   'o:<owner>' -> the id of the owner's lease (named owners only: an anonymous caller never
 --                  re-enters)
@@ -45,7 +49,9 @@ local function clock()
 end
 
 -- Hold fields.
-local TOKEN, EXPIRY, TTL, KEY, CLAIMS = 1, 2, 3, 4, 5
+local TOKEN, EXPIRY, TTL, KEY, CLAIMS, LOST, CLAIMERS = 1, 2, 3, 4, 5, 6, 7
+-- Most retries of one hold whose claims are remembered by their token.
+local MAX_CLAIMERS = 16
 
 -- The lease `id`, or nil.
 local function lease_of(id)
@@ -73,6 +79,9 @@ local function forget_hold(h)
   redis.call('HDEL', K.state, 't:' .. h[TOKEN])
   if h[KEY] ~= '' then
     redis.call('HDEL', K.state, 'i:' .. h[KEY])
+  end
+  for _, claimer in ipairs(h[CLAIMERS] or {}) do
+    redis.call('HDEL', K.state, 'c:' .. claimer)
   end
 end
 

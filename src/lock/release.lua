@@ -3,8 +3,11 @@
 -- head (by a message addressed to it), or with nobody queued every waiter on every Baton at once.
 --
 -- KEYS: the prelude's eight.
--- ARGV[1] token   ARGV[2] '1' for the clean-up of a grant whose caller never saw it, which keeps a
---                 hold that a retry with its idempotency key has claimed; '0' otherwise
+-- ARGV[1] token   ARGV[2] '1' for the clean-up of a grant whose caller never saw it, named by the
+--                 token its call proposed: the hold's own (the call granted it) or a retry's (the
+--                 call got it again by its idempotency key, a claim this withdraws). The hold is
+--                 released once the call that granted it and every retry that claimed it were
+--                 cleaned up so; kept while one of them may have reached its caller. '0' otherwise
 -- ARGV[3] how long (ms) the token stays void (void.lua), after a call whose reply never came;
 --         '0' for none
 --
@@ -14,6 +17,14 @@ local token, unclaimed_only, void_ms = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]
 local now = clock()
 if void_ms > 0 then
   void(K.void, token, now, void_ms)
+end
+local withdrawn = nil
+if unclaimed_only then
+  local claimed = redis.call('HGET', K.state, 'c:' .. token)
+  if claimed then
+    redis.call('HDEL', K.state, 'c:' .. token)
+    withdrawn, token = token, claimed
+  end
 end
 local id = redis.call('HGET', K.state, 't:' .. token)
 if not id then
@@ -25,8 +36,23 @@ if not lease then
   return {0, 0}
 end
 local h, i = hold_of(lease, token, now)
-if h and unclaimed_only and h[CLAIMS] > 0 then
-  return {-1, #lease.holds}
+if h and unclaimed_only then
+  if withdrawn then
+    h[CLAIMS] = math.max(0, h[CLAIMS] - 1)
+    local claimers = h[CLAIMERS] or {}
+    for n, claimer in ipairs(claimers) do
+      if claimer == withdrawn then
+        table.remove(claimers, n)
+        break
+      end
+    end
+  else
+    h[LOST] = 1
+  end
+  if h[CLAIMS] > 0 or h[LOST] ~= 1 then
+    redis.call('HSET', K.state, 'l:' .. id, cmsgpack.pack(lease))
+    return {-1, #lease.holds}
+  end
 end
 if i then
   forget_hold(lease.holds[i])

@@ -34,8 +34,16 @@ if key ~= '' then
     if waiter ~= '' then
       drop_waiter(waiter)
     end
-    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone.
+    -- Claimed by its caller's retry: a clean-up that gives up unclaimed grants leaves it alone,
+    -- until this retry's own clean-up (under its own token) withdraws the claim. The oldest claim
+    -- remembered gives way past MAX_CLAIMERS: its clean-up then keeps the lease (until its ttl).
     redis.call('HINCRBY', D, 'c:' .. granted, 1)
+    local claimers = claimers_of(granted)
+    if #claimers >= MAX_CLAIMERS then
+      redis.call('HDEL', D, 'r:' .. table.remove(claimers, 1))
+    end
+    claimers[#claimers + 1] = token
+    redis.call('HSET', D, 'R:' .. granted, table.concat(claimers, ' '), 'r:' .. token, granted)
     local left = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
     local in_force = math.min(limit, tonumber(left[2] or limit))
     return {1, h.fence, tonumber(redis.call('ZSCORE', H, granted)) - now, in_force,

@@ -119,6 +119,8 @@ pub struct Permit {
     pub name: String,
     /// The opaque token proving the lease.
     pub token: String,
+    /// The token the granting call proposed ([`lease::Grant::call_token`]).
+    pub call_token: String,
     /// The lease's fencing token.
     pub fencing_token: u64,
     /// Time left on the lease when Redis answered.
@@ -143,6 +145,10 @@ impl lease::Grant for Permit {
 
     fn token(&self) -> &str {
         &self.token
+    }
+
+    fn call_token(&self) -> &str {
+        &self.call_token
     }
 
     fn owner(&self) -> &str {
@@ -314,6 +320,7 @@ impl Primitive for Semaphore {
         let keys = self.keys(&request.name);
         let (waiter, wait_left) = waiting.unwrap_or(("", Duration::ZERO));
         let owner = request.owner.as_deref().unwrap_or("");
+        let call_token = token;
         let invocation = scripts::Acquire {
             token,
             owner,
@@ -337,6 +344,7 @@ impl Primitive for Semaphore {
                 Acquired::Granted(Permit {
                     name: request.name.clone(),
                     token: string(token)?,
+                    call_token: call_token.to_owned(),
                     fencing_token: u64::try_from(int(fence)?)
                         .map_err(|_| unexpected("negative fencing token"))?,
                     remaining: ms(int(remaining)?).unwrap_or(request.ttl),

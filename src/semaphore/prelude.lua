@@ -7,7 +7,11 @@
 --                   (permits held by holders not yet reclaimed), 'last_limit', 'seq' (fair queue
 --                   arrival counter), 'q:<waiter>' -> "permits|limit" for queued fair waiters,
 --                   'i:<key>' -> the token an idempotency key granted, 'c:<token>' -> how many
---                   retries with that key got the lease again (claims)
+--                   retries with that key got the lease again and may have reached their callers
+--                   (claims), 'R:<token>' -> those retries' own tokens, space-separated (at most
+--                   MAX_CLAIMERS, the latest), 'r:<retry token>' -> the token of the lease it got
+--                   again, 'x:<token>' -> 1 once the call that granted it was known not to reach
+--                   its caller
 -- KEYS[3] limits    sorted set: lease token -> the limit its holder asked for
 -- KEYS[4] queue     sorted set: fair waiter id -> arrival number
 -- KEYS[5] waiters   sorted set: waiter id (fair or not) -> expiry of its registration (ms)
@@ -38,6 +42,18 @@ local function holder(token)
           fence = fence, key = key, owner = owner}
 end
 
+-- Most retries of one lease whose claims are remembered by their token.
+local MAX_CLAIMERS = 16
+
+-- The tokens of the retries that claimed the lease `token` (the 'R:' field), oldest first.
+local function claimers_of(token)
+  local list = {}
+  for claimer in string.gmatch(redis.call('HGET', D, 'R:' .. token) or '', '%S+') do
+    list[#list + 1] = claimer
+  end
+  return list
+end
+
 local function drop_holder(token)
   local h = holder(token)
   redis.call('ZREM', H, token)
@@ -46,7 +62,11 @@ local function drop_holder(token)
   if h then
     redis.call('HINCRBY', D, 'used', -h.permits)
     if h.key ~= '' then
-      redis.call('HDEL', D, 'i:' .. h.key, 'c:' .. token)
+      redis.call('HDEL', D, 'i:' .. h.key, 'c:' .. token, 'x:' .. token)
+      for _, claimer in ipairs(claimers_of(token)) do
+        redis.call('HDEL', D, 'r:' .. claimer)
+      end
+      redis.call('HDEL', D, 'R:' .. token)
     end
   end
   return h

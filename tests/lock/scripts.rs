@@ -655,6 +655,84 @@ async fn a_late_call_after_its_clean_up_changes_nothing() {
     assert!((1..=60_000).contains(&ttl), "void marks expire: {ttl}");
 }
 
+/// A retry by idempotency key that never reached its caller either (its own clean-up names the
+/// retry's token) withdraws its claim: once the granting call and every claiming retry were given
+/// up, the hold is released, in either order of the clean-ups and however often each is retried;
+/// while the granting call (or a retry) may have reached its caller, it is kept. A claim's
+/// withdrawal once kept the hold until its ttl, unknown to anyone.
+#[tokio::test]
+async fn a_retry_that_never_reached_its_caller_withdraws_its_claim() {
+    let f = Fixture::start().await;
+    for (key, origin_first) in [("k-origin-first", true), ("k-retry-first", false)] {
+        let origin_call = random_token();
+        let retry_call = random_token();
+        let first = match f
+            .acquire_as(exclusive("carol").keyed(key), &origin_call)
+            .await
+        {
+            Outcome::Granted(g) => g,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(first.token, origin_call, "the first call made the hold");
+        match f
+            .acquire_as(exclusive("carol").keyed(key), &retry_call)
+            .await
+        {
+            Outcome::Granted(g) => assert_eq!(g.token, first.token, "the retry got it back"),
+            other => panic!("{other:?}"),
+        }
+        let (a, b) = if origin_first {
+            (&origin_call, &retry_call)
+        } else {
+            (&retry_call, &origin_call)
+        };
+        // The first clean-up, twice (a retried clean-up whose reply was lost): kept.
+        assert_eq!(
+            f.release_with(a, None).await,
+            (-1, 1),
+            "{key}: kept after one"
+        );
+        // Once more, the granting call's is still a clean-up of the kept hold; the retry's finds
+        // its claim already withdrawn, and nothing its token holds.
+        let again = if origin_first { (-1, 1) } else { (0, 0) };
+        assert_eq!(
+            f.release_with(a, None).await,
+            again,
+            "{key}: kept, once more"
+        );
+        assert!(f.describe().await.holder.is_some(), "{key}");
+        // The other: every call was given up, so the hold is released.
+        assert_eq!(f.release_with(b, None).await, (1, 0), "{key}: released");
+        assert!(f.describe().await.holder.is_none(), "{key}");
+    }
+
+    // A retry given up while the granting call reached its caller: kept for that caller.
+    let origin_call = random_token();
+    let retry_call = random_token();
+    f.acquire_as(exclusive("dave").keyed("k-seen"), &origin_call)
+        .await;
+    f.acquire_as(exclusive("dave").keyed("k-seen"), &retry_call)
+        .await;
+    assert_eq!(f.release_with(&retry_call, None).await, (-1, 1));
+    assert_eq!(f.describe().await.holder.expect("held").owner, "dave");
+    assert_eq!(
+        f.release(&origin_call).await,
+        (1, 0),
+        "its caller releases it"
+    );
+    // Nothing is left of the claims once the hold is gone.
+    let mut conn = f.conn.clone();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&f.keys.state)
+        .query_async(&mut conn)
+        .await
+        .expect("HKEYS");
+    assert!(
+        fields.iter().all(|k| !k.starts_with("c:")),
+        "claim records left: {fields:?}"
+    );
+}
+
 /// The clean-up of a grant whose caller never saw it releases that grant and voids its token,
 /// but keeps a grant that a retry with its idempotency key has claimed.
 #[tokio::test]

@@ -37,6 +37,8 @@ struct Ask<'a> {
     limit: u32,
     waiter: &'a str,
     fair: bool,
+    /// The idempotency key, "" for none.
+    key: &'a str,
 }
 
 /// `permits` permits under `limit`, trying once.
@@ -46,6 +48,7 @@ fn ask(permits: u32, limit: u32) -> Ask<'static> {
         limit,
         waiter: "",
         fair: false,
+        key: "",
     }
 }
 
@@ -53,6 +56,11 @@ impl<'a> Ask<'a> {
     /// The request waiting as `waiter`, without a place in the fair queue.
     fn waiting(self, waiter: &'a str) -> Self {
         Self { waiter, ..self }
+    }
+
+    /// The request with the idempotency key `key`.
+    fn keyed(self, key: &'a str) -> Self {
+        Self { key, ..self }
     }
 
     /// The request waiting as `waiter` with a place in the fair queue.
@@ -135,7 +143,7 @@ impl Fixture {
             } else {
                 WAIT
             },
-            idempotency_key: "",
+            idempotency_key: ask.key,
         }
         .invocation(&self.acquire, &self.keys);
         let reply: Vec<Value> = self.redis.eval(&invocation).await.expect("acquire.lua");
@@ -145,12 +153,15 @@ impl Fixture {
         let n = |v: &Value| int(v).expect("an integer");
         match reply.as_slice() {
             [granted, _, _, limit, available, granted_token] if n(granted) == 1 => {
-                assert_eq!(
-                    redis::from_redis_value_ref::<String>(granted_token).expect("the token"),
-                    token
-                );
+                let granted_token =
+                    redis::from_redis_value_ref::<String>(granted_token).expect("the token");
+                // A retry by idempotency key gets the lease its key granted; any other call,
+                // a lease of its own token.
+                if ask.key.is_empty() {
+                    assert_eq!(granted_token, token);
+                }
                 Outcome::Granted(Grant {
-                    token,
+                    token: granted_token,
                     limit: n(limit),
                     available: n(available),
                 })
@@ -485,4 +496,69 @@ async fn a_late_call_after_its_clean_up_changes_nothing() {
     assert_eq!(f.describe().await.waiters, 0, "no registration either");
     f.release(&held.token).await;
     f.granted(ask(3, 3)).await;
+}
+
+/// A retry by idempotency key that never reached its caller either (its own clean-up names the
+/// retry's token) withdraws its claim: once the granting call and every claiming retry were given
+/// up, in either order, the lease is released and its permits are free; while the granting call
+/// may have reached its caller, it is kept. A claim's withdrawal once kept the permits until the
+/// lease's ttl, unknown to anyone.
+#[tokio::test]
+async fn a_retry_that_never_reached_its_caller_withdraws_its_claim() {
+    let f = Fixture::start().await;
+    for (key, origin_first) in [("k-origin-first", true), ("k-retry-first", false)] {
+        let (origin_call, retry_call) = (random_token(), random_token());
+        let Outcome::Granted(first) = f
+            .acquire_as(ask(1, 1).keyed(key), origin_call.clone())
+            .await
+        else {
+            panic!("{key}: the first call is granted");
+        };
+        assert_eq!(first.token, origin_call);
+        let Outcome::Granted(again) = f.acquire_as(ask(1, 1).keyed(key), retry_call.clone()).await
+        else {
+            panic!("{key}: the retry gets the lease back");
+        };
+        assert_eq!(again.token, origin_call);
+        let (a, b) = if origin_first {
+            (&origin_call, &retry_call)
+        } else {
+            (&retry_call, &origin_call)
+        };
+        assert_eq!(f.release_with(a, None).await, -1, "{key}: kept after one");
+        assert_eq!(
+            f.refused(ask(1, 1)).await,
+            0,
+            "{key}: the permit is still held"
+        );
+        assert_eq!(
+            f.release_with(b, None).await,
+            1,
+            "{key}: released after both"
+        );
+        let free = f.granted(ask(1, 1)).await;
+        assert_eq!(f.release(&free.token).await, 1);
+    }
+
+    // A retry given up while the granting call reached its caller: kept for that caller.
+    let (origin_call, retry_call) = (random_token(), random_token());
+    f.acquire_as(ask(1, 1).keyed("k-seen"), origin_call.clone())
+        .await;
+    f.acquire_as(ask(1, 1).keyed("k-seen"), retry_call.clone())
+        .await;
+    assert_eq!(f.release_with(&retry_call, None).await, -1);
+    assert_eq!(f.refused(ask(1, 1)).await, 0, "still held");
+    assert_eq!(f.release(&origin_call).await, 1, "its caller releases it");
+    let mut conn = f.conn.clone();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&f.keys.data)
+        .query_async(&mut conn)
+        .await
+        .expect("HKEYS");
+    assert!(
+        fields
+            .iter()
+            .all(|k| !["c:", "r:", "R:", "x:"].iter().any(|p| k.starts_with(p))),
+        "claim records left: {fields:?}"
+    );
 }
