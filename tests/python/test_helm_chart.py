@@ -420,12 +420,14 @@ class ChartRenders(unittest.TestCase):
         self.assertEqual(disabled, [])
 
     def test_modes_reach_the_flags(self):
-        """Cluster and Sentinel values become Baton's flags; the evaluation Redis is absent."""
+        """Cluster and Sentinel values become Baton's flags (the limits too); the evaluation Redis
+        is absent."""
         cluster = documents(self.renders["cluster-values.yaml"])
         sentinel = documents(self.renders["sentinel-values.yaml"])
         for objects, expected in [
             (cluster, ["--redis-mode=cluster", "--min-replicas-ack=1",
-                       "--min-replicas-ack-timeout=100ms"]),
+                       "--min-replicas-ack-timeout=100ms", "--max-lease-streams=16384",
+                       "--max-waiters=2048"]),
             (sentinel, ["--redis-mode=sentinel", "--redis-sentinel-master=mymaster",
                         "--shutdown-delay=5s", "--drain-timeout=15s"]),
         ]:

@@ -187,6 +187,7 @@ list items. */}}
 - {{ printf "--max-connections=%v" (int64 $v.limits.maxConnections) | quote }}
 - {{ printf "--max-concurrent-streams=%v" (int64 $v.limits.maxConcurrentStreams) | quote }}
 - {{ printf "--max-lease-streams=%v" (int64 $v.limits.maxLeaseStreams) | quote }}
+- {{ printf "--max-waiters=%v" (int64 $v.limits.maxWaiters) | quote }}
 - {{ printf "--max-message-size=%v" (int64 $v.limits.maxMessageSize) | quote }}
 - {{ printf "--handshake-timeout=%v" ($v.limits.handshakeTimeout) | quote }}
 - {{ printf "--drain-timeout=%v" ($v.drainTimeout) | quote }}
