@@ -1626,7 +1626,7 @@ mod tests {
     /// Cluster nodes are reached by host and port: a Unix socket URL among the seeds is a
     /// configuration error, not a failure at startup (it was an internal error, exit 1).
     #[test]
-    fn cluster_and_sentinel_urls_are_tcp() {
+    fn cluster_seeds_are_tcp() {
         for (mode, urls, master) in [
             ("cluster", "unix:///run/redis.sock", None),
             ("cluster", "redis://a:7000,unix:///run/redis.sock", None),
