@@ -77,7 +77,9 @@ end
 
 local function forget_hold(h)
   redis.call('HDEL', K.state, 't:' .. h[TOKEN])
-  if h[KEY] ~= '' then
+  -- The key may name a newer hold by now (this one expired, and a retry with the key took
+  -- another): that entry stays.
+  if h[KEY] ~= '' and redis.call('HGET', K.state, 'i:' .. h[KEY]) == h[TOKEN] then
     redis.call('HDEL', K.state, 'i:' .. h[KEY])
   end
   for _, claimer in ipairs(h[CLAIMERS] or {}) do

@@ -62,7 +62,12 @@ local function drop_holder(token)
   if h then
     redis.call('HINCRBY', D, 'used', -h.permits)
     if h.key ~= '' then
-      redis.call('HDEL', D, 'i:' .. h.key, 'c:' .. token, 'x:' .. token)
+      -- The key may name a newer lease by now (this one expired, and a retry with the key took
+      -- another): that entry stays.
+      if redis.call('HGET', D, 'i:' .. h.key) == token then
+        redis.call('HDEL', D, 'i:' .. h.key)
+      end
+      redis.call('HDEL', D, 'c:' .. token, 'x:' .. token)
       for _, claimer in ipairs(claimers_of(token)) do
         redis.call('HDEL', D, 'r:' .. claimer)
       end

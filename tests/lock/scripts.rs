@@ -733,6 +733,32 @@ async fn a_retry_that_never_reached_its_caller_withdraws_its_claim() {
     );
 }
 
+/// An idempotency key whose hold expired inside a lease its owner still holds takes a new hold
+/// on its next retry, and later retries get that new hold back: the expired hold's clean-up
+/// leaves the key naming the new one. It dropped the key's entry, so the next retry took a
+/// third hold, and the second stayed until its ttl, unknown to anyone.
+#[tokio::test]
+async fn a_key_whose_hold_expired_names_its_new_hold() {
+    let f = Fixture::start().await;
+    let keep = f.granted(exclusive("erin")).await;
+    let short = Duration::from_millis(100);
+    let first = f.granted(exclusive("erin").keyed("k").ttl(short)).await;
+    assert_eq!(first.fence, keep.fence, "a hold of the same lease");
+    // The scenario: the keyed hold expires while the lease lives on through `keep`.
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
+    let second = f.granted(exclusive("erin").keyed("k")).await;
+    assert_ne!(
+        second.token, first.token,
+        "the expired hold is not given back"
+    );
+    let third = f.granted(exclusive("erin").keyed("k")).await;
+    assert_eq!(
+        third.token, second.token,
+        "the live hold the key took is given back"
+    );
+    assert_eq!(third.holds, 2, "keep and the key's hold, no third");
+}
+
 /// The clean-up of a grant whose caller never saw it releases that grant and voids its token,
 /// but keeps a grant that a retry with its idempotency key has claimed.
 #[tokio::test]
