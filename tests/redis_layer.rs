@@ -540,10 +540,11 @@ impl PubSubNodes {
     }
 }
 
-/// The time a notifier under load test gets to have a subscription confirmed: five times the
-/// default command timeout, for thousands of channels at once in a debug build on a busy machine.
-/// How many commands and reads it takes is what the tests check.
-const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// The time a notifier under load test gets to have a subscription confirmed: many times the
+/// default command timeout, for thousands of channels at once in a debug build on a busy machine
+/// (2 s failed once with the machine's two cores shared by six busy threads). How many commands
+/// and reads it takes is what the tests check.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Subscribes `channels` at once, kills the notifier's pub/sub connections, and checks that every
 /// waiter is woken once, that every channel is subscribed again within `bound`, and that a fresh
@@ -611,11 +612,21 @@ async fn resubscribe_after_kill(
     let again = nodes.counts().await;
     eprintln!("{channels} channels subscribed again in {took:?}: {again:?}");
     assert!(took < bound, "resubscribed in {took:?}");
-    assert_eq!(
-        nodes.channels().await,
-        channels,
-        "every channel subscribed again"
-    );
+    // On a Cluster each master's drop is reported on its own: one reported after a channel was
+    // confirmed again has it subscribed once more (its waiters woken again), so the count is
+    // awaited, not read once. It was read once, and a busy machine once saw 2650 of 3000.
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let n = nodes.channels().await;
+        if n == channels {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "every channel subscribed again: {n} of {channels}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     // Woken once: nothing more arrives until a message does.
     for s in &mut subs {
