@@ -19,7 +19,7 @@ use tonic::Code;
 
 use crate::support::{
     Baton, RedisServer,
-    lease::{wait_for_scripts_to_settle, wait_for_waiters, wait_for_waiters_while},
+    lease::{WAKE_BOUND, wait_for_scripts_to_settle, wait_for_waiters, wait_for_waiters_while},
     lock::{
         Ask, Client, EXCLUSIVE, FAIR, FAIR_SHARED, SHARED, acquire, acquire_request, acquired, ask,
         ask_request, describe, granted, granted_with, release, wait_for_queued,
@@ -27,7 +27,7 @@ use crate::support::{
     wait_until, within,
 };
 
-/// A waiter blocked on a lock held for 30 s gets it within 50 ms of the holder's Release
+/// A waiter blocked on a lock held for 30 s gets it within [`WAKE_BOUND`] of the holder's Release
 /// returning: the release wakes it through pub/sub, not the holder's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wakes_a_waiter_at_once() {
@@ -51,13 +51,14 @@ async fn release_wakes_a_waiter_at_once() {
     assert!(response.acquired, "{response:?}");
     let latency = woke_at.saturating_duration_since(released_at);
     assert!(
-        latency < Duration::from_millis(50),
+        latency < WAKE_BOUND,
         "the waiter got the lock {latency:?} after the release"
     );
 }
 
 /// Two Batons sharing a Redis and a key prefix act as one: a caller waiting on one is counted by
-/// the other's Describe and is woken within 50 ms when the holder releases through the other.
+/// the other's Describe and is woken within [`WAKE_BOUND`] when the holder releases through the
+/// other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_on_one_baton_wakes_a_waiter_on_another() {
     let redis = RedisServer::start().await;
@@ -82,7 +83,7 @@ async fn release_on_one_baton_wakes_a_waiter_on_another() {
     assert!(response.acquired, "{response:?}");
     let latency = woke_at.saturating_duration_since(released_at);
     assert!(
-        latency < Duration::from_millis(50),
+        latency < WAKE_BOUND,
         "the waiter on the other Baton got the lock {latency:?} after the release"
     );
     assert_eq!(describe(&mut holder, "orders").await.owner, "bob");
@@ -497,7 +498,7 @@ async fn a_fair_waiter_that_gives_up_passes_the_turn_on() {
     assert!(response.acquired, "{response:?}");
     let after = got_at.saturating_duration_since(gave_up_at);
     assert!(
-        after < Duration::from_millis(100),
+        after < WAKE_BOUND,
         "the shared waiter got in {after:?} after the writer ahead of it gave up"
     );
     assert_eq!(describe(&mut client, "timeout").await.shared_holders, 2);
@@ -527,7 +528,7 @@ async fn a_fair_waiter_that_gives_up_passes_the_turn_on() {
     assert!(response.acquired, "{response:?}");
     let latency = got_at.saturating_duration_since(released_at);
     assert!(
-        latency < Duration::from_millis(50),
+        latency < WAKE_BOUND,
         "the second waiter got the lock {latency:?} after the release"
     );
 }

@@ -5,6 +5,12 @@
 
 use std::{fmt::Debug, future::Future, time::Duration};
 
+/// How soon a waiter woken through pub/sub has what was released, with room for a busy machine:
+/// well under the second after which a waiter's own retry (a fair waiter renewing its place)
+/// could have found it, the only other way it could learn of a release before the holder's ttl.
+/// 50 ms failed once in CI (75 ms, the machine busy with the suite itself).
+pub const WAKE_BOUND: Duration = Duration::from_millis(500);
+
 use baton::proto::v1::{
     self as pb, election_service_campaign_response, lock_service_hold_response,
     lock_service_keep_alive_response, semaphore_service_hold_response,
