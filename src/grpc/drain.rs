@@ -66,6 +66,7 @@ where
                 stop: Box::pin(shutdown.clone().cancelled_owned()),
                 ended: false,
                 status: false,
+                seen: false,
             })
         });
         let response = self.inner.call(request);
@@ -77,6 +78,7 @@ where
                     stop: Box::pin(shutdown.cancelled_owned()),
                     ended: false,
                     status: true,
+                    seen: false,
                 })
             }))
         })
@@ -84,12 +86,15 @@ where
 }
 
 /// A body that ends once its `stop` resolves: a response's with `UNAVAILABLE` trailers
-/// (`status`), a request's as if the client had closed its side.
+/// (`status`), a request's as if the client had closed its side, though only after its first
+/// frame, so that a call arriving during the drain (a health check) is read whole.
 struct Ending {
     body: tonic::body::Body,
     stop: Pin<Box<WaitForCancellationFutureOwned>>,
     ended: bool,
     status: bool,
+    /// A frame has been passed on.
+    seen: bool,
 }
 
 impl Body for Ending {
@@ -104,12 +109,13 @@ impl Body for Ending {
             return Poll::Ready(None);
         }
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            if frame.is_none() {
-                self.ended = true;
+            match frame {
+                None => self.ended = true,
+                Some(_) => self.seen = true,
             }
             return Poll::Ready(frame);
         }
-        if self.stop.as_mut().poll(cx).is_pending() {
+        if (!self.status && !self.seen) || self.stop.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
         self.ended = true;
