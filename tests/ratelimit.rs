@@ -1371,6 +1371,17 @@ async fn rules_directory_loads() {
     assert_eq!(rules.domains(), vec!["edge", "other", "third"]);
 }
 
+/// A Baton serving Envoy's API with the rules of `file`, reread every 50 ms.
+async fn reloading_baton(redis: &RedisServer, file: &std::path::Path) -> Baton {
+    let path = file.to_owned();
+    Baton::start_with(redis, move |c| {
+        c.ratelimit.timeout = RELAXED_TIMEOUT;
+        c.ratelimit.rules_path = Some(path);
+        c.ratelimit.reload_interval = Duration::from_millis(50);
+    })
+    .await
+}
+
 /// Changed rules are put in force without a restart; invalid ones are refused and the rules in
 /// force kept.
 #[tokio::test]
@@ -1386,13 +1397,7 @@ async fn envoy_rules_reload_when_the_file_changes() {
         .expect("writing rules");
     };
     write("5");
-    let path = file.clone();
-    let baton = Baton::start_with(&redis, move |c| {
-        c.ratelimit.timeout = RELAXED_TIMEOUT;
-        c.ratelimit.rules_path = Some(path);
-        c.ratelimit.reload_interval = Duration::from_millis(50);
-    })
-    .await;
+    let baton = reloading_baton(&redis, &file).await;
     let limit_now = || async {
         let got = should_rate_limit(
             &baton,
@@ -1462,13 +1467,7 @@ async fn envoy_fixed_windows_of_different_lengths_count_apart() {
         )
     };
     replace_file(&file, &rules("hour"));
-    let path = file.clone();
-    let baton = Baton::start_with(&redis, move |c| {
-        c.ratelimit.timeout = RELAXED_TIMEOUT;
-        c.ratelimit.rules_path = Some(path);
-        c.ratelimit.reload_interval = Duration::from_millis(50);
-    })
-    .await;
+    let baton = reloading_baton(&redis, &file).await;
     // A peek (hits 0) counts nothing: (the unit in force, the units left).
     let peek = || async {
         let mut d = descriptor(&[("k", "v")]);

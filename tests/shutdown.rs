@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{process::ExitStatus, time::Duration};
 
 use baton::proto::v1::{
     self as pb, LeaseLostReason, lock_service_client::LockServiceClient,
@@ -17,6 +17,18 @@ use support::{
 use tokio::time::Instant;
 use tonic::{Code, Streaming, transport::Channel};
 use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+/// Sends `baton` SIGTERM and waits up to `limit` for it to exit: its status, and how long after
+/// the signal it exited.
+async fn sigterm_and_wait(baton: &mut BatonProcess, limit: Duration) -> (ExitStatus, Duration) {
+    let signalled = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(limit)
+        .await
+        .unwrap_or_else(|| panic!("baton still running {limit:?} after SIGTERM"));
+    (status, signalled.elapsed())
+}
 
 /// How long readiness may take to change: it checks Redis every second.
 const READY: Duration = Duration::from_secs(5);
@@ -124,13 +136,7 @@ async fn sigterm_releases_holds_and_exits_within_the_drain_deadline() {
         );
     }
 
-    let signalled = Instant::now();
-    baton.sigterm();
-    let status = baton
-        .wait_timeout(Duration::from_secs(10))
-        .await
-        .unwrap_or_else(|| panic!("baton still running 10 s after SIGTERM"));
-    let took = signalled.elapsed();
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(10)).await;
     assert!(
         status.success(),
         "exit status {status}; stderr:\n{}",
@@ -411,13 +417,7 @@ async fn a_closed_stderr_stops_neither_readiness_nor_the_drain() {
 
     let mut client = baton.client().await;
     let mut held = hold(&mut client, "piped", 30_000).await;
-    let signalled = Instant::now();
-    baton.sigterm();
-    let status = baton
-        .wait_timeout(Duration::from_secs(15))
-        .await
-        .unwrap_or_else(|| panic!("baton still running 15 s after SIGTERM"));
-    let took = signalled.elapsed();
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(15)).await;
     assert!(status.success(), "exit status {status}");
     assert!(
         took < Duration::from_secs(5),
@@ -507,13 +507,7 @@ async fn a_stderr_nobody_reads_never_stalls_baton() {
     )
     .await;
 
-    let signalled = Instant::now();
-    baton.sigterm();
-    let status = baton
-        .wait_timeout(Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|| panic!("baton still running 20 s after SIGTERM"));
-    let took = signalled.elapsed();
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(20)).await;
     assert!(status.success(), "exit status {status}");
     assert!(
         took < Duration::from_secs(8),
@@ -798,13 +792,7 @@ async fn health_and_reflection_streams_do_not_hold_the_shutdown() {
         .expect("the reflection stream")
         .expect("a response");
 
-    let signalled = Instant::now();
-    baton.sigterm();
-    let status = baton
-        .wait_timeout(Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|| panic!("baton still running 20 s after SIGTERM"));
-    let took = signalled.elapsed();
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(20)).await;
     assert!(status.success(), "exit status {status}");
     assert!(
         took < Duration::from_secs(5),
