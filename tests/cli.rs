@@ -339,7 +339,7 @@ async fn a_frozen_baton_lets_the_lease_expire_locally() {
     );
     wait_for_line(&file, "ready").await;
     let baton_pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    nix::sys::signal::kill(baton_pid, Signal::SIGSTOP).expect("SIGSTOP");
+    testkit::freeze(process.pid());
     let frozen = Instant::now();
     let status = run.exit(Duration::from_secs(10)).await;
     let took = frozen.elapsed();
@@ -373,7 +373,7 @@ async fn observe_through_a_frozen_baton_ends() {
     )
     .await;
     let baton_pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    nix::sys::signal::kill(baton_pid, Signal::SIGSTOP).expect("SIGSTOP");
+    testkit::freeze(process.pid());
     let frozen = Instant::now();
     // 20 s of pings and their timeout, with room for a busy machine.
     let status = observer.exit(Duration::from_secs(60)).await;

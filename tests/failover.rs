@@ -107,9 +107,8 @@ struct Stopped(Pid);
 
 impl Stopped {
     fn new(pid: u32) -> Self {
-        let pid = Pid::from_raw(i32::try_from(pid).expect("pid fits"));
-        signal::kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
-        Self(pid)
+        testkit::freeze(pid);
+        Self(Pid::from_raw(i32::try_from(pid).expect("pid fits")))
     }
 }
 

@@ -20,9 +20,9 @@ struct Frozen(Pid);
 
 impl Frozen {
     fn new(redis: &RedisServer) -> Self {
-        let pid = Pid::from_raw(i32::try_from(redis.pid().expect("redis is running")).unwrap());
-        signal::kill(pid, signal::Signal::SIGSTOP).expect("SIGSTOP redis-server");
-        Self(pid)
+        let raw = redis.pid().expect("redis is running");
+        testkit::freeze(raw);
+        Self(Pid::from_raw(i32::try_from(raw).unwrap()))
     }
 }
 

@@ -46,6 +46,32 @@ def wait_until(what, check, timeout=10.0):
     raise AssertionError(f"timed out waiting for {what} (last error: {last})")
 
 
+def freeze(pid):
+    """Freezes process `pid` with SIGSTOP and returns once every one of its threads has stopped:
+    `kill` only queues the signal, and until each thread has taken it a thread of a busy machine
+    can still answer a request sent after the `kill`."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            return
+        states = []
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat", encoding="utf-8") as f:
+                    # The state follows the command's closing parenthesis: T or t once stopped.
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+        if all(s in "TtZX" for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop within 30 s of SIGSTOP: {states}")
+        time.sleep(0.001)
+
+
 class Redis:
     """A redis-server child on a free port, restartable on the same port; with `password`, it
     requires that password (`requirepass`)."""

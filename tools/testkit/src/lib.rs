@@ -195,6 +195,42 @@ pub async fn wait_for_health(
     .await;
 }
 
+/// Freezes a process with SIGSTOP and returns once every one of its threads has stopped.
+/// `kill` only queues the signal: until each thread has taken it, a thread of a busy machine
+/// can still answer a request sent after the `kill`.
+pub fn freeze(pid: u32) {
+    let target = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits"));
+    nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    wait_stopped(pid);
+}
+
+/// Returns once every thread of `pid` is stopped (or the process is gone); panics after 30 s.
+pub fn wait_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        let running = tasks.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                // The state follows the command's closing parenthesis: T or t once stopped.
+                let state = stat
+                    .rsplit_once(')')
+                    .map_or("", |(_, rest)| rest.trim_start());
+                !matches!(state.chars().next(), Some('T' | 't' | 'Z' | 'X'))
+            })
+        });
+        if !running {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop within 30 s of SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// The machine a benchmark ran on, for its report: cores, CPU model, memory, kernel, Redis and
 /// rustc versions.
 pub fn machine() -> String {

@@ -252,12 +252,19 @@ impl RedisServer {
     }
 
     /// Sends `signal` to every running server (each node of a cluster at once, as a stalled
-    /// machine would stop them all); needs [`RedisServer::start_private`] in cluster mode.
+    /// machine would stop them all), returning once SIGSTOP has stopped them; needs
+    /// [`RedisServer::start_private`] in cluster mode.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         self.own("signalling Redis");
         for pid in self.pids() {
             let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits"));
             nix::sys::signal::kill(pid, signal).expect("signalling redis-server");
+        }
+        if signal == nix::sys::signal::Signal::SIGSTOP {
+            // Frozen means frozen before the test goes on: every thread has taken the signal.
+            for pid in self.pids() {
+                crate::wait_stopped(pid);
+            }
         }
     }
 
