@@ -35,6 +35,7 @@ use crate::{
     grpc::{
         authority::FixAuthority,
         conn::{CountCalls, Watched},
+        deadline::Deadline,
         drain::EndAtShutdown,
     },
     lease::WaitLimit,
@@ -328,6 +329,8 @@ pub async fn serve_until(
             // call fails, far past it the connection is closed (docs/security.md, Limits).
             .http2_max_header_list_size(MAX_METADATA_BYTES)
             .layer(rpc_metrics.clone())
+            // Inside the metrics layer, so a call past its deadline is counted with its code.
+            .layer(Deadline)
             // Tells each connection's writes how many of its calls are at work.
             .layer(CountCalls)
             // Inside the metrics layer, so refused calls are counted with their code.

@@ -442,6 +442,7 @@ impl Driver {
             let mut reply = client.acquire(call).await;
             if retry
                 && let Err(status) = &reply
+                // tonic's client answers its own timer with CANCELLED ("Timeout expired").
                 && matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled)
             {
                 world_note(&world, format!("{name}: {identity} retries with its key"));

@@ -193,7 +193,11 @@ pub fn idempotency_key(
 
 /// How long until the caller's gRPC deadline (`grpc-timeout` header), if it sent one.
 pub fn deadline(metadata: &MetadataMap) -> Option<Duration> {
-    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
+}
+
+/// A `grpc-timeout` header's value (digits and a unit, e.g. `250m`) as a duration, if valid.
+pub fn grpc_timeout(raw: &str) -> Option<Duration> {
     let (value, unit) = raw.split_at(raw.len().checked_sub(1)?);
     let value: u64 = value.parse().ok()?;
     Some(match unit {

@@ -140,6 +140,25 @@ pub async fn channel(addr: SocketAddr) -> Channel {
     .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
 }
 
+/// An HTTP/2 client for `addr` without tonic's client-side deadline timer, and the origin to
+/// give a generated client (`with_origin`): a call's `grpc-timeout` header is sent, and only
+/// the server acts on it, so a test sees Baton's own answer to a deadline.
+pub fn untimed_client(
+    addr: SocketAddr,
+) -> (
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        tonic::body::Body,
+    >,
+    tonic::codegen::http::Uri,
+) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let origin = format!("http://{addr}").parse().expect("origin");
+    (client, origin)
+}
+
 /// A gRPC channel over the Unix socket at `path`.
 pub async fn uds_channel(path: &Path) -> Channel {
     let path = path.to_owned();
