@@ -325,6 +325,13 @@ pub async fn serve_until(
             .http2_keepalive_interval(config.client_keepalive_interval)
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .max_concurrent_streams(config.serving.max_concurrent_streams)
+            // Calls their clients gave up on before Baton took them (a short deadline while Baton
+            // was throttled or frozen) arrive as streams opened and reset at once. The HTTP/2
+            // layer's default closes the connection past 20 of them, ending its lease streams
+            // without `lost`; as many as the streams a connection may have open cost no more.
+            .http2_max_pending_accept_reset_streams(Some(
+                config.serving.max_concurrent_streams as usize,
+            ))
             // A call's metadata (its HTTP/2 header list), as advertised to clients: past it the
             // call fails, far past it the connection is closed (docs/security.md, Limits).
             .http2_max_header_list_size(MAX_METADATA_BYTES)

@@ -205,6 +205,50 @@ async fn streams_per_connection_are_bounded() {
     assert!(acquired);
 }
 
+/// Calls whose client gave up while Baton could not run (a sidecar throttled or frozen: here
+/// SIGSTOP) reach it as streams opened and reset before it took them. They are dropped quietly:
+/// the HTTP/2 layer's default closed the connection past 20 of them (GOAWAY "too_many_resets"),
+/// failing every call on it and ending its Hold streams without `lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
+    let redis = RedisServer::start().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), crate::support::unique_prefix()]);
+    let process =
+        crate::support::BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
+    let mut locks = LockServiceClient::new(channel(process.addr()).await);
+    let (mut stream, _) = held(&mut locks, hold_request("kept", 3_000, None, "")).await;
+
+    crate::support::freeze(process.pid());
+    let mut given_up = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let mut client = locks.clone();
+        given_up.spawn(async move {
+            client
+                .acquire(acquire_request(&format!("gone-{i}"), 1_000, None, ""))
+                .await
+        });
+    }
+    // The requests are written (they wait in Baton's socket), then given up: each one's stream
+    // is reset behind it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    given_up.abort_all();
+    while given_up.join_next().await.is_some() {}
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+
+    // The connection lives on: the Hold goes on renewing and a new call on it is served.
+    next_renewal(&mut stream).await;
+    let served = locks
+        .acquire(acquire_request("after", 1_000, None, ""))
+        .await
+        .expect("a call on the same connection");
+    assert!(served.into_inner().acquired);
+    next_renewal(&mut stream).await;
+}
+
 /// A request larger than `--max-message-size` is refused (tonic's OUT_OF_RANGE, naming the
 /// limit) without Baton reading it whole; smaller ones are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
