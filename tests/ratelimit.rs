@@ -1354,7 +1354,8 @@ async fn bad_ratelimit_configuration_is_reported_at_startup() {
     assert!(stderr.contains("/nonexistent/rules.yaml"), "{stderr}");
 }
 
-/// A directory of rules files is read whole, and the test rules file itself is valid.
+/// A directory of rules files is read whole, and the test rules file itself is valid; one of
+/// them that cannot be read refuses the rules.
 #[tokio::test]
 async fn rules_directory_loads() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1369,6 +1370,18 @@ async fn rules_directory_loads() {
     .await
     .expect("valid");
     assert_eq!(rules.domains(), vec!["edge", "other", "third"]);
+
+    // A rules file that is not a readable regular file refuses the rules, naming it, instead of
+    // being skipped with its domains (whose traffic would then pass unlimited after a reload).
+    std::os::unix::fs::symlink(dir.path().join("gone"), dir.path().join("c.yaml")).expect("link");
+    std::fs::create_dir(dir.path().join("d.yml")).expect("dir");
+    let errors = Rules::load(dir.path()).expect_err("a dangling link and a directory");
+    for name in ["c.yaml", "d.yml"] {
+        assert!(
+            errors.iter().any(|e| e.contains(name)),
+            "{name} not named in {errors:?}"
+        );
+    }
 }
 
 /// A Baton serving Envoy's API with the rules of `file`, reread every 50 ms.

@@ -840,7 +840,9 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, String> {
         let yaml = file
             .extension()
             .is_some_and(|ext| ext == "yaml" || ext == "yml");
-        if yaml && file.is_file() {
+        // Whatever it is: one that is not a regular file (a dangling link, a directory, a pipe)
+        // is refused when read, rather than skipped with its domains' rules.
+        if yaml {
             if files.len() == MAX_FILES {
                 return Err(format!(
                     "{}: more than {MAX_FILES} .yaml and .yml files",
