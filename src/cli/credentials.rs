@@ -143,10 +143,21 @@ pub fn tls_config(args: &ClientArgs) -> Result<ClientTlsConfig, String> {
                 Err(e) => return Err(format!("--tls-cert {}: {e}", cert_path.display())),
             }
             let key = read_pem(key_path, "--tls-key")?;
-            PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+            let parsed = PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
                 format!(
                     "--tls-key {}: no PEM private key in it ({e})",
                     key_path.display()
+                )
+            })?;
+            // Checked now, as the handshake would, so that the error names the files.
+            let chain = CertificateDer::pem_slice_iter(&cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("--tls-cert {}: {e}", cert_path.display()))?;
+            crate::security::tls::certified_key(chain, parsed).map_err(|e| {
+                format!(
+                    "--tls-key {} {e} (--tls-cert {})",
+                    key_path.display(),
+                    cert_path.display()
                 )
             })?;
             config = config.identity(Identity::from_pem(cert, key));

@@ -107,7 +107,6 @@ struct TlsMaterial {
 /// neither is given (the compiled-in roots, no client certificate). Each problem names its flag.
 fn read_tls(tls: &RedisTls) -> Result<Option<TlsMaterial>, Vec<String>> {
     let mut problems = Vec::new();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     let root_cert = match &tls.ca {
         None => None,
@@ -164,21 +163,15 @@ fn read_tls(tls: &RedisTls) -> Result<Option<TlsMaterial>, Vec<String>> {
                 (Ok((cert_pem, chain)), Ok((key_pem, key))) => {
                     // The checks rustls makes when a connection is set up, made now: a key it
                     // cannot use, or one that is not the certificate's.
-                    let checked = rustls::ClientConfig::builder_with_provider(provider.clone())
-                        .with_safe_default_protocol_versions()
-                        .map(|b| {
-                            b.with_root_certificates(roots.clone())
-                                .with_client_auth_cert(chain, key)
-                        });
-                    match checked {
-                        Ok(Ok(_)) => Some(ClientTlsConfig {
+                    match crate::security::tls::certified_key(chain, key) {
+                        Ok(_) => Some(ClientTlsConfig {
                             client_cert: cert_pem,
                             client_key: key_pem,
                         }),
-                        Ok(Err(e)) | Err(e) => {
+                        Err(e) => {
                             problems.push(format!(
-                                "--redis-tls-key / BATON_REDIS_TLS_KEY: {} cannot be used with \
-                                 {}: {e}",
+                                "--redis-tls-key / BATON_REDIS_TLS_KEY: {} {e} (--redis-tls-cert \
+                                 {})",
                                 key_path.display(),
                                 cert_path.display()
                             ));

@@ -189,6 +189,44 @@ pub struct InForce {
     pub verifier: Option<Verifier>,
 }
 
+/// Why a private key cannot be used with a certificate chain.
+#[derive(Debug)]
+pub enum KeyProblem {
+    /// The key is of a type or size the TLS implementation cannot sign with.
+    Unusable(rustls::Error),
+    /// The key is not the one the chain's first certificate names.
+    Mismatch(rustls::Error),
+}
+
+impl std::fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unusable(e) => write!(
+                f,
+                "is a key Baton cannot sign with (RSA of 2048 bits or more, ECDSA P-256 or \
+                 P-384, and Ed25519 work): {e}"
+            ),
+            Self::Mismatch(e) => write!(f, "is not the key of its certificate: {e}"),
+        }
+    }
+}
+
+/// The chain and its key as TLS uses them, checked as a handshake would: a key that can sign,
+/// whose public half is the first certificate's.
+pub fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, KeyProblem> {
+    let signing = provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(KeyProblem::Unusable)?;
+    let certified = CertifiedKey::new(chain, signing);
+    // A key whose public half cannot be told is refused too.
+    certified.keys_match().map_err(KeyProblem::Mismatch)?;
+    Ok(certified)
+}
+
 /// Builds the server configuration from the contents of the certificate chain, the key and the
 /// client CA files; every error names the file and what is wrong with it.
 pub fn server_config(
@@ -207,12 +245,11 @@ pub fn server_config(
              KEY\" or \"EC PRIVATE KEY\" block): {e}"
         )
     })?;
-    let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
-        format!("the key file {key_path} does not go with the certificate file {cert_path}: {e}")
-    })?;
-    // `from_der` lets a key whose public half it cannot tell pass: check it here.
-    certified.keys_match().map_err(|e| {
-        format!("the key file {key_path} does not go with the certificate file {cert_path}: {e}")
+    let certified = certified_key(chain, key).map_err(|e| match e {
+        KeyProblem::Mismatch(e) => format!(
+            "the key file {key_path} does not go with the certificate file {cert_path}: {e}"
+        ),
+        unusable => format!("the key file {key_path} {unusable}"),
     })?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -271,7 +271,7 @@ async fn bad_tls_settings_are_configuration_errors() {
                 path("other-client.key"),
             ],
             "--redis-tls-key",
-            "cannot be used with",
+            "is not the key of its certificate",
         ),
         (
             vec![

@@ -126,6 +126,70 @@ async fn bad_files_at_start_exit_2() {
     );
 }
 
+/// A P-521 key, generated for this test alone: a key type the TLS implementation cannot sign
+/// with.
+const P521_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIHuAgEAMBAGByqGSM49AgEGBSuBBAAjBIHWMIHTAgEBBEIAbbhTfoDFye4Ij1pK
+a1JDjYaTqp3fpjh5TIje84dikmfUCzuqKs4VQWBvFXNyzs+jaU8nc62FV0pJ11PI
+vio2Gt+hgYkDgYYABACAnpE7bw3MTisMLD0jfQK4q23SWcTJxz8hLDD2Wtr4US2t
+t/i+cXBqPzxangRRKol1AEK603CHW35jA6qw3jjpOAE++b4DAtOGnJBOKQ0aMsT/
+k7p6wvBk/ZMmv/g7HX0qndXItT0uMUGxOkT5u13KRsN6BmmoZENkXsspBHsz5d44
+QA==
+-----END PRIVATE KEY-----
+";
+
+/// A key of a type TLS cannot sign with and a key of another certificate are told apart, each
+/// naming its files, by `baton serve` (exit 2) and by the CLI's mutual TLS (exit 2): the first
+/// was reported as a mismatch, and the CLI named neither file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_and_mismatched_keys_are_told_apart() {
+    let ca = Ca::new("ca");
+    let (own, other) = (ca.server("baton"), ca.server("someone else"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, _) = own.write(dir.path(), "tls");
+    let (_, other_key) = other.write(dir.path(), "other");
+    let p521 = dir.path().join("p521.key");
+    std::fs::write(&p521, P521_KEY).expect("writing");
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).expect("writing");
+
+    for (key, says) in [
+        (&p521, "cannot sign with"),
+        (&other_key, "does not go with"),
+    ] {
+        let mut command = baton_command();
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(key);
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(stderr.contains(&key.display().to_string()), "{stderr}");
+    }
+    for (key, says) in [
+        (&p521, "cannot sign with"),
+        (&other_key, "is not the key of its certificate"),
+    ] {
+        let mut command = baton_command();
+        command
+            .args(["health", "--addr", "https://127.0.0.1:1", "--tls-ca"])
+            .arg(&ca_file)
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(key);
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(
+            stderr.contains(&format!("--tls-key {}", key.display())),
+            "{stderr}"
+        );
+    }
+}
+
 /// With mutual TLS, a client certificate from the client CA is served; a client presenting none,
 /// one from another CA or an expired one completes its handshake, but every call on its
 /// connection, health's too, fails UNAUTHENTICATED saying why.
