@@ -72,8 +72,9 @@ async fn rest_of_hold(
 ) -> (Vec<HoldEvent>, Result<(), tonic::Status>) {
     let mut events = Vec::new();
     loop {
+        // Longer than a shutdown delay (5 s) and a drain (5 s) with no renewal between them.
         match within(
-            Duration::from_secs(5),
+            Duration::from_secs(20),
             stream.message(),
             "the Hold stream to end",
         )
