@@ -199,3 +199,30 @@ async def test_add_takes_a_single_term_and_arguments_are_checked(server, name):
             await client.rate_limit.check(name, limit=1, period=float("inf"))
         async with client.campaign(name, wait=float("inf")) as leadership:
             assert leadership.term > 0
+
+
+async def test_a_cancellation_landing_with_the_first_event_is_not_swallowed():
+    """The first event of a Hold or Campaign stream and a cancellation of the waiting task that
+    land together end the wait cancelled: `asyncio.wait_for` before Python 3.12 returned the
+    event instead, so a task cancelled while it waited entered its block as the holder."""
+    loop = asyncio.get_running_loop()
+
+    class Stream:
+        def __init__(self):
+            self.message = loop.create_future()
+
+        def read(self):
+            return self.message
+
+    for timeout in (None, 5.0):
+        stream = Stream()
+        task = asyncio.create_task(baton.aio._first_message(stream, timeout))
+        await asyncio.sleep(0)  # the task waits for the first message
+        # The message arrives, its wake-up runs, and the task is cancelled before it resumes:
+        # the order in which a grant and a cancellation can meet.
+        stream.message.set_result("acquired")
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert stream.message.done()

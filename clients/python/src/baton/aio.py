@@ -42,6 +42,23 @@ from .v1 import semaphore_pb2_grpc as sem_rpc
 __all__ = ["AsyncLeadership", "Baton", "Held", "Lease", "LeaseLost", "Observation"]
 
 
+async def _first_message(call, timeout: Optional[float]):
+    """The stream's first message, or `asyncio.TimeoutError` after `timeout` seconds (None: no
+    bound). Unlike `asyncio.wait_for` before Python 3.12, a cancellation that lands as the message
+    arrives is raised, never swallowed for the message: the caller then closes the stream, which
+    gives back what it granted."""
+    read = asyncio.ensure_future(call.read())
+    try:
+        done, _ = await asyncio.wait({read}, timeout=timeout)
+    except BaseException:
+        read.cancel()
+        raise
+    if not done:
+        read.cancel()
+        raise asyncio.TimeoutError
+    return read.result()
+
+
 class Baton:
     """An asyncio connection to Baton (see `baton.Baton` for `addr`, `timeout`, the API token
     and TLS arguments)."""
@@ -238,7 +255,7 @@ class Baton:
             call = self._elections.Campaign(request)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                first = await asyncio.wait_for(call.read(), left)
+                first = await _first_message(call, left)
             except asyncio.TimeoutError:
                 call.cancel()
                 raise NotAcquired(f"not elected in {request.name!r} within {wait:g}s") from None
@@ -274,7 +291,7 @@ class Baton:
             try:
                 # Baton answers by the end of the wait; a Baton that has not `timeout` seconds
                 # after (frozen) is given up: closing the stream withdraws the request.
-                first = await asyncio.wait_for(call.read(), asked + self.timeout)
+                first = await _first_message(call, asked + self.timeout)
             except asyncio.TimeoutError:
                 call.cancel()
                 raise DeadlineExceeded(
