@@ -387,6 +387,60 @@ async fn observe_through_a_frozen_baton_ends() {
     );
 }
 
+/// `baton lock` and `baton semaphore` through a frozen Baton give up within their bounds: the
+/// stream is opened within `--timeout` and the grant is due by `--wait` plus `--timeout`, for
+/// each of the 4 attempts, so `--wait 1s --timeout 2s` exits 69 in about 10 s without running the
+/// command, even once Baton runs again. Before, each attempt lasted until the connection's pings
+/// failed (20 s), and a Baton thawed meanwhile granted the lock a minute late and ran it.
+#[tokio::test]
+async fn a_frozen_baton_bounds_the_wait_of_lock_and_semaphore() {
+    let redis = RedisServer::start().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), support::unique_prefix()]);
+    let process = BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ran = dir.path().join("ran");
+    let script = format!("echo ran >> {}", ran.display());
+    let addr = process.addr().to_string();
+    support::freeze(process.pid());
+    let frozen = Instant::now();
+    let bounds = ["--wait", "1s", "--timeout", "2s"];
+    let mut runs = [
+        Run::start(
+            &addr,
+            &[
+                &["lock", "frozen"][..],
+                &bounds,
+                &["--", "sh", "-c", &script],
+            ]
+            .concat(),
+        ),
+        Run::start(
+            &addr,
+            &[
+                &["semaphore", "frozen", "--limit", "2"][..],
+                &bounds,
+                &["--", "sh", "-c", &script],
+            ]
+            .concat(),
+        ),
+    ];
+    for run in &mut runs {
+        // 4 attempts of at most 3 s and their retry delays; a busy machine may add some.
+        let status = run.exit(Duration::from_secs(60)).await;
+        assert_eq!(status.code(), Some(69), "stderr: {}", run.stderr());
+        assert!(run.stderr().contains("--timeout"), "{}", run.stderr());
+    }
+    let took = frozen.elapsed();
+    let pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
+    nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    assert!(
+        took < Duration::from_secs(25),
+        "gave up {took:?} after the freeze; 4 attempts of 3 s were asked"
+    );
+    assert!(!ran.exists(), "the command ran, yet baton said it gave up");
+}
+
 /// A command that ignores SIGTERM is killed with SIGKILL once the grace period is over.
 #[tokio::test]
 async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {

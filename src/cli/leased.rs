@@ -453,9 +453,25 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
     let mut failures = 0;
     loop {
         let left = deadline.map_or(MAX_WAIT, |d| d.saturating_duration_since(Instant::now()));
-        let status = match target.hold(left.min(MAX_WAIT)).await {
+        let call = left.min(MAX_WAIT);
+        let started = Instant::now();
+        // A Baton that does not answer (frozen, or a listener that never replies) is given
+        // `--timeout` to open the stream, and a lock's or permits' first event is due by the
+        // wait plus `--timeout`: past that the attempt is unavailable, and the retries that
+        // follow are bounded the same way, instead of lasting until the connection's pings fail.
+        let opened = timeout_at(started + spec.timeout, target.hold(call)).await;
+        let status = match opened.unwrap_or_else(|_| Err(no_answer(spec))) {
             Ok(mut events) => {
-                match first_event(&mut events, deadline, target.waits_on_baton()).await {
+                let answer_by = started + call + spec.timeout;
+                match first_event(
+                    &mut events,
+                    deadline,
+                    target.waits_on_baton(),
+                    answer_by,
+                    spec,
+                )
+                .await
+                {
                     Err(()) => {
                         return Err(not_acquired(
                             spec,
@@ -507,18 +523,35 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
 }
 
 /// The stream's first event; `Err` when `deadline` passes first and the wait is `baton`'s to
-/// bound (a campaign's).
+/// bound (a campaign's). When Baton bounds the wait, the event is due by `answer_by`, past which
+/// the attempt is unavailable.
 async fn first_event(
     events: &mut Events,
     deadline: Option<Instant>,
     waits_on_baton: bool,
+    answer_by: Instant,
+    spec: &Spec,
 ) -> Result<Option<Result<Event, Status>>, ()> {
     match deadline {
-        Some(deadline) if !waits_on_baton => {
-            timeout_at(deadline, events.next()).await.map_err(drop)
-        }
-        _ => Ok(events.next().await),
+        _ if waits_on_baton => Ok(timeout_at(answer_by, events.next())
+            .await
+            .unwrap_or_else(|_| Some(Err(no_answer(spec))))),
+        Some(deadline) => timeout_at(deadline, events.next()).await.map_err(drop),
+        None => Ok(events.next().await),
     }
+}
+
+/// The status of an attempt Baton did not answer in time.
+fn no_answer(spec: &Spec) -> Status {
+    Status::unavailable(format!(
+        "no answer within {} (--timeout){}",
+        humantime::format_duration(spec.timeout),
+        if spec.wait.is_some() {
+            " beyond the wait"
+        } else {
+            ""
+        }
+    ))
 }
 
 /// The failure of a wait that ended first.
