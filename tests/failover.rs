@@ -1082,6 +1082,52 @@ async fn sentinel_fencing_with_replica_acks() {
 // 3. Cluster: slot migration while locks are held
 // ---------------------------------------------------------------------------------------------
 
+/// Cluster: a lock whose keys do not exist yet, in a slot half-moved for 1 s, meets ASK on the
+/// slot's owner and TRYAGAIN on the target (a script's keys are on neither side): Baton retries
+/// within its command timeout and the Acquire is granted once the migration ends. It failed
+/// UNAVAILABLE "ASK" within a tenth of a second, once its redirections of every retry together
+/// reached their bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_new_lock_in_a_moving_slot_waits_for_the_move() {
+    const HALF_MOVED: Duration = Duration::from_secs(1);
+    let cluster = RedisCluster::start(3, 0).await;
+    let baton = Baton::start_on(cluster_config(&cluster), |c| {
+        c.redis.command_timeout = Duration::from_secs(4);
+    })
+    .await;
+    let mut client = baton.client().await;
+    let name = "new-in-a-moving-slot";
+    let slot = key_slot(&lock_key(baton.prefix(), name));
+    let from = cluster.node_for_slot(slot).await;
+    let to = cluster
+        .masters()
+        .await
+        .into_iter()
+        .find(|m| m.port != from.port)
+        .expect("another master");
+    let migration = cluster.begin_migration(slot, to.port).await;
+    let started = Instant::now();
+    let acquire = tokio::spawn(async move {
+        let reply = client.acquire(lock_request(name, 10_000, 0)).await;
+        (reply, started.elapsed())
+    });
+    tokio::time::sleep(HALF_MOVED).await;
+    assert!(
+        !acquire.is_finished(),
+        "the Acquire ended while its slot was half-moved: {:?}",
+        acquire.await
+    );
+    migration.finish().await;
+    let (reply, took) = within(Duration::from_secs(10), acquire, "the Acquire")
+        .await
+        .expect("the Acquire's task");
+    let granted = reply
+        .expect("the Acquire sent while half-moved")
+        .into_inner();
+    assert!(granted.acquired, "{granted:?}");
+    assert!(took >= HALF_MOVED, "granted {took:?} after it was sent");
+}
+
 /// Cluster: the slot of a contended lock is resharded to another master with the step-by-step
 /// API while locks of that slot (and a semaphore, renewed by batches) are held through Hold
 /// streams and a waiter waits. Work sent while the slot is half-moved (a release, an acquire, a

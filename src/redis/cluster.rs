@@ -830,6 +830,11 @@ impl Routed<'_> {
                         return Err(e);
                     }
                     retries += 1;
+                    // A new attempt: its redirections are counted afresh. A script on keys that
+                    // exist on neither side of a half-moved slot meets ASK on the owner and
+                    // TRYAGAIN on the target every time, until the migration ends or the
+                    // command timeout does.
+                    redirects = 0;
                     tokio::time::sleep_until(resume).await;
                     if let Some(slot) = slot {
                         target = Target::Slot(slot);
