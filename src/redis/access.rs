@@ -656,7 +656,7 @@ mod tests {
                     key: other_key,
                     ..RedisTls::default()
                 },
-                "cannot be used with",
+                "is not the key of its certificate",
             ),
         ];
         for (tls, expected) in cases {
