@@ -558,6 +558,76 @@ async fn keys_are_tagged_and_expire() {
     }
 }
 
+/// A fixed window's denial always says when to retry: with under a millisecond of the window
+/// left, Redis's PTTL says 0, and the denial said `retry_after` 0 (a client sleeping for it
+/// would spin); it now rounds up. Limit 1 per 20 ms, checked in a loop for a second.
+#[tokio::test]
+async fn a_fixed_window_denial_always_says_when_to_retry() {
+    let redis = RedisServer::start().await;
+    let baton = baton(&redis).await;
+    let mut client = baton.ratelimit_client().await;
+    let until = Instant::now() + Duration::from_secs(1);
+    let (mut denied, mut at_once) = (0, Vec::new());
+    while Instant::now() < until {
+        let got = check(&mut client, request("spinning", 1, 20, FIXED, None)).await;
+        if !got.allowed {
+            denied += 1;
+            let retry = got.retry_after.map(|d| std_duration(&d));
+            if retry.is_none_or(|r| r.is_zero())
+                || got.reset_after.is_none_or(|d| std_duration(&d).is_zero())
+            {
+                at_once.push(got);
+            }
+        }
+    }
+    assert!(
+        denied >= 10,
+        "only {denied} denials: the loop proves nothing"
+    );
+    assert!(
+        at_once.is_empty(),
+        "{} of {denied} denials said to retry at once: {:?}",
+        at_once.len(),
+        at_once.first()
+    );
+}
+
+/// GCRA never lets a unit go before it is due: three checks in one transaction (microseconds
+/// apart, the second and third a unit each) on a bucket of 99 years emptied by the first leave
+/// the second denied. A rounding tolerance proportional to the bucket (3 ms here) let it pass.
+#[tokio::test]
+async fn gcra_lets_no_unit_go_early_in_a_deep_bucket() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let key = format!("{}{{rl:deep}}:gcra", support::unique_prefix());
+    // 1.01e10 units per 366 days, a burst of 1e12: about 99 years deep, a unit every 3.1 ms.
+    let (period_us, limit, burst): (u64, u64, u64) =
+        (366 * 86_400 * 1_000_000, 10_100_000_000, 1_000_000_000_000);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for cost in [burst, 1, 1] {
+        pipe.cmd("EVAL")
+            .arg(baton::ratelimit::scripts::GCRA)
+            .arg(1)
+            .arg(&key)
+            .arg(period_us)
+            .arg(limit)
+            .arg(burst)
+            .arg(cost)
+            .arg(0);
+    }
+    let replies: Vec<Vec<i64>> = pipe.query_async(&mut conn).await.expect("the transaction");
+    assert_eq!(
+        replies[0][0], 1,
+        "the burst empties the bucket: {replies:?}"
+    );
+    assert_eq!(
+        replies[1][0], 0,
+        "a unit went microseconds after the bucket emptied: {replies:?}"
+    );
+    assert_eq!(replies[2][0], 0, "{replies:?}");
+}
+
 /// A fixed-window counter found without an expiry (here made by a raw INCRBY) gets the window's
 /// expiry on every path, a denied check and a peek included, so it stops denying once that window
 /// ends instead of never.
@@ -916,6 +986,65 @@ async fn redis_down_fail_open_and_fail_closed_answer_within_the_timeout() {
             }
         })
         .await;
+    }
+}
+
+/// Checks answered by the failure mode while Redis was frozen count nothing when Redis runs them
+/// once it runs again, in every algorithm: each carries the Redis time past which it changes
+/// nothing. Before, a fail-closed Baton denied them and Redis counted them later, so a stall both
+/// refused the callers and spent their limit (here all of it, for the rest of the minute).
+#[tokio::test]
+async fn checks_answered_by_the_failure_mode_count_nothing_later() {
+    let redis = RedisServer::start_private().await;
+    let timeout = Duration::from_millis(100);
+    let baton = Baton::start_with(&redis, move |c| {
+        c.ratelimit.timeout = timeout;
+        c.ratelimit.failure_mode = FailureMode::Closed;
+    })
+    .await;
+    let mut client = baton.ratelimit_client().await;
+    let algorithms = [GCRA, FIXED, SLIDING];
+    // Decided by Redis, whose answers tell Baton Redis's clock.
+    for algorithm in algorithms {
+        let got = check(
+            &mut client,
+            request("stalled", 10, 60_000, algorithm, Some(0)),
+        )
+        .await;
+        assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis, "{got:?}");
+        assert_eq!(got.remaining, 10, "{algorithm:?}");
+    }
+
+    signal(&redis, nix::sys::signal::Signal::SIGSTOP);
+    for algorithm in algorithms {
+        let got = check(
+            &mut client,
+            request("stalled", 10, 60_000, algorithm, Some(10)),
+        )
+        .await;
+        assert!(!got.allowed, "{algorithm:?}: {got:?}");
+        assert_eq!(
+            got.decided_by(),
+            pb::RateLimitDecidedBy::FailClosed,
+            "{algorithm:?}"
+        );
+    }
+    // Well past the last check's timeout (the estimate of Redis's clock may be late by a round
+    // trip), then Redis runs what it was sent, and the peeks below come after that.
+    tokio::time::sleep(timeout * 2).await;
+    signal(&redis, nix::sys::signal::Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for algorithm in algorithms {
+        let got = check(
+            &mut client,
+            request("stalled", 10, 60_000, algorithm, Some(0)),
+        )
+        .await;
+        assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis, "{got:?}");
+        assert_eq!(
+            got.remaining, 10,
+            "{algorithm:?}: a check answered by the failure mode was counted"
+        );
     }
 }
 

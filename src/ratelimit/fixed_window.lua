@@ -7,18 +7,30 @@
 --
 -- KEYS[1] string: the window's counter; expires at the window's end
 -- ARGV[1] limit   ARGV[2] period ms   ARGV[3] cost (0 peeks)
+-- ARGV[4] not after: the Redis time (us) past which the check changes nothing (0: none)
 --
--- Returns {allowed (0/1), remaining, retry after us, reset after us}. A peek (cost 0) writes
--- nothing but that missing expiry, and answers whether a cost of 1 would be allowed now.
+-- Returns {allowed (0/1; 2: too late), remaining, retry after us, reset after us, Redis time
+-- us}. A peek (cost 0) writes nothing but that missing expiry, and answers whether a cost of 1
+-- would be allowed now.
 local key = KEYS[1]
 local limit, period, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local not_after = tonumber(ARGV[4])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Too late: the caller was answered without this check (by the failure mode), so it changes
+-- nothing.
+if not_after > 0 and now > not_after then
+  return {2, 0, 0, 0, now}
+end
 
 local stored = redis.call('GET', key)
 local count = tonumber(stored or '0')
 local ttl = 0
 if stored then
-  ttl = redis.call('PTTL', key)
-  if ttl < 0 then
+  -- PTTL counts whole milliseconds left, rounded down: the window may last up to one more.
+  ttl = redis.call('PTTL', key) + 1
+  if ttl < 1 then
     redis.call('PEXPIRE', key, period)
     ttl = period
   end
@@ -29,14 +41,14 @@ if cost == 0 then
   n = 1
 end
 if count + n > limit then
-  return {0, math.max(0, limit - count), ttl * 1000, ttl * 1000}
+  return {0, math.max(0, limit - count), ttl * 1000, ttl * 1000, now}
 end
 if cost == 0 then
-  return {1, limit - count, 0, ttl * 1000}
+  return {1, limit - count, 0, ttl * 1000, now}
 end
 count = redis.call('INCRBY', key, cost)
 if not stored then
   redis.call('PEXPIRE', key, period)
   ttl = period
 end
-return {1, limit - count, 0, ttl * 1000}
+return {1, limit - count, 0, ttl * 1000, now}

@@ -35,8 +35,9 @@ use tokio::time::Instant;
 use crate::{
     config::{FailureMode, RateLimitConfig, RedisConfig},
     error::{Error, UNAVAILABLE_RETRY_AFTER},
-    redis::Redis,
+    redis::{Redis, clock::RedisClock},
 };
+use scripts::Reply;
 
 /// Longest limited key, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -152,7 +153,15 @@ impl Rate {
             // make the bucket deeper than the period.
             let depth_us = u128::from(burst) * period.as_micros() / u128::from(limit);
             if depth_us > MAX_GCRA_DEPTH.as_micros() {
-                let years = depth_us / Duration::from_secs(365 * 86_400).as_micros();
+                // Whole years, or two decimals, so that a depth just past the bound does not
+                // read as the bound.
+                let year = Duration::from_secs(365 * 86_400).as_micros();
+                #[allow(clippy::cast_precision_loss)] // a message: two decimals are plenty
+                let years = if depth_us.is_multiple_of(year) {
+                    (depth_us / year).to_string()
+                } else {
+                    format!("{:.2}", depth_us as f64 / year as f64)
+                };
                 return Err((
                     RateField::Burst,
                     format!(
@@ -241,6 +250,8 @@ struct Inner {
     aligned_window: Script,
     sliding_window: Script,
     last_warning: Mutex<Option<Instant>>,
+    /// Redis's clock, to tell each check the Redis time past which it changes nothing.
+    clock: RedisClock,
 }
 
 impl RateLimiter {
@@ -264,6 +275,7 @@ impl RateLimiter {
                 aligned_window: Script::new(scripts::ALIGNED_WINDOW),
                 sliding_window: Script::new(scripts::SLIDING_WINDOW),
                 last_warning: Mutex::new(None),
+                clock: RedisClock::new(),
             }),
         }
     }
@@ -329,7 +341,10 @@ impl RateLimiter {
         }
     }
 
-    /// Runs the algorithm's script: one Redis round trip.
+    /// Runs the algorithm's script: one Redis round trip. The script is told the Redis time at
+    /// which Baton stops waiting for it (the rate limit timeout after sending it): run later, the
+    /// caller was answered by the failure mode, so it changes nothing. Only a check that Redis
+    /// began in time but whose answer came back after the timeout still counts.
     pub async fn try_check(&self, key: &str, rate: &Rate, cost: u64) -> Result<Decision, Error> {
         let inner = &self.inner;
         let script = match rate.algorithm {
@@ -338,10 +353,35 @@ impl RateLimiter {
             Algorithm::AlignedWindow => &inner.aligned_window,
             Algorithm::SlidingWindow => &inner.sliding_window,
         };
-        let invocation = scripts::Check { key, rate, cost }.invocation(script);
+        let sent = RedisClock::local_now_us();
+        let timeout = i64::try_from(inner.redis.command_timeout().as_micros()).unwrap_or(i64::MAX);
+        let not_after = inner
+            .clock
+            .to_redis(key, sent.saturating_add(timeout))
+            .unwrap_or(0);
+        let invocation = scripts::Check {
+            key,
+            rate,
+            cost,
+            not_after,
+        }
+        .invocation(script);
         let reply: Vec<i64> = inner.redis.eval(&invocation).await?;
-        scripts::decision(rate, &reply)
-            .ok_or_else(|| Error::Internal("unexpected rate limit reply from Redis".to_owned()))
+        match scripts::reply(rate, &reply) {
+            Some(Reply::Decided { decision, now }) => {
+                inner.clock.observe(key, sent, now, false);
+                Ok(decision)
+            }
+            Some(Reply::TooLate { now }) => {
+                inner.clock.observe(key, sent, now, true);
+                Err(Error::Unavailable(
+                    "redis ran the check after the rate limit timeout".to_owned(),
+                ))
+            }
+            None => Err(Error::Internal(
+                "unexpected rate limit reply from Redis".to_owned(),
+            )),
+        }
     }
 }
 

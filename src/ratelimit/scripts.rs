@@ -3,8 +3,10 @@
 //! directly (the load generator).
 //!
 //! Every algorithm is one script on one key ([`limiter_key`](super::limiter_key)) that answers
-//! `{allowed (0/1), remaining, retry after µs (-1: never), reset after µs}`: [`Check`] writes the
-//! call, [`decision`] reads the answer.
+//! `{allowed (0/1; 2: too late, nothing done), remaining, retry after µs (-1: never), reset after
+//! µs, Redis time µs}`: [`Check`] writes the call, [`reply`] reads the answer. A check carries the
+//! Redis time past which it changes nothing (`not_after`), so that one answered by the failure
+//! mode, while Redis was frozen or busy, counts nothing when Redis runs it later.
 
 use std::time::Duration;
 
@@ -41,6 +43,9 @@ pub struct Check<'a> {
     pub rate: &'a Rate,
     /// Units to spend; 0 asks whether one unit would be allowed, spending nothing.
     pub cost: u64,
+    /// The Redis time (µs since the Unix epoch) past which the check changes nothing and answers
+    /// too late; 0 for none.
+    pub not_after: i64,
 }
 
 impl Check<'_> {
@@ -51,39 +56,70 @@ impl Check<'_> {
         let period_us = period_ms.saturating_mul(1000);
         let mut invocation = script.key(self.key);
         match rate.algorithm {
-            // ARGV: period µs, limit, burst, cost.
+            // ARGV: period µs, limit, burst, cost, not after.
             Algorithm::Gcra => invocation
                 .arg(period_us)
                 .arg(rate.limit)
                 .arg(rate.burst)
                 .arg(self.cost),
-            // ARGV: limit, period ms, cost.
+            // ARGV: limit, period ms, cost, not after.
             Algorithm::FixedWindow | Algorithm::AlignedWindow => {
                 invocation.arg(rate.limit).arg(period_ms).arg(self.cost)
             }
-            // ARGV: limit, period µs, period ms, cost.
+            // ARGV: limit, period µs, period ms, cost, not after.
             Algorithm::SlidingWindow => invocation
                 .arg(rate.limit)
                 .arg(period_us)
                 .arg(period_ms)
                 .arg(self.cost),
         };
+        invocation.arg(self.not_after);
         invocation
     }
 }
 
-/// The decision a script's reply says for `rate`, or `None` if the reply is not one.
-pub fn decision(rate: &Rate, reply: &[i64]) -> Option<Decision> {
-    match reply {
-        [allowed, remaining, retry, reset] => Some(Decision {
-            allowed: *allowed == 1,
-            limit: rate.limit,
-            remaining: u64::try_from(*remaining).unwrap_or(0),
-            retry_after: u64::try_from(*retry).ok().map(Duration::from_micros),
-            reset_after: Duration::from_micros(u64::try_from(*reset).unwrap_or(0)),
-            decided_by: DecidedBy::Redis,
+/// What a script answered.
+#[derive(Debug, Clone, Copy)]
+pub enum Reply {
+    /// Decided by Redis at Redis time `now` (µs since the Unix epoch).
+    Decided {
+        /// The decision.
+        decision: Decision,
+        /// The Redis time the script read.
+        now: i64,
+    },
+    /// Run past its `not_after`, at Redis time `now`: it changed nothing.
+    TooLate {
+        /// The Redis time the script read.
+        now: i64,
+    },
+}
+
+/// What a script's reply says for `rate`, or `None` if the reply is not one.
+pub fn reply(rate: &Rate, reply: &[i64]) -> Option<Reply> {
+    match *reply {
+        [2, _, _, _, now] => Some(Reply::TooLate { now }),
+        [allowed @ (0 | 1), remaining, retry, reset, now] => Some(Reply::Decided {
+            decision: Decision {
+                allowed: allowed == 1,
+                limit: rate.limit,
+                remaining: u64::try_from(remaining).unwrap_or(0),
+                retry_after: u64::try_from(retry).ok().map(Duration::from_micros),
+                reset_after: Duration::from_micros(u64::try_from(reset).unwrap_or(0)),
+                decided_by: DecidedBy::Redis,
+            },
+            now,
         }),
         _ => None,
+    }
+}
+
+/// The decision a script's reply says for `rate`, or `None` if the reply is not one (or came
+/// too late).
+pub fn decision(rate: &Rate, reply_values: &[i64]) -> Option<Decision> {
+    match reply(rate, reply_values)? {
+        Reply::Decided { decision, .. } => Some(decision),
+        Reply::TooLate { .. } => None,
     }
 }
 
@@ -97,19 +133,19 @@ mod tests {
         for (algorithm, header) in [
             (
                 Algorithm::Gcra,
-                "ARGV[1] period us   ARGV[2] limit (units per period)   ARGV[3] burst   ARGV[4] cost",
+                "ARGV[1] period us   ARGV[2] limit (units per period)   ARGV[3] burst   ARGV[4] cost (0 peeks)\n-- ARGV[5] not after",
             ),
             (
                 Algorithm::FixedWindow,
-                "ARGV[1] limit   ARGV[2] period ms   ARGV[3] cost",
+                "ARGV[1] limit   ARGV[2] period ms   ARGV[3] cost (0 peeks)\n-- ARGV[4] not after",
             ),
             (
                 Algorithm::AlignedWindow,
-                "ARGV[1] limit   ARGV[2] period ms   ARGV[3] cost",
+                "ARGV[1] limit   ARGV[2] period ms   ARGV[3] cost (0 peeks)\n-- ARGV[4] not after",
             ),
             (
                 Algorithm::SlidingWindow,
-                "ARGV[1] limit   ARGV[2] period us   ARGV[3] period ms   ARGV[4] cost",
+                "ARGV[1] limit   ARGV[2] period us   ARGV[3] period ms   ARGV[4] cost (0 peeks)\n-- ARGV[5] not after",
             ),
         ] {
             assert!(
@@ -119,20 +155,26 @@ mod tests {
         }
     }
 
-    /// A reply of four integers is a decision by Redis; anything else is not a decision.
+    /// A reply of five integers is a decision by Redis, or says it came too late; anything else
+    /// is not a decision.
     #[test]
     fn replies() {
         let rate = Rate::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
-        let d = decision(&rate, &[0, 3, -1, 2_000_000]).unwrap();
+        let d = decision(&rate, &[0, 3, -1, 2_000_000, 7]).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.remaining, 3);
         assert_eq!(d.retry_after, None);
         assert_eq!(d.reset_after, Duration::from_secs(2));
         assert_eq!(d.decided_by, DecidedBy::Redis);
         assert_eq!(
-            decision(&rate, &[1, 9, 0, 100]).unwrap().retry_after,
+            decision(&rate, &[1, 9, 0, 100, 7]).unwrap().retry_after,
             Some(Duration::ZERO)
         );
-        assert!(decision(&rate, &[1, 2, 3]).is_none());
+        assert!(matches!(
+            reply(&rate, &[2, 0, 0, 0, 7]),
+            Some(Reply::TooLate { now: 7 })
+        ));
+        assert!(decision(&rate, &[2, 0, 0, 0, 7]).is_none());
+        assert!(decision(&rate, &[1, 2, 3, 4]).is_none());
     }
 }

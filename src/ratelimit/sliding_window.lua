@@ -5,15 +5,22 @@
 -- KEYS[1] sorted set: member "<us>:<n>" scored by the microsecond it was allowed; expires
 --         `period` after the last allowed unit
 -- ARGV[1] limit   ARGV[2] period us   ARGV[3] period ms   ARGV[4] cost (0 peeks)
+-- ARGV[5] not after: the Redis time (us) past which the check changes nothing (0: none)
 --
--- Returns {allowed (0/1), remaining, retry after us, reset after us}. A peek (cost 0) writes
--- nothing and answers whether a cost of 1 would be allowed now.
+-- Returns {allowed (0/1; 2: too late), remaining, retry after us, reset after us, Redis time
+-- us}. A peek (cost 0) writes nothing and answers whether a cost of 1 would be allowed now.
 local key = KEYS[1]
 local limit, period = tonumber(ARGV[1]), tonumber(ARGV[2])
 local period_ms, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
+local not_after = tonumber(ARGV[5])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Too late: the caller was answered without this check (by the failure mode), so it changes
+-- nothing.
+if not_after > 0 and now > not_after then
+  return {2, 0, 0, 0, now}
+end
 -- A unit allowed at s counts while now < s + period.
 local cutoff = now - period
 
@@ -50,14 +57,14 @@ if used + n > limit then
   if n <= limit then
     retry = leaves(used + n - limit)
   end
-  return {0, math.max(0, limit - used), retry, math.max(0, leaves(used))}
+  return {0, math.max(0, limit - used), retry, math.max(0, leaves(used)), now}
 end
 if cost == 0 then
   local reset = 0
   if used > 0 then
     reset = leaves(used)
   end
-  return {1, limit - used, 0, reset}
+  return {1, limit - used, 0, reset, now}
 end
 
 -- Members are unique: units allowed in the same microsecond are numbered after those already
@@ -74,4 +81,4 @@ for i = 1, cost do
   end
 end
 redis.call('PEXPIRE', key, period_ms)
-return {1, limit - used - cost, 0, period}
+return {1, limit - used - cost, 0, period, now}

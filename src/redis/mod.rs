@@ -6,13 +6,16 @@
 //!
 //! Every state change Baton makes is one Lua script (a `.lua` file beside the service that owns
 //! it, wrapped once in a [`Script`], called by SHA with a `NOSCRIPT` fallback). Scripts read the
-//! time from Redis (`TIME`), never from this process.
+//! time from Redis (`TIME`), never from this process; where Baton must tell a script a moment by
+//! Redis's clock (the last at which a rate limit check may still count), [`clock`] estimates it
+//! from the `TIME` earlier scripts returned.
 //!
 //! Every connection Baton opens for commands first checks the server's version (`INFO server`):
 //! a Redis older than 7.0 is refused with [`Error::FailedPrecondition`] naming it (see
 //! [`version`]).
 
 mod access;
+pub mod clock;
 mod cluster;
 mod notifier;
 pub mod reply;

@@ -269,6 +269,7 @@ async fn operation(
                 key: &key,
                 rate: &rate,
                 cost: 1,
+                not_after: 0,
             }
             .invocation(&scripts.gcra);
             match send(command(&check, via, "gcra").await, conn.clone()).await? {

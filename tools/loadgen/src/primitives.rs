@@ -477,6 +477,7 @@ impl Worker {
                     key: &redis_key,
                     rate: &rate,
                     cost: 1,
+                    not_after: 0,
                 }
                 .invocation(&scripts.gcra);
                 bounded("gcra.lua", invocation.invoke_async::<Vec<i64>>(conn))
