@@ -2095,7 +2095,12 @@ async fn cluster_dead_master_stays_on_its_shard() {
     cluster
         .config_set("cluster-require-full-coverage", "no")
         .await;
-    let baton = Baton::start_on(cluster_config(&cluster), |_| {}).await;
+    let baton = Baton::start_on(cluster_config(&cluster), |c| {
+        // Calls on the healthy masters must succeed: on a busy machine they may take more than
+        // the default 400 ms (the dead master's fail at once, its connections refused).
+        c.redis.command_timeout = Duration::from_secs(2);
+    })
+    .await;
     let mut health = baton.health().await;
     let victim: ClusterNode = cluster.masters().await[0].clone();
     let on_victim = |s: u16| victim.serves(s);

@@ -101,7 +101,20 @@ impl Sentinels {
                     .1
             }
         };
-        let found = current.async_get_client().await?;
+        let found = current.async_get_client().await.map_err(|e| {
+            if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
+                // The Sentinels also say so of a master they know but see down (not yet failed
+                // over): say both, so that an operator does not only look for a wrong name.
+                RedisError::from((
+                    redis::ErrorKind::MasterNameNotFoundBySentinel,
+                    "no Sentinel names a master in good health for this name: the name is not \
+                     one they monitor (--redis-sentinel-master), or its master is down and not \
+                     failed over yet",
+                ))
+            } else {
+                e
+            }
+        })?;
         Client::open(snapshot.apply(found.get_connection_info().clone()))
     }
 }
