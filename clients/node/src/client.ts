@@ -958,9 +958,9 @@ export class Baton {
     } catch (error) {
       outcome = { error };
     }
-    const lost = lease.lost;
+    // Closing first: it also tells a loss the blocked event loop kept its timers from telling.
     await lease.close();
-    if (lost) throw lease.error("error" in outcome ? outcome.error : undefined);
+    if (lease.lost) throw lease.error("error" in outcome ? outcome.error : undefined);
     if ("error" in outcome) throw outcome.error;
     return outcome.value;
   }

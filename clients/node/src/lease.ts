@@ -141,11 +141,16 @@ export class Lease implements AsyncDisposable {
   /** @internal Ends the lease without throwing: Release by token, then close the stream. */
   async close(): Promise<void> {
     if (this.#closed) return;
+    // A loss no timer could tell (work that blocked the event loop past expiresAt) is told here,
+    // so that release(), `await using` and withLock() report it instead of returning quietly.
+    const expired = !this.lost && this.remainingMs <= 0;
+    if (expired) this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
     this.#closed = true;
     clearTimeout(this.#timer);
-    if (!this.lost) {
+    if (!this.lost || expired) {
       // Released before returning, so the next holder can go ahead; closing the stream would
-      // release it too, a moment later.
+      // release it too, a moment later. An expired lease may still be held (its renewals only
+      // went unread): it is released all the same.
       await this.#release(this.#grant).catch(() => undefined);
     }
     this.#stream.abort();

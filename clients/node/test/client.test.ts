@@ -227,6 +227,28 @@ test("a frozen Baton sends nothing: the lease is lost when expiresAt passes loca
   }
 });
 
+test("work that blocks the event loop past expiresAt is told its loss by withLock and release()", async () => {
+  const client = Baton.connect(server.tcp);
+  const block = (ms: number) => {
+    const until = Date.now() + ms;
+    while (Date.now() < until) {
+      // No timer, no renewal, no lost event can run meanwhile.
+    }
+  };
+  const name = uniqueName();
+  const error = await client.withLock(name, async () => block(1500), { ttlMs: 1000 })
+    .then(() => undefined, (e: unknown) => e);
+  assert.ok(error instanceof LeaseLostError && error.reason === "EXPIRED", String(error));
+  const lease = await client.lock(name, { ttlMs: 1000, waitMs: 5000 });
+  block(1500);
+  await assert.rejects(lease.release(), (e: unknown) => e instanceof LeaseLostError && e.reason === "EXPIRED");
+  assert.equal(lease.held, false);
+  // Released all the same: the lock is free for the next holder at once.
+  const next = await client.lock(name, { ttlMs: 1000, waitMs: 0 });
+  await next.release();
+  client.close();
+});
+
 test("entering a lock while Baton is frozen gives up after the wait and the client's timeout", async () => {
   const own = await BatonServer.start(redis);
   const client = Baton.connect(own.tcp, { timeoutMs: 1000 });
