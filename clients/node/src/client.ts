@@ -639,7 +639,11 @@ export class Baton {
     const tls = tlsOptions(address, options);
     if (tls !== undefined) address = { baseUrl: address.baseUrl.replace(/^http:/, "https:") };
     const token = tokenSource(options);
-    this.#timeoutMs = options.timeoutMs ?? 10_000;
+    const timeoutMs = options.timeoutMs ?? 10_000;
+    if (typeof timeoutMs !== "number") throw new TypeError(`timeoutMs: milliseconds as a number, not ${typeof timeoutMs}`);
+    // Finite and within setTimeout's longest delay: it is each call's deadline.
+    if (!(timeoutMs > 0 && timeoutMs <= 2_147_483_647)) throw badValue("timeoutMs", timeoutMs, "a number of milliseconds above 0, at most 2147483647");
+    this.#timeoutMs = timeoutMs;
     // Pings an idle connection so a dead Baton is noticed; Node answers Baton's own pings.
     this.#sessions = new Http2SessionManager(
       address.baseUrl,
@@ -1200,8 +1204,9 @@ export class Autocomplete {
     options: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string; maxEdits?: number } = {},
   ): Promise<Completions> {
     const maxEdits = options.maxEdits;
-    if (maxEdits !== undefined && !(Number.isInteger(maxEdits) && maxEdits >= 0 && maxEdits <= 2)) {
-      throw new RangeError(`maxEdits must be 0, 1 or 2, not ${maxEdits}`);
+    if (maxEdits !== undefined) {
+      if (typeof maxEdits !== "number") throw new TypeError(`maxEdits: a number, not ${typeof maxEdits}`);
+      if (!(Number.isInteger(maxEdits) && maxEdits >= 0 && maxEdits <= 2)) throw badValue("maxEdits", maxEdits, "0, 1 or 2");
     }
     const request = {
       dictionary,

@@ -95,7 +95,9 @@ for (const transport of ["tcp", "unix"] as const) {
       const byScore = await client.autocomplete.complete(name, "stre", { mode: "fuzzy", order: "score" });
       assert.deepEqual(byScore.suggestions.map((s) => s.display), ["Stroud", "Straße"]);
       assert.deepEqual((await client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: 0 })).suggestions, []);
-      await assert.rejects(client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: 3 }), RangeError);
+      await assert.rejects(client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: 3 }),
+        (e: unknown) => e instanceof InvalidArgumentError && e.field === "maxEdits");
+      await assert.rejects(client.autocomplete.complete(name, "stre", { mode: "fuzzy", maxEdits: "1" as unknown as number }), TypeError);
       await assert.rejects(client.autocomplete.complete(name, "stra", { maxEdits: 1 }), /max_edits/);
       const first = await client.autocomplete.complete(name, "str", { limit: 1 });
       assert.deepEqual(first.suggestions.map((s) => s.display), ["Straße"]);
@@ -225,6 +227,14 @@ test("a frozen Baton sends nothing: the lease is lost when expiresAt passes loca
     client.close();
     await own.stop();
   }
+});
+
+test("Baton.connect checks timeoutMs: NaN, negative, zero and beyond setTimeout's longest delay", () => {
+  for (const timeoutMs of [NaN, -1, 0, Infinity, 2 ** 31]) {
+    assert.throws(() => Baton.connect(server.tcp, { timeoutMs }),
+      (e: unknown) => e instanceof InvalidArgumentError && e.field === "timeoutMs", String(timeoutMs));
+  }
+  assert.throws(() => Baton.connect(server.tcp, { timeoutMs: "5" as unknown as number }), TypeError);
 });
 
 test("work that blocks the event loop past expiresAt is told its loss by withLock and release()", async () => {
