@@ -56,6 +56,10 @@ use crate::{
 /// How often readiness checks Redis with `PING`.
 pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Streams reset before Baton took them allowed at once on a connection, per stream it may have
+/// open (`--max-concurrent-streams`): past them the connection is closed (GOAWAY).
+pub const PENDING_RESETS_PER_STREAM: usize = 4;
+
 /// Health service names that follow Redis reachability.
 const READY_NAMES: &[&str] = &[
     "readiness",
@@ -326,11 +330,15 @@ pub async fn serve_until(
             .http2_keepalive_timeout(Some(config.client_keepalive_timeout))
             .max_concurrent_streams(config.serving.max_concurrent_streams)
             // Calls their clients gave up on before Baton took them (a short deadline while Baton
-            // was throttled or frozen) arrive as streams opened and reset at once. The HTTP/2
-            // layer's default closes the connection past 20 of them, ending its lease streams
-            // without `lost`; as many as the streams a connection may have open cost no more.
+            // was throttled or frozen) arrive as streams opened and reset at once, and a reset
+            // frees the client's stream at once: one that gives up on a thousand calls a second
+            // sends a thousand a second while Baton cannot run. The HTTP/2 layer's default
+            // closes the connection past 20 of them, ending its lease streams without `lost`.
+            // Each one waiting costs what an open stream does (its headers, at most
+            // MAX_METADATA_BYTES), so the bound is a few times the open streams' bound.
             .http2_max_pending_accept_reset_streams(Some(
-                config.serving.max_concurrent_streams as usize,
+                (config.serving.max_concurrent_streams as usize)
+                    .saturating_mul(PENDING_RESETS_PER_STREAM),
             ))
             // A call's metadata (its HTTP/2 header list), as advertised to clients: past it the
             // call fails, far past it the connection is closed (docs/security.md, Limits).

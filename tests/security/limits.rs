@@ -206,9 +206,10 @@ async fn streams_per_connection_are_bounded() {
 }
 
 /// Calls whose client gave up while Baton could not run (a sidecar throttled or frozen: here
-/// SIGSTOP) reach it as streams opened and reset before it took them. They are dropped quietly:
-/// the HTTP/2 layer's default closed the connection past 20 of them (GOAWAY "too_many_resets"),
-/// failing every call on it and ending its Hold streams without `lost`.
+/// SIGSTOP) reach it as streams opened and reset before it took them, 2,000 here. They are dropped
+/// quietly, up to 4 × `--max-concurrent-streams`: the HTTP/2 layer's default closed the
+/// connection past 20 of them (GOAWAY "too_many_resets"), failing every call on it and ending its
+/// Hold streams without `lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
     let redis = RedisServer::start().await;
@@ -221,20 +222,28 @@ async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
     let (mut stream, _) = held(&mut locks, hold_request("kept", 3_000, None, "")).await;
 
     crate::support::freeze(process.pid());
-    let mut given_up = tokio::task::JoinSet::new();
-    for i in 0..200 {
-        let mut client = locks.clone();
-        given_up.spawn(async move {
-            client
-                .acquire(acquire_request(&format!("gone-{i}"), 1_000, None, ""))
-                .await
-        });
+    // Rounds of calls written (they wait in Baton's socket), then given up: each one's stream is
+    // reset behind it, which frees it for the next round. 2,000 in all: more than the streams a
+    // connection may have open (1024), less than the 4,096 resets allowed.
+    for round in 0..4 {
+        let mut given_up = tokio::task::JoinSet::new();
+        for i in 0..500 {
+            let mut client = locks.clone();
+            given_up.spawn(async move {
+                client
+                    .acquire(acquire_request(
+                        &format!("gone-{round}-{i}"),
+                        1_000,
+                        None,
+                        "",
+                    ))
+                    .await
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        given_up.abort_all();
+        while given_up.join_next().await.is_some() {}
     }
-    // The requests are written (they wait in Baton's socket), then given up: each one's stream
-    // is reset behind it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    given_up.abort_all();
-    while given_up.join_next().await.is_some() {}
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
