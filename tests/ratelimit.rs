@@ -558,6 +558,86 @@ async fn keys_are_tagged_and_expire() {
     }
 }
 
+/// The very first checks of a Baton, sent while Redis is frozen, count nothing either: with no
+/// estimate of Redis's clock yet, Baton reads it before checking, so no check goes out without
+/// its time limit (before, every check sent ahead of Redis's first answer counted once Redis ran
+/// it: here 10 units, the whole limit).
+#[tokio::test]
+async fn a_new_batons_first_checks_while_redis_is_frozen_count_nothing() {
+    let redis = RedisServer::start_private().await;
+    let timeout = Duration::from_millis(100);
+    let baton = Baton::start_with(&redis, move |c| {
+        c.ratelimit.timeout = timeout;
+        c.ratelimit.failure_mode = FailureMode::Closed;
+    })
+    .await;
+    let client = baton.ratelimit_client().await;
+    signal(&redis, nix::sys::signal::Signal::SIGSTOP);
+    let mut checks = JoinSet::new();
+    for _ in 0..4 {
+        let mut client = client.clone();
+        checks.spawn(async move {
+            check(&mut client, request("first", 10, 60_000, SLIDING, Some(10))).await
+        });
+    }
+    while let Some(got) = checks.join_next().await {
+        let got = got.expect("a check's task");
+        assert_eq!(
+            got.decided_by(),
+            pb::RateLimitDecidedBy::FailClosed,
+            "{got:?}"
+        );
+    }
+    tokio::time::sleep(timeout * 2).await;
+    signal(&redis, nix::sys::signal::Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut client = client.clone();
+    let got = check(&mut client, request("first", 10, 60_000, SLIDING, Some(0))).await;
+    assert_eq!(got.decided_by(), pb::RateLimitDecidedBy::Redis, "{got:?}");
+    assert_eq!(
+        got.remaining, 10,
+        "a first check sent while Redis was frozen was counted"
+    );
+}
+
+/// GCRA's `remaining` counts only units that could be spent now: one due in 10 s (of a unit a
+/// year) is not counted, where the rounding room of a millionth of a unit (31 s here) counted
+/// it.
+#[tokio::test]
+async fn gcra_remaining_counts_no_unit_before_it_is_due() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let key = format!("{}{{rl:due}}:gcra", support::unique_prefix());
+    let (secs, us): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("TIME");
+    let due = secs * 1_000_000 + us + 10_000_000;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(format!("{due} 0"))
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    for cost in [1u64, 0] {
+        let reply: Vec<i64> = redis::cmd("EVAL")
+            .arg(baton::ratelimit::scripts::GCRA)
+            .arg(1)
+            .arg(&key)
+            .arg(366u64 * 86_400 * 1_000_000)
+            .arg(1)
+            .arg(1)
+            .arg(cost)
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .expect("EVAL");
+        assert_eq!(&reply[..2], &[0, 0], "cost {cost}: {reply:?}");
+    }
+}
+
 /// A fixed window's denial always says when to retry: with under a millisecond of the window
 /// left, Redis's PTTL says 0, and the denial said `retry_after` 0 (a client sleeping for it
 /// would spin); it now rounds up. Limit 1 per 20 ms, checked in a loop for a second.

@@ -39,8 +39,11 @@ if stored then
   end
 end
 
+-- Whole units in `span`, with room for the rounding of the division alone (a few parts in 1e16
+-- of the bucket's units), never for time: a unit due in a second is not counted as there.
+local eps = math.max(1e-9, burst * 1e-15)
 local function units(span)
-  return math.max(0, math.floor(span / interval + 1e-6))
+  return math.max(0, math.floor(span / interval + eps))
 end
 
 local n = cost

@@ -252,6 +252,8 @@ struct Inner {
     last_warning: Mutex<Option<Instant>>,
     /// Redis's clock, to tell each check the Redis time past which it changes nothing.
     clock: RedisClock,
+    /// `clock.lua`: reads Redis's clock on a key's node, until a first check has.
+    read_clock: Script,
 }
 
 impl RateLimiter {
@@ -276,6 +278,7 @@ impl RateLimiter {
                 sliding_window: Script::new(scripts::SLIDING_WINDOW),
                 last_warning: Mutex::new(None),
                 clock: RedisClock::new(),
+                read_clock: Script::new(scripts::CLOCK),
             }),
         }
     }
@@ -353,6 +356,14 @@ impl RateLimiter {
             Algorithm::AlignedWindow => &inner.aligned_window,
             Algorithm::SlidingWindow => &inner.sliding_window,
         };
+        if !inner.clock.knows() {
+            // Nothing tells Redis's clock yet: read it first (once), so that even the first
+            // checks carry their time limit. Redis not answering is the failure mode's to answer,
+            // and nothing was sent that counts.
+            let sent = RedisClock::local_now_us();
+            let now: i64 = inner.redis.eval(&inner.read_clock.key(key)).await?;
+            inner.clock.observe(key, sent, now, false);
+        }
         let sent = RedisClock::local_now_us();
         let timeout = i64::try_from(inner.redis.command_timeout().as_micros()).unwrap_or(i64::MAX);
         let not_after = inner

@@ -23,6 +23,9 @@ pub const FIXED_WINDOW: &str = include_str!("fixed_window.lua");
 pub const ALIGNED_WINDOW: &str = include_str!("aligned_window.lua");
 /// `sliding_window.lua`: an exact sliding window.
 pub const SLIDING_WINDOW: &str = include_str!("sliding_window.lua");
+/// `clock.lua`: Redis's `TIME` in µs, on the node of the key it is given (which it does not
+/// touch); read before Baton's first check, to learn Redis's clock.
+pub const CLOCK: &str = include_str!("clock.lua");
 
 /// The script of `algorithm`.
 pub fn source(algorithm: Algorithm) -> &'static str {
