@@ -5,9 +5,9 @@
 //!
 //! A call's status is read where gRPC puts it: in the response headers of a "trailers-only"
 //! answer (most errors), otherwise in the trailers that end the response body (a unary answer,
-//! or the end of a stream). A call whose client leaves before either counts as `CANCELLED` (one
-//! whose deadline passes first is answered `DEADLINE_EXCEEDED` by [`crate::grpc::deadline`],
-//! inside this layer, and counted so). The
+//! or the end of a stream). A call whose client leaves before either counts as `CANCELLED`; one
+//! whose deadline passes is answered `DEADLINE_EXCEEDED` by [`crate::grpc::deadline`], inside
+//! this layer, and counted so unless the client's own timer reset it first. The
 //! status is recorded before the frame that carries it is handed to the transport, so a client
 //! that has read a status and then scrapes `/metrics` finds its call counted.
 
