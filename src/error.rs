@@ -9,6 +9,21 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// How long a caller is told to wait before retrying after Redis was unreachable.
 pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_millis(200);
 
+/// A duration for messages: whole days, hours, minutes or seconds in words ("1 day", "365 days",
+/// "10 minutes"), anything finer as humantime writes it (humantime would say
+/// `11months 30days 3h 50m 24s` for 365 days).
+pub fn in_words(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 || secs == 0 {
+        return humantime::format_duration(d).to_string();
+    }
+    let (n, unit) = [(86_400, "day"), (3_600, "hour"), (60, "minute")]
+        .into_iter()
+        .find(|(size, _)| secs.is_multiple_of(*size))
+        .map_or((secs, "second"), |(size, unit)| (secs / size, unit));
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
 /// The proto name of a request field (`ttl`, `terms[3].score`), as errors report it.
 pub type Field = std::borrow::Cow<'static, str>;
 
@@ -166,6 +181,18 @@ impl From<Error> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Durations are said in words a person reads: whole units as words, finer ones as
+    /// humantime writes them.
+    #[test]
+    fn durations_in_words() {
+        assert_eq!(in_words(Duration::from_secs(86_400)), "1 day");
+        assert_eq!(in_words(Duration::from_secs(365 * 86_400)), "365 days");
+        assert_eq!(in_words(Duration::from_secs(600)), "10 minutes");
+        assert_eq!(in_words(Duration::from_secs(7_200)), "2 hours");
+        assert_eq!(in_words(Duration::from_secs(90)), "90 seconds");
+        assert_eq!(in_words(Duration::from_millis(1_500)), "1s 500ms");
+    }
 
     /// Invalid arguments name the field in the message and in a BadRequest detail.
     #[test]

@@ -56,7 +56,7 @@ use tokio::time::Instant;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
-    error::{Error, Field},
+    error::{Error, Field, in_words},
     redis::{
         Redis,
         reply::{int, unexpected},
@@ -1179,28 +1179,9 @@ fn count_u64(v: &Value) -> Result<u64, Error> {
     u64::try_from(int(v)?).map_err(|_| unexpected("count"))
 }
 
-/// A duration of whole days, hours, minutes or seconds in words ("1 day", "10 minutes").
-fn in_words(d: Duration) -> String {
-    let secs = d.as_secs();
-    let (n, unit) = [(86_400, "day"), (3_600, "hour"), (60, "minute")]
-        .into_iter()
-        .find(|(size, _)| secs >= *size && secs.is_multiple_of(*size))
-        .map_or((secs, "second"), |(size, unit)| (secs / size, unit));
-    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Request memories are said in words a person reads.
-    #[test]
-    fn durations_in_words() {
-        assert_eq!(in_words(Duration::from_secs(86_400)), "1 day");
-        assert_eq!(in_words(Duration::from_secs(600)), "10 minutes");
-        assert_eq!(in_words(Duration::from_secs(7_200)), "2 hours");
-        assert_eq!(in_words(Duration::from_secs(90)), "90 seconds");
-    }
 
     /// Batch field names point at the entry.
     #[test]

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::{
     config::{FailureMode, RateLimitConfig, RedisConfig},
-    error::{Error, UNAVAILABLE_RETRY_AFTER},
+    error::{Error, UNAVAILABLE_RETRY_AFTER, in_words},
     redis::{Redis, clock::RedisClock},
 };
 use scripts::Reply;
@@ -393,17 +393,6 @@ impl RateLimiter {
                 "unexpected rate limit reply from Redis".to_owned(),
             )),
         }
-    }
-}
-
-/// A period for messages: whole days as days (humantime would say `11months 30days 3h 50m 24s`
-/// for 365 days), anything else as humantime writes it.
-fn in_words(period: Duration) -> String {
-    let secs = period.as_secs();
-    if period.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(86_400) {
-        format!("{} days", secs / 86_400)
-    } else {
-        humantime::format_duration(period).to_string()
     }
 }
 
