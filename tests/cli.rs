@@ -338,12 +338,11 @@ async fn a_frozen_baton_lets_the_lease_expire_locally() {
         &["lock", "frozen", "--ttl", "1s", "--", "sh", "-c", &script],
     );
     wait_for_line(&file, "ready").await;
-    let baton_pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    testkit::freeze(process.pid());
+    let frozen_baton = testkit::freeze(process.pid());
     let frozen = Instant::now();
     let status = run.exit(Duration::from_secs(10)).await;
     let took = frozen.elapsed();
-    nix::sys::signal::kill(baton_pid, Signal::SIGCONT).expect("SIGCONT");
+    drop(frozen_baton);
     assert_eq!(status.code(), Some(76), "stderr: {}", run.stderr());
     assert!(run.stderr().contains("EXPIRED"), "{}", run.stderr());
     assert!(
@@ -372,13 +371,12 @@ async fn observe_through_a_frozen_baton_ends() {
         },
     )
     .await;
-    let baton_pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    testkit::freeze(process.pid());
+    let frozen_baton = testkit::freeze(process.pid());
     let frozen = Instant::now();
     // 20 s of pings and their timeout, with room for a busy machine.
     let status = observer.exit(Duration::from_secs(60)).await;
     let took = frozen.elapsed();
-    nix::sys::signal::kill(baton_pid, Signal::SIGCONT).expect("SIGCONT");
+    drop(frozen_baton);
     assert_eq!(status.code(), Some(69), "stderr: {}", observer.stderr());
     assert!(observer.stderr().contains("broke"), "{}", observer.stderr());
     assert!(
@@ -402,7 +400,7 @@ async fn a_frozen_baton_bounds_the_wait_of_lock_and_semaphore() {
     let ran = dir.path().join("ran");
     let script = format!("echo ran >> {}", ran.display());
     let addr = process.addr().to_string();
-    support::freeze(process.pid());
+    let frozen_baton = support::freeze(process.pid());
     let frozen = Instant::now();
     let bounds = ["--wait", "1s", "--timeout", "2s"];
     let mut runs = [
@@ -432,8 +430,7 @@ async fn a_frozen_baton_bounds_the_wait_of_lock_and_semaphore() {
         assert!(run.stderr().contains("--timeout"), "{}", run.stderr());
     }
     let took = frozen.elapsed();
-    let pid = Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    drop(frozen_baton);
     assert!(
         took < Duration::from_secs(25),
         "gave up {took:?} after the freeze; 4 attempts of 3 s were asked"

@@ -27,10 +27,6 @@ use baton::{
     },
     redis::Topology,
 };
-use nix::{
-    sys::signal::{self, Signal},
-    unistd::Pid,
-};
 use support::{
     Baton,
     lease::read_until_lost,
@@ -100,22 +96,6 @@ fn names_where(kind: &str, base: &str, count: usize, wanted: impl Fn(u16) -> boo
         .filter(|name| wanted(key_slot(&format!("{{{kind}:{name}}}"))))
         .take(count)
         .collect()
-}
-
-/// Freezes a process with SIGSTOP and thaws it on drop, so a failing test never leaves it stopped.
-struct Stopped(Pid);
-
-impl Stopped {
-    fn new(pid: u32) -> Self {
-        testkit::freeze(pid);
-        Self(Pid::from_raw(i32::try_from(pid).expect("pid fits")))
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        let _ = signal::kill(self.0, Signal::SIGCONT);
-    }
 }
 
 /// A field of an `INFO` reply, as a number (0 when absent).
@@ -849,7 +829,7 @@ async fn sentinel_fencing_with_replica_acks() {
     // Rollback: the replica is frozen, so neither a unary acquire nor a Hold is granted, and
     // nothing is left in Redis.
     {
-        let _frozen = Stopped::new(sentinels.replica_pid().expect("the replica runs"));
+        let _frozen = testkit::freeze(sentinels.replica_pid().expect("the replica runs"));
         let started = Instant::now();
         let (mut c1, mut c2) = (client.clone(), client.clone());
         let (unary, hold) = tokio::join!(
@@ -1995,7 +1975,7 @@ async fn lock_grants_wait_for_replica_acks() {
         ..Default::default()
     };
     {
-        let _frozen = Stopped::new(sentinels.replica_pid().expect("the replica runs"));
+        let _frozen = testkit::freeze(sentinels.replica_pid().expect("the replica runs"));
         for mode in [pb::LockMode::Exclusive, pb::LockMode::Shared] {
             let reply = client
                 .acquire(request(mode))

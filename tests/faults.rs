@@ -10,28 +10,9 @@ use baton::proto::v1::{
     self as pb, LeaseLostReason, lock_service_client::LockServiceClient,
     lock_service_hold_response::Event as HoldEvent,
 };
-use nix::{sys::signal, unistd::Pid};
 use support::{Baton, RedisServer, ms, std_duration, wait_until, within};
 use tokio::time::Instant;
 use tonic::Code;
-
-/// Freezes a redis-server with SIGSTOP and thaws it on drop, so a failing test never leaves it
-/// stopped.
-struct Frozen(Pid);
-
-impl Frozen {
-    fn new(redis: &RedisServer) -> Self {
-        let raw = redis.pid().expect("redis is running");
-        testkit::freeze(raw);
-        Self(Pid::from_raw(i32::try_from(raw).unwrap()))
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        let _ = signal::kill(self.0, signal::Signal::SIGCONT);
-    }
-}
 
 /// With Redis frozen under an open Hold (ttl 1 s), the stream reports `lost` UNCONFIRMED before
 /// the lease could expire, a unary call fails UNAVAILABLE within about the 400 ms command
@@ -62,7 +43,7 @@ async fn frozen_redis_loses_holds_before_expiry_and_recovers() {
     };
     let mut valid_until = Instant::now() + std_duration(&lease.remaining_ttl.expect("ttl"));
 
-    let frozen = Frozen::new(&redis);
+    let frozen = testkit::freeze(redis.pid().expect("redis is running"));
     loop {
         let event = within(Duration::from_secs(3), hold.message(), "lost")
             .await
@@ -159,7 +140,7 @@ async fn a_grant_whose_caller_left_is_released() {
     assert!(warm.acquired);
     conn.reset_stats().await;
 
-    let frozen = Frozen::new(&redis);
+    let frozen = testkit::freeze(redis.pid().expect("redis is running"));
     let mut request = tonic::Request::new(pb::LockServiceAcquireRequest {
         name: "orphan".into(),
         ttl: Some(ms(60_000)),

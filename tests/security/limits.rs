@@ -221,7 +221,7 @@ async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
     let mut locks = LockServiceClient::new(channel(process.addr()).await);
     let (mut stream, _) = held(&mut locks, hold_request("kept", 3_000, None, "")).await;
 
-    crate::support::freeze(process.pid());
+    let frozen = crate::support::freeze(process.pid());
     // Rounds of calls written (they wait in Baton's socket), then given up: each one's stream is
     // reset behind it, which frees it for the next round. 2,000 in all: more than the streams a
     // connection may have open (1024), less than the 4,096 resets allowed.
@@ -245,8 +245,7 @@ async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
         while given_up.join_next().await.is_some() {}
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid()).expect("pid fits"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    drop(frozen);
 
     // The connection lives on: the Hold goes on renewing and a new call on it is served.
     next_renewal(&mut stream).await;

@@ -216,11 +216,23 @@ pub async fn wait_for_health(
 
 /// Freezes a process with SIGSTOP and returns once every one of its threads has stopped.
 /// `kill` only queues the signal: until each thread has taken it, a thread of a busy machine
-/// can still answer a request sent after the `kill`.
-pub fn freeze(pid: u32) {
+/// can still answer a request sent after the `kill`. The process is thawed (SIGCONT) when the
+/// guard is dropped, so that a failing test never leaves it stopped.
+pub fn freeze(pid: u32) -> Frozen {
     let target = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits"));
     nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
     wait_stopped(pid);
+    Frozen(target)
+}
+
+/// A process [`freeze`] stopped; dropping it thaws the process.
+#[must_use = "dropping it thaws the process at once"]
+pub struct Frozen(nix::unistd::Pid);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
 }
 
 /// Returns once every thread of `pid` is stopped (or the process is gone); panics after 30 s.
