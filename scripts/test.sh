@@ -65,7 +65,7 @@ step "buf lint"
 .tools/node_modules/.bin/buf lint
 step "the tests, side by side (scripts/run-tests.py)"
 # Two parts at a time on the 2-core CI machine, one at a time when other work keeps its CPUs
-# busy; the load tests of failover.rs (3,000 leases renewed on a Cluster) and soak.rs (1,000
+# busy; the load tests of failover/ (3,000 leases renewed on a Cluster) and soak.rs (1,000
 # streams) run alone. BATON_TEST_LANES sets the count.
 .tools/py/bin/python scripts/run-tests.py --lanes "${BATON_TEST_LANES:-auto}" \
   --cluster lock semaphore election autocomplete ratelimit --alone failover soak \
