@@ -605,3 +605,72 @@ async fn an_old_redis_found_later_fails_calls_and_readiness() {
         );
     }
 }
+
+/// Connections Redis closed while Baton was idle (`CLIENT KILL`, as its `timeout` setting or a
+/// restart would) carry no call: the call right after the kill is granted, not failed with
+/// "broken pipe", although Baton's own background work (readiness checks) used the pool
+/// meanwhile, so that no idleness check could have caught them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_right_after_redis_closed_idle_connections_succeeds() {
+    let redis = RedisServer::start_standalone().await;
+    let baton = Baton::start(&redis).await;
+    let mut admin = redis.client().await;
+    calls_after_kills(&baton, std::slice::from_mut(&mut admin)).await;
+}
+
+/// The same on a Cluster: a connection a master closed carries no call either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_right_after_cluster_masters_closed_idle_connections_succeeds() {
+    let cluster = support::topology::RedisCluster::start(3, 0).await;
+    let baton = Baton::start_on(
+        RedisConfig::with_topology(Topology::Cluster {
+            seeds: cluster.seed_urls(),
+        }),
+        |_| {},
+    )
+    .await;
+    let mut admins = Vec::new();
+    for port in cluster.ports() {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a URL");
+        admins.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection to a master"),
+        );
+    }
+    calls_after_kills(&baton, &mut admins).await;
+}
+
+/// Four rounds of: calls on several names, a pause past the idleness check, `CLIENT KILL` of
+/// every normal connection on every node of `admins`, and at once a call on each name, which
+/// must be granted.
+async fn calls_after_kills(baton: &Baton, admins: &mut [redis::aio::MultiplexedConnection]) {
+    let mut client = baton.client().await;
+    for round in 0..4 {
+        for n in 0..6 {
+            let warm = try_acquire(&mut client, &format!("warm-{round}-{n}")).await;
+            assert_eq!(warm.ok(), Some(true), "round {round}: warming {n}");
+        }
+        // Idleness is the scenario: nothing is polled here.
+        tokio::time::sleep(baton::redis::IDLE_CHECK + Duration::from_millis(500)).await;
+        let mut killed = 0;
+        for admin in admins.iter_mut() {
+            killed += support::client_kill(admin, &["TYPE", "normal", "SKIPME", "yes"])
+                .await
+                .expect("CLIENT KILL");
+        }
+        assert!(
+            killed >= 1,
+            "round {round}: Baton's connections were killed"
+        );
+        for n in 0..6 {
+            let after = try_acquire(&mut client, &format!("after-{round}-{n}")).await;
+            assert_eq!(
+                after.ok(),
+                Some(true),
+                "round {round}: call {n} after the kill"
+            );
+        }
+    }
+}

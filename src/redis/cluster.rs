@@ -47,7 +47,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{
     Conn, Health, NodePool, PoolSettings, access::Access, breaks_connection, slot_of,
-    topology::Endpoint,
+    topology::Endpoint, unsent_or,
 };
 use crate::error::{Error, describe};
 
@@ -787,17 +787,26 @@ impl Routed<'_> {
             };
             self.last = Some((node.clone(), conn.clone()));
             let mut sender = conn.conn.clone();
-            let reply = if asking {
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").add_command(cmd.clone());
-                sender
-                    .req_packed_commands(&pipe, 1, 1)
-                    .await
-                    .and_then(|mut values| values.pop().ok_or_else(no_reply))
-            } else {
-                sender.req_packed_command(cmd).await
-            }
-            .and_then(Value::extract_error);
+            let sent = unsent_or(async {
+                if asking {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("ASKING").add_command(cmd.clone());
+                    sender
+                        .req_packed_commands(&pipe, 1, 1)
+                        .await
+                        .and_then(|mut values| values.pop().ok_or_else(no_reply))
+                } else {
+                    sender.req_packed_command(cmd).await
+                }
+            })
+            .await;
+            let Some(reply) = sent else {
+                // The node had closed this connection before the command was written: the
+                // command goes on another.
+                conn.mark_broken();
+                continue;
+            };
+            let reply = reply.and_then(Value::extract_error);
             let e = match reply {
                 Ok(value) => return Ok(value),
                 Err(e) => e,

@@ -37,7 +37,7 @@ use bb8_redis::{
         aio::MultiplexedConnection,
     },
 };
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, error::Elapsed, timeout_at};
 
 pub use crate::config::Topology;
 pub use ::redis::Script;
@@ -313,6 +313,30 @@ impl NodePool {
         }
     }
 
+    /// Sends a request (`send`, given a handle on a pooled connection) by `deadline`; returns the
+    /// connection it went on and its outcome. A request that finds its connection already closed
+    /// (Redis closed it: `CLIENT KILL`, its `timeout`, a restart) fails before anything is written;
+    /// that connection is marked broken and the request goes on another, so that no call fails
+    /// for a connection that a check of its idleness missed. A request that may have reached
+    /// Redis is never sent again.
+    async fn send<T, F>(
+        &self,
+        deadline: Instant,
+        send: impl Fn(MultiplexedConnection) -> F,
+    ) -> Result<(Conn, Result<Result<T, RedisError>, Elapsed>), Error>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        loop {
+            let conn = self.checkout(deadline).await?;
+            match timeout_at(deadline, unsent_or(send(conn.conn.clone()))).await {
+                Ok(None) => conn.mark_broken(),
+                Ok(Some(reply)) => return Ok((conn, Ok(reply))),
+                Err(elapsed) => return Ok((conn, Err(elapsed))),
+            }
+        }
+    }
+
     /// A handle on whichever pooled connection the pool gives, by `deadline`.
     async fn checkout_any(&self, deadline: Instant) -> Result<Conn, Error> {
         let mut failures = self.connect_failures.0.subscribe();
@@ -328,6 +352,26 @@ impl NodePool {
                 humantime::format_duration(self.command_timeout)
             ))),
         }
+    }
+}
+
+/// Awaits a request on a multiplexed connection: `None` when it failed with its connection closed
+/// at its first poll, which it does only when the connection's writer had already stopped, so
+/// that the request was never queued for the socket; its outcome otherwise.
+async fn unsent_or<T>(
+    request: impl Future<Output = Result<T, RedisError>>,
+) -> Option<Result<T, RedisError>> {
+    let mut request = std::pin::pin!(request);
+    let mut first = true;
+    let outcome = std::future::poll_fn(|cx| {
+        let polled = request.as_mut().poll(cx);
+        first &= polled.is_ready();
+        polled
+    })
+    .await;
+    match outcome {
+        Err(e) if first && e.is_connection_dropped() => None,
+        outcome => Some(outcome),
     }
 }
 
@@ -566,9 +610,12 @@ impl Redis {
     }
 
     /// Wraps a script's source for this topology. Scripts publish wake-ups with
-    /// `redis.call(PUBLISH, channel, message)`: `PUBLISH` is a local defined in front of the source,
-    /// `'SPUBLISH'` on a Cluster (sharded pub/sub, delivered by the node owning the channel's
-    /// slot, which is the slot of the keys the script touches) and `'PUBLISH'` otherwise.
+    /// `redis.pcall(PUBLISH, channel, message)`: `PUBLISH` is a local defined in front of the
+    /// source, `'SPUBLISH'` on a Cluster (sharded pub/sub, delivered by the node owning the
+    /// channel's slot, which is the slot of the keys the script touches) and `'PUBLISH'`
+    /// otherwise. A refused publish (an ACL user without rights on the channel) does not fail
+    /// the script: it comes after the script's writes, which Redis does not undo, and a Baton
+    /// whose user may not use the channels has no waiters on them to wake.
     pub fn script(&self, source: &str) -> Script {
         Script::new(&format!("local PUBLISH = '{}'\n{source}", self.publish))
     }
@@ -626,8 +673,11 @@ impl Redis {
         let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
-                let mut conn = pool.checkout(deadline).await?;
-                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
+                let (conn, outcome) = pool
+                    .send(deadline, |mut c| async move {
+                        invocation.invoke_async(&mut c).await
+                    })
+                    .await?;
                 self.settle(&conn, outcome)
             }
             Backend::Cluster { cluster } => {
@@ -661,14 +711,18 @@ impl Redis {
         let wait_deadline = deadline + self.replica_ack_timeout;
         match &self.backend {
             Backend::Node { pool } => {
-                let mut conn = match pool.checkout(deadline).await {
-                    Ok(conn) => conn,
+                let sent = pool
+                    .send(deadline, |mut c| async move {
+                        invocation.invoke_async(&mut c).await
+                    })
+                    .await;
+                let (mut conn, outcome) = match sent {
+                    Ok(sent) => sent,
                     Err(e) => {
                         observe::<()>(RedisCall::Script, started, &Err(e.clone()));
                         return Err(e);
                     }
                 };
-                let outcome = timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await;
                 let value = self.settle(&conn, outcome);
                 observe(RedisCall::Script, started, &value);
                 let value: T = value?;
@@ -743,8 +797,12 @@ impl Redis {
         let deadline = started + self.command_timeout;
         match &self.backend {
             Backend::Node { pool } => {
-                let mut conn = pool.checkout(deadline).await?;
-                let outcome = timeout_at(deadline, cmd.query_async(&mut conn.conn)).await;
+                let (conn, outcome) = pool
+                    .send(
+                        deadline,
+                        |mut c| async move { cmd.query_async(&mut c).await },
+                    )
+                    .await?;
                 self.settle(&conn, outcome)
             }
             Backend::Cluster { cluster } => {
