@@ -86,11 +86,11 @@ end
 local function wake_head(now)
   local first = head(now)
   if first then
-    redis.call(PUBLISH, K.turn, '@' .. first)
+    redis.pcall(PUBLISH, K.turn, '@' .. first)
   end
 end
 
 -- Tells observers the state changed (a new leader, a new value, no leader).
 local function changed(term)
-  redis.call(PUBLISH, K.changed, term)
+  redis.pcall(PUBLISH, K.changed, term)
 end

@@ -49,10 +49,10 @@ local function settle(m)
         end
       end
       if all_shared then
-        redis.call(PUBLISH, K.channel, '@' .. string.sub(run[MAX_WAKE], 2))
+        redis.pcall(PUBLISH, K.channel, '@' .. string.sub(run[MAX_WAKE], 2))
       end
     elseif #run == 0 and redis.call('ZCARD', K.waiters) > 0 then
-      redis.call(PUBLISH, K.channel, 'released')
+      redis.pcall(PUBLISH, K.channel, 'released')
     end
   end
   if moved then

@@ -131,7 +131,7 @@ local function save_lease(id, lease, now)
   local before = redis.call('ZSCORE', K.leases, id)
   redis.call('ZADD', K.leases, latest, id)
   if before and latest < tonumber(before) and redis.call('ZCARD', K.waiters) > 0 then
-    redis.call(PUBLISH, K.channel, 'shortened')
+    redis.pcall(PUBLISH, K.channel, 'shortened')
   end
   return latest
 end
@@ -237,7 +237,7 @@ local function wake(now, always)
     end
     if string.sub(head[1], 1, 1) == 'x' then
       if live_shared(now) == 0 then
-        redis.call(PUBLISH, K.channel, '@' .. string.sub(head[1], 2))
+        redis.pcall(PUBLISH, K.channel, '@' .. string.sub(head[1], 2))
       end
       return
     end
@@ -245,10 +245,10 @@ local function wake(now, always)
       if string.sub(place, 1, 1) ~= 's' then
         break
       end
-      redis.call(PUBLISH, K.channel, '@' .. string.sub(place, 2))
+      redis.pcall(PUBLISH, K.channel, '@' .. string.sub(place, 2))
     end
   elseif always or redis.call('ZCARD', K.waiters) > 0 then
-    redis.call(PUBLISH, K.channel, 'released')
+    redis.pcall(PUBLISH, K.channel, 'released')
   end
 end
 

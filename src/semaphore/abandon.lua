@@ -12,7 +12,7 @@ local queued = redis.call('ZSCORE', Q, ARGV[1])
 local registered = redis.call('ZSCORE', W, ARGV[1])
 drop_waiter(ARGV[1])
 if queued and redis.call('ZCARD', W) > 0 then
-  redis.call(PUBLISH, C, 'next')
+  redis.pcall(PUBLISH, C, 'next')
 end
 if registered or queued then
   return 1

@@ -96,7 +96,7 @@ if turn and used + permits <= strictest then
     drop_waiter(waiter)
     -- The queue moved: the next fair waiter, or the others it was holding back, may fit now.
     if queued and redis.call('ZCARD', W) > 0 then
-      redis.call(PUBLISH, C, 'next')
+      redis.pcall(PUBLISH, C, 'next')
     end
   end
   touch(now)

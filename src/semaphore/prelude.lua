@@ -156,7 +156,7 @@ local function refresh_lease(token, ttl, min, now)
   end
   redis.call('ZADD', H, 'XX', now + ttl, token)
   if now + ttl < tonumber(expiry) and redis.call('ZCARD', W) > 0 then
-    redis.call(PUBLISH, C, 'shortened')
+    redis.pcall(PUBLISH, C, 'shortened')
   end
   touch(now)
   return ttl

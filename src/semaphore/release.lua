@@ -52,7 +52,7 @@ if unclaimed_only and tonumber(expiry) > now then
   end
 end
 drop_holder(token)
-redis.call(PUBLISH, C, 'released')
+redis.pcall(PUBLISH, C, 'released')
 touch(now)
 if tonumber(expiry) <= now then
   return 0

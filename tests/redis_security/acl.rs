@@ -6,14 +6,17 @@ use std::path::Path;
 
 use baton::{
     config::{RedisAccess, RedisConfig, RedisTls, Topology},
-    proto::v1::{self as pb, autocomplete_service_client::AutocompleteServiceClient},
+    proto::v1::{
+        self as pb, autocomplete_service_client::AutocompleteServiceClient,
+        lock_service_client::LockServiceClient, semaphore_service_client::SemaphoreServiceClient,
+    },
 };
 use redis::aio::MultiplexedConnection;
 
 use crate::{
     exercise,
     support::{
-        Baton, RedisServer, channel,
+        Baton, RedisServer, channel, ms,
         tls::{Pki, TlsRedis, TlsSentinel},
         unique_prefix,
     },
@@ -333,6 +336,99 @@ async fn a_rule_too_narrow_is_unavailable_with_its_cause() {
         status.message().contains("can't run this command"),
         "{status:?}"
     );
+}
+
+/// A Redis user without rights on Baton's pub/sub channels (Redis 7's default for a new user):
+/// grants and releases still work and say what they did (a release made answers `was_held`, not
+/// UNAVAILABLE after the script's writes), and a call that would wait fails UNAVAILABLE naming
+/// NOPERM at once, changing nothing.
+#[tokio::test]
+async fn a_user_without_channels_releases_and_refuses_to_wait() {
+    let redis = RedisServer::start_standalone().await;
+    let mut admin = redis.client().await;
+    let prefix = unique_prefix();
+    create_user(&mut admin, &["standalone"], "mute", "pw", &prefix).await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("mute")
+        .arg("resetchannels")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = RedisConfig::new(redis.url());
+    config.access = RedisAccess {
+        username: Some("mute".to_owned()),
+        password_file: Some(password_file(dir.path(), "pw")),
+        ..RedisAccess::default()
+    };
+    let baton = Baton::start_on(config, |c| {
+        c.redis.key_prefix = prefix.clone();
+        crate::patient(c);
+    })
+    .await;
+    let channel = channel(baton.addr()).await;
+    let mut locks = LockServiceClient::new(channel.clone());
+    let acquire = |wait_ms: u64| pb::LockServiceAcquireRequest {
+        name: "x".to_owned(),
+        ttl: Some(ms(10_000)),
+        wait_timeout: Some(ms(wait_ms)),
+        ..Default::default()
+    };
+    let held = locks
+        .acquire(acquire(0))
+        .await
+        .expect("a grant")
+        .into_inner();
+    assert!(held.acquired, "{held:?}");
+    let status = locks
+        .acquire(acquire(5_000))
+        .await
+        .expect_err("a wait cannot subscribe");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("NOPERM"), "{status:?}");
+    let token = held.lease.expect("a lease").token;
+    let released = locks
+        .release(pb::LockServiceReleaseRequest {
+            name: "x".to_owned(),
+            token,
+        })
+        .await
+        .expect("a release whose wake-up is refused still answers")
+        .into_inner();
+    assert!(released.was_held, "{released:?}");
+    let again = locks
+        .acquire(acquire(0))
+        .await
+        .expect("a grant")
+        .into_inner();
+    assert!(
+        again.acquired,
+        "the lock is free after the release: {again:?}"
+    );
+
+    let mut semaphores = SemaphoreServiceClient::new(channel);
+    let permit = semaphores
+        .acquire(pb::SemaphoreServiceAcquireRequest {
+            name: "s".to_owned(),
+            limit: 1,
+            permits: 1,
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("a permit")
+        .into_inner();
+    assert!(permit.acquired, "{permit:?}");
+    let released = semaphores
+        .release(pb::SemaphoreServiceReleaseRequest {
+            name: "s".to_owned(),
+            token: permit.permit.expect("a permit").token,
+        })
+        .await
+        .expect("a release whose wake-up is refused still answers")
+        .into_inner();
+    assert!(released.was_held, "{released:?}");
 }
 
 /// On a Cluster (over mutual TLS), the standalone rules plus the Cluster line of
