@@ -1,12 +1,12 @@
 -- Renew many leaderships in one call (the keepalive of many Campaign streams at once), each on
--- its own: one whose keys make Redis raise an error (a key of the wrong type) fails alone. The
+-- its own: one whose renewal Redis refuses (`OOM`, a key of the wrong type) fails alone. The
 -- term key is kept for the retention past the renewed lease.
 --
 -- KEYS: per leadership, its election's leader and term keys (two per leadership).
 -- ARGV[1] term retention ms; then per leadership, its token and ttl ms (0: its campaign's ttl).
 --
 -- Returns per leadership, in order, its new remaining ttl in ms, 0 when that token no longer
--- leads, or -1 when its renewal failed with an error.
+-- leads, or the text of the error its renewal raised.
 local now = clock()
 local retention = tonumber(ARGV[1])
 
@@ -37,7 +37,7 @@ for i = 1, #KEYS / 2 do
   if ok then
     renewed[i] = ttl
   else
-    renewed[i] = -1
+    renewed[i] = type(ttl) == 'table' and ttl.err or tostring(ttl)
   end
 end
 return renewed

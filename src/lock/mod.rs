@@ -68,7 +68,7 @@ use crate::{
     },
     redis::{
         Ack, Redis, Wake,
-        reply::{int, ms, string, unexpected},
+        reply::{each_on_its_own, int, ms, string, unexpected},
     },
 };
 use scripts::{LockKeys, MAX_HOLDS};
@@ -501,19 +501,10 @@ impl Primitive for Lock {
         for (name, token, ttl) in leases {
             scripts::add_to_batch(&mut invocation, &self.keys(name), token, *ttl);
         }
-        let reply: Vec<i64> = self.redis.eval(&invocation).await?;
-        if reply.len() != leases.len() {
-            return Err(unexpected("refresh batch reply"));
-        }
-        Ok(reply
+        let reply = self.redis.eval(&invocation).await?;
+        Ok(each_on_its_own(reply, leases.len())?
             .into_iter()
-            .map(|left| match left {
-                0 => Ok(None),
-                left if left > 0 => Ok(ms(left)),
-                _ => Err(Error::Internal(
-                    "the renewal of this lease failed in Redis (a key of the wrong type?)".into(),
-                )),
-            })
+            .map(|left| left.map(|left| ms(left).filter(|left| !left.is_zero())))
             .collect())
     }
 }

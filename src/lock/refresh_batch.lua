@@ -1,11 +1,11 @@
 -- Refresh many holds in one call (the keepalive of many streams at once), each on its own: one
--- hold whose keys make Redis raise an error (a key of the wrong type) fails alone.
+-- hold whose renewal Redis refuses (`OOM`, a key of the wrong type) fails alone.
 --
 -- KEYS: per hold, its lock's state, leases, waiters and channel keys (four per hold).
 -- ARGV: per hold, its token and ttl ms (0 reuses the ttl the hold was acquired with).
 --
 -- Returns per hold, in order, its new remaining ttl in ms, 0 when that token no longer holds the
--- lock, or -1 when its renewal failed with an error.
+-- lock, or the text of the error its renewal raised (`OOM ...` when `maxmemory` is reached).
 local now = clock()
 local renewed = {}
 for i = 1, #ARGV / 2 do
@@ -16,7 +16,7 @@ for i = 1, #ARGV / 2 do
   if ok then
     renewed[i] = math.max(ttl, 0)
   else
-    renewed[i] = -1
+    renewed[i] = type(ttl) == 'table' and ttl.err or tostring(ttl)
   end
 end
 return renewed

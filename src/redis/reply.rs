@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::error::Error;
+use crate::error::{Error, RETRYABLE_REDIS_CODES};
 
 /// A duration as whole milliseconds for a script argument.
 pub fn millis(d: Duration) -> u64 {
@@ -15,6 +15,31 @@ pub fn millis(d: Duration) -> u64 {
 /// (-1: no expiry, -2: no key).
 pub fn ms(v: i64) -> Option<Duration> {
     u64::try_from(v).ok().map(Duration::from_millis)
+}
+
+/// The entries of a batch reply whose entries a script ran each on its own (`count` of them, the
+/// batched renewals): an integer each, or the text of the error Redis raised for that entry
+/// alone, as an error of its own: `UNAVAILABLE` for Redis's "not now" codes (`OOM` when
+/// `maxmemory` is reached), `INTERNAL` otherwise.
+pub fn each_on_its_own(reply: Vec<Value>, count: usize) -> Result<Vec<Result<i64, Error>>, Error> {
+    if reply.len() != count {
+        return Err(unexpected("batch reply"));
+    }
+    reply
+        .iter()
+        .map(|entry| match entry {
+            Value::Int(n) => Ok(Ok(*n)),
+            raised => {
+                let text = string(raised)?;
+                let code = text.split([' ', ':']).next().unwrap_or_default();
+                Ok(Err(if RETRYABLE_REDIS_CODES.contains(&code) {
+                    Error::Unavailable(text)
+                } else {
+                    Error::Internal(format!("Redis raised an error: {text}"))
+                }))
+            }
+        })
+        .collect()
 }
 
 /// The error for a reply that does not have the shape the script promises.

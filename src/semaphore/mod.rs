@@ -49,7 +49,7 @@ use crate::{
     },
     redis::{
         Ack, Redis, Wake,
-        reply::{int, ms, string, unexpected},
+        reply::{each_on_its_own, int, ms, string, unexpected},
     },
 };
 use scripts::SemaphoreKeys;
@@ -425,18 +425,10 @@ impl Primitive for Semaphore {
         for (name, token, ttl) in leases {
             scripts::add_to_batch(&mut invocation, &self.keys(name), token, *ttl);
         }
-        let replies: Vec<i64> = self.redis.eval(&invocation).await?;
-        if replies.len() != leases.len() {
-            return Err(unexpected("refresh_batch reply"));
-        }
-        Ok(replies
+        let reply = self.redis.eval(&invocation).await?;
+        Ok(each_on_its_own(reply, leases.len())?
             .into_iter()
-            .map(|left| match left {
-                -3 => Err(Error::Internal(
-                    "the renewal of this lease failed in Redis (a key of the wrong type?)".into(),
-                )),
-                left => Ok(ms(left)),
-            })
+            .map(|left| left.map(ms))
             .collect())
     }
 }

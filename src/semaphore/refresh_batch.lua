@@ -1,12 +1,12 @@
 -- Refresh many: renew the leases of several semaphores in one call (batched keepalive), each on
--- its own: a lease whose keys make Redis raise an error (a key of the wrong type) fails alone.
+-- its own: a lease whose renewal Redis refuses (`OOM`, a key of the wrong type) fails alone.
 --
 -- KEYS: the prelude's first 7 keys of each lease's semaphore (not the void marks), lease after lease (all in one hash slot
 -- on a Cluster; any keys on a single Redis).
 -- ARGV: per lease, its token and ttl ms (0 reuses the acquisition ttl).
 --
 -- Returns per lease, in order, the new remaining ttl in ms, -1 when the token holds no unexpired
--- lease, or -3 when its renewal failed with an error.
+-- lease, or the text of the error its renewal raised.
 local now = clock()
 local out = {}
 for i = 1, #KEYS / 7 do
@@ -15,6 +15,10 @@ for i = 1, #KEYS / 7 do
   H, D, L, Q, W, F, C = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
     KEYS[k + 6], KEYS[k + 7]
   local ok, ttl = pcall(refresh_lease, ARGV[2 * i - 1], tonumber(ARGV[2 * i]), 0, now)
-  out[i] = ok and ttl or -3
+  if ok then
+    out[i] = ttl
+  else
+    out[i] = type(ttl) == 'table' and ttl.err or tostring(ttl)
+  end
 end
 return out

@@ -217,13 +217,24 @@ impl Fixture {
         }
     }
 
-    /// Runs `renew.lua` for `leases` (keys, token, ttl) in one call.
-    async fn renew(&self, leases: &[(&ElectionKeys, &str, Option<Duration>)]) -> Vec<i64> {
+    /// Runs `renew.lua` for `leases` (keys, token, ttl) in one call: per leadership, its
+    /// remaining ttl in ms, or the text of the error its renewal raised.
+    async fn renew(
+        &self,
+        leases: &[(&ElectionKeys, &str, Option<Duration>)],
+    ) -> Vec<Result<i64, String>> {
         let mut invocation = scripts::renewal(&self.renew);
         for (keys, token, ttl) in leases {
             scripts::add_to_renewal(&mut invocation, keys, token, *ttl);
         }
-        self.redis.eval(&invocation).await.expect("renew.lua")
+        let reply: Vec<Value> = self.redis.eval(&invocation).await.expect("renew.lua");
+        reply
+            .iter()
+            .map(|entry| match entry {
+                Value::Int(left) => Ok(*left),
+                raised => Err(redis::from_redis_value_ref(raised).expect("an error's text")),
+            })
+            .collect()
     }
 
     /// Runs `leader.lua`.
@@ -418,7 +429,7 @@ async fn an_expired_leader_no_longer_leads() {
     let state = f.state().await;
     assert_eq!((state.leader, state.last), (None, a_term));
     assert_eq!(f.proclaim(&a, "a2").await, None);
-    assert_eq!(f.renew(&[(&f.keys, a.as_str(), None)]).await, [0]);
+    assert_eq!(f.renew(&[(&f.keys, a.as_str(), None)]).await, [Ok(0)]);
     assert_eq!(f.resign(&a).await, 0);
     let (_, b_term) = f.elected("", "b").await;
     assert!(b_term > a_term);
@@ -500,7 +511,7 @@ async fn renewal_renews_each_leadership_on_its_own() {
             (&f.keys, random_token().as_str(), None),
         ])
         .await;
-    assert_eq!(renewed, [120_000, 60_000, 0]);
+    assert_eq!(renewed, [Ok(120_000), Ok(60_000), Ok(0)]);
     let mut conn = f.conn.clone();
     assert!(about(pttl(&mut conn, &f.keys.leader).await, 120_000));
     let kept = i64::try_from((longer + FENCE_RETENTION).as_millis()).expect("small");
@@ -519,7 +530,10 @@ async fn renewal_renews_each_leadership_on_its_own() {
             (&f.keys, a.as_str(), None),
         ])
         .await;
-    assert_eq!(renewed, [-1, 60_000], "the broken leadership fails alone");
+    assert!(
+        matches!(&renewed[..], [Err(why), Ok(60_000)] if why.starts_with("WRONGTYPE")),
+        "the broken leadership fails alone, saying why: {renewed:?}"
+    );
 }
 
 /// A candidate that stops waiting gives its place up; when it was the head and nobody leads, the

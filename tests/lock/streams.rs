@@ -550,7 +550,10 @@ async fn one_broken_lease_does_not_fail_its_batch() {
         renewed[0].as_ref().ok(),
         Some(&Some(Duration::from_secs(20)))
     );
-    assert!(renewed[1].is_err(), "{renewed:?}");
+    assert!(
+        matches!(&renewed[1], Err(baton::error::Error::Internal(why)) if why.contains("WRONGTYPE")),
+        "the error Redis raised is told: {renewed:?}"
+    );
     let d = describe(&mut client, &good).await;
     assert!(
         remaining(&d.remaining_ttl, "good") > Duration::from_secs(19),
@@ -602,11 +605,100 @@ async fn one_broken_lease_does_not_fail_its_batch() {
         renewed[0].as_ref().ok(),
         Some(&Some(Duration::from_secs(20)))
     );
-    assert!(renewed[1].is_err(), "{renewed:?}");
+    assert!(
+        matches!(&renewed[1], Err(baton::error::Error::Internal(why)) if why.contains("WRONGTYPE")),
+        "the error Redis raised is told: {renewed:?}"
+    );
     let d = sems
         .describe(pb::SemaphoreServiceDescribeRequest { name: pool })
         .await
         .expect("Describe")
         .into_inner();
     assert!(remaining(&d.holders[0].remaining_ttl, "pool") > Duration::from_secs(19));
+}
+
+/// Batched renewals that Redis refuses for want of memory (`maxmemory` reached) fail as the
+/// unary calls do: UNAVAILABLE naming `OOM`, not an internal error blamed on a key's type; for
+/// locks, semaphores and elections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_renewals_refused_for_memory_say_oom() {
+    use baton::{
+        election::{CampaignRequest, Election},
+        error::Error,
+        lease::{Acquired, Primitive},
+        lock::Lock,
+        redis::{Notifier, Redis},
+        semaphore::Semaphore,
+    };
+
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let mut sems = baton.semaphore_client().await;
+    let mut conn = redis.conn().await;
+    let mut config = redis.redis_config();
+    config.key_prefix = baton.prefix().to_owned();
+    let backend = Redis::new(&config).expect("redis config");
+    let held = granted_with(&mut client, acquire_request("oom-lock", 10_000, None, "")).await;
+    let permit = sems
+        .acquire(pb::SemaphoreServiceAcquireRequest {
+            name: "oom-sem".to_owned(),
+            limit: 2,
+            permits: 1,
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("semaphore Acquire")
+        .into_inner()
+        .permit
+        .expect("granted");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let notifier = Notifier::start(backend.pubsub_source(), Duration::from_secs(5), shutdown);
+    let elections = Election::new(backend.clone(), notifier);
+    let campaign = CampaignRequest {
+        name: "oom-election".to_owned(),
+        ttl: Duration::from_secs(10),
+        value: b"v".to_vec(),
+        wait: Duration::ZERO,
+    };
+    let leader = "oom-leader".to_owned();
+    let (elected, _) = elections
+        .try_acquire(&campaign, &leader, None)
+        .await
+        .expect("a campaign");
+    assert!(matches!(elected, Acquired::Granted(_)), "elected");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    let renewed = [
+        Lock::new(backend.clone())
+            .refresh_many(&[("oom-lock".into(), held.token, None)])
+            .await,
+        Semaphore::new(backend.clone())
+            .refresh_many(&[("oom-sem".into(), permit.token, None)])
+            .await,
+        elections
+            .refresh_many(&[("oom-election".into(), leader, None)])
+            .await,
+    ];
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    for (what, renewed) in ["lock", "semaphore", "election"].iter().zip(renewed) {
+        let renewed = renewed.expect("the batch call itself succeeds");
+        assert!(
+            matches!(&renewed[..], [Err(Error::Unavailable(why))] if why.starts_with("OOM")),
+            "{what}: {renewed:?}"
+        );
+    }
 }
