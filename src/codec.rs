@@ -7,7 +7,9 @@
 //!
 //! A request that does not decode (a `string` field that is not UTF-8, a truncated or garbled
 //! message) is the client's error: it fails `INVALID_ARGUMENT` with prost's reason, where tonic's
-//! codec answers `INTERNAL`, the code of a server fault.
+//! codec answers `INTERNAL`, the code of a server fault. When prost names the field it stopped
+//! at, the message starts with that field and a `BadRequest` detail names it, as for every other
+//! invalid field.
 
 use std::marker::PhantomData;
 
@@ -16,6 +18,8 @@ use tonic::{
     codec::{BufferSettings, Codec, DecodeBuf, Decoder},
 };
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+use crate::error::Error;
 
 /// Initial size of each call's encode and decode buffer, in bytes.
 pub const BUFFER_SIZE: usize = 512;
@@ -64,12 +68,75 @@ impl<U: prost::Message + Default> Decoder for LeanDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        self.0
-            .decode(buf)
-            .map_err(|e| Status::invalid_argument(e.message()))
+        self.0.decode(buf).map_err(|e| undecodable(e.message()))
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         self.0.buffer_settings()
+    }
+}
+
+/// The status of a request that did not decode, from prost's message (`failed to decode Protobuf
+/// message: Request.field: reason`, the innermost field first): `INVALID_ARGUMENT` naming the
+/// field (`outer.inner` when nested) as [`Error::InvalidArgument`] does, or saying the request
+/// does not decode when prost names none (a message cut short).
+fn undecodable(message: &str) -> Status {
+    let mut rest = message
+        .strip_prefix("failed to decode Protobuf message: ")
+        .unwrap_or(message);
+    let mut fields = Vec::new();
+    while let Some((head, tail)) = rest.split_once(": ") {
+        match head.split_once('.') {
+            Some((message, field)) if identifier(message) && identifier(field) => {
+                fields.push(field);
+                rest = tail;
+            }
+            _ => break,
+        }
+    }
+    if fields.is_empty() {
+        return Status::invalid_argument(format!("the request does not decode: {rest}"));
+    }
+    fields.reverse();
+    Error::invalid(fields.join("."), rest.to_owned()).into()
+}
+
+/// Whether `s` is a protobuf identifier.
+fn identifier(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// prost's messages become the field first, nested fields outer first, or the request.
+    #[test]
+    fn undecodable_names_the_field() {
+        let status = undecodable(
+            "failed to decode Protobuf message: AutocompleteServiceCompleteRequest.query: invalid \
+             string value: data is not UTF-8 encoded",
+        );
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "query: invalid string value: data is not UTF-8 encoded"
+        );
+        let nested = undecodable(
+            "failed to decode Protobuf message: AutocompleteTerm.display: \
+             AutocompleteServiceAddRequest.terms: invalid string value: data is not UTF-8 encoded",
+        );
+        assert!(
+            nested
+                .message()
+                .starts_with("terms.display: invalid string"),
+            "{nested:?}"
+        );
+        let whole = undecodable("failed to decode Protobuf message: buffer underflow");
+        assert_eq!(whole.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            whole.message(),
+            "the request does not decode: buffer underflow"
+        );
     }
 }

@@ -329,8 +329,9 @@ impl tonic::codec::Decoder for RawCodec {
 }
 
 /// A request that does not decode (a name that is not UTF-8, a message cut short) fails
-/// INVALID_ARGUMENT with the decoder's reason, not INTERNAL, in every service; well-formed
-/// requests on the same connection are served.
+/// INVALID_ARGUMENT with the decoder's reason, not INTERNAL, in every service: naming the field
+/// first, with a BadRequest detail, when the decoder stopped at one (nested fields outer first);
+/// well-formed requests on the same connection are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_do_not_decode_are_invalid_arguments() {
     let redis = RedisServer::start().await;
@@ -340,36 +341,80 @@ async fn requests_that_do_not_decode_are_invalid_arguments() {
     // that says 16 bytes and holds 1.
     let not_utf8 = vec![0x0a, 4, 0xff, 0xfe, b'a', b'b'];
     let cut_short = vec![0x0a, 16, b'a'];
+    // A key of wire type 7, which no field has.
+    let garbled = vec![0x0f];
     for path in [
         "/baton.v1.LockService/Acquire",
         "/baton.v1.LockService/Describe",
         "/baton.v1.SemaphoreService/Describe",
         "/baton.v1.ElectionService/Leader",
     ] {
-        for (bytes, reason) in [(&not_utf8, "UTF-8"), (&cut_short, "")] {
-            grpc.ready().await.expect("the connection");
-            let refused = grpc
-                .unary(
-                    tonic::Request::new(bytes.clone()),
-                    http::uri::PathAndQuery::from_static(path),
-                    RawCodec,
-                )
-                .await
-                .expect_err("a request that does not decode");
-            assert_eq!(refused.code(), Code::InvalidArgument, "{path}: {refused:?}");
+        let field = "name";
+        for (bytes, starts, named) in [
+            (
+                &not_utf8,
+                format!("{field}: invalid string value"),
+                Some(field),
+            ),
+            (
+                &cut_short,
+                format!("{field}: buffer underflow"),
+                Some(field),
+            ),
+            (&garbled, "the request does not decode: ".to_owned(), None),
+        ] {
+            let refused = undecoded(&mut grpc, path, bytes.clone()).await;
             assert!(
-                refused.message().contains("failed to decode")
-                    && refused.message().contains(reason),
+                refused.message().starts_with(&starts),
                 "{path}: {refused:?}"
             );
+            assert_eq!(bad_field(&refused).as_deref(), named, "{path}: {refused:?}");
         }
     }
+    // A term of an Add (field 2) whose display (field 1) is not UTF-8.
+    let term = [0x0a, 2, 0xff, 0xfe];
+    let mut add = vec![0x0a, 1, b'd', 0x12, term.len() as u8];
+    add.extend_from_slice(&term);
+    let refused = undecoded(&mut grpc, "/baton.v1.AutocompleteService/Add", add).await;
+    assert!(
+        refused
+            .message()
+            .starts_with("terms.display: invalid string value"),
+        "{refused:?}"
+    );
+    assert_eq!(bad_field(&refused).as_deref(), Some("terms.display"));
     let mut locks = baton.client().await;
     let served = locks
         .acquire(acquire_request("fine", 1_000, None, ""))
         .await
         .expect("a well-formed request");
     assert!(served.into_inner().acquired);
+}
+
+/// The refusal of `bytes` sent to `path` as a request, which must be INVALID_ARGUMENT.
+async fn undecoded(
+    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    path: &'static str,
+    bytes: Vec<u8>,
+) -> tonic::Status {
+    grpc.ready().await.expect("the connection");
+    let refused = grpc
+        .unary(
+            tonic::Request::new(bytes),
+            http::uri::PathAndQuery::from_static(path),
+            RawCodec,
+        )
+        .await
+        .expect_err("a request that does not decode");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{path}: {refused:?}");
+    refused
+}
+
+/// The field a BadRequest detail of `status` names, if any.
+fn bad_field(status: &tonic::Status) -> Option<String> {
+    use tonic_types::StatusExt;
+    let bad = status.get_error_details().bad_request()?.clone();
+    bad.field_violations.first().map(|v| v.field.clone())
 }
 
 /// A connection that says nothing is closed after `--handshake-timeout`, and past
