@@ -10,6 +10,7 @@ scraped, an app connects from the address in its own container's environment and
 and the `helm test` hook's command is run against it.
 """
 
+import json
 import os
 import re
 import shutil
@@ -913,6 +914,349 @@ class ChartRenders(unittest.TestCase):
         self.assertEqual(spec["securityContext"]["fsGroup"], 1000680000)
         (app,) = [c for c in spec["containers"] if c["name"] == "app"]
         self.assertEqual(app["securityContext"]["runAsUser"], 1000680000)
+
+    # Values and release names YAML would read as something else than text: booleans, numbers,
+    # null. Every one of them is a valid name, Secret name or key for Kubernetes.
+    _RETYPED = ["on", "yes", "true", "off", "null", "y", "123", "1e3", "0x1f", "1.5", "0o17"]
+
+    def _assert_all_text(self, objects, where):
+        """Every label and selector value, object name, Secret name, ConfigMap name and key,
+        and every `secretName`/`key`/`name`/`mountPath` in the pod specs is a string."""
+        def walk(node, path):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    self.assertIsInstance(k, str, (where, path))
+                    if k in ("name", "secretName", "key", "mountPath", "path", "sizeLimit",
+                             "service", "imagePullPolicy", "image", "interval"):
+                        self.assertIsInstance(v, str, (where, f"{path}.{k}"))
+                    if k in ("labels", "matchLabels", "selector", "annotations", "data"):
+                        if isinstance(v, dict) and k != "selector" or (
+                                k == "selector" and isinstance(v, dict)
+                                and "matchLabels" not in v):
+                            for lk, lv in v.items():
+                                self.assertIsInstance(lv, str, (where, f"{path}.{k}.{lk}"))
+                    walk(v, f"{path}.{k}")
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    walk(v, f"{path}[{i}]")
+        for obj in objects:
+            walk(obj, f'{obj["kind"]}')
+
+    def _validate(self, objects, where):
+        for obj in objects:
+            for version in KUBE_VERSIONS:
+                with self.subTest(where=where, object=obj["kind"], kube=version):
+                    if obj["kind"] in _MONITOR_SCHEMAS:
+                        jsonschema.validate(obj, _MONITOR_SCHEMAS[obj["kind"]])
+                    else:
+                        kubernetes_validate.validate(obj, version, strict=True)
+
+    def test_names_and_keys_yaml_would_retype_stay_text(self):
+        """Release names, overrides, Secret names and keys that YAML reads as booleans, numbers
+        or null (`on`, `123`, `yes`, `1e3`, `null`...) are all valid for Kubernetes: every
+        template writes them quoted, so each object validates strictly and carries them as text,
+        in this chart and in the example parent chart."""
+        rules = [{"domain": d, "descriptors": [{"key": d, "value": d, "rate_limit": {
+            "unit": "second", "requests_per_unit": 5}}]} for d in ["on", "123"]]
+        for word in self._RETYPED:
+            starts_with_letter = word[0].isalpha()
+            everything = {"demo": {"enabled": True},
+                          "metrics": {"podMonitor": {"enabled": True, "labels": {word: word}},
+                                      "serviceMonitor": {"enabled": True,
+                                                         "labels": {word: word}}},
+                          "rateLimit": {"rules": rules}}
+            cases = [
+                # A release name that gives valid Service names, or none at all.
+                (word, everything if starts_with_letter else {
+                    "tests": {"enabled": False}, "rateLimit": {"rules": rules},
+                    "metrics": {"podMonitor": {"enabled": True}}}),
+                ("rel", merge(everything, {"fullnameOverride": word})
+                 if re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", word) else everything),
+                ("rel", merge(everything, {"nameOverride": word})
+                 if re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", word) else everything),
+                ("rel", merge(everything, {
+                    "apiToken": {"existingSecret": word.lower().replace("_", "-"), "key": word},
+                    "demo": {"redis": {"enabled": False}},
+                    "redis": {"url": "rediss://r:6380",
+                              "password": {"existingSecret": word.lower(), "key": word},
+                              "tls": {"existingSecret": word.lower(), "clientCert": True}}})
+                 if re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", word.lower()) else everything),
+            ]
+            for release, values in cases:
+                where = f"release={release} {str(values)[:200]}"
+                with self.subTest(where=where):
+                    objects = documents(self.charts.render(self.charts.chart, values,
+                                                           name=release))
+                    self._assert_all_text(objects, where)
+                    self._validate(objects, where)
+                    for obj in objects:
+                        self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"],
+                                         release)
+            with self.subTest(example=word):
+                secret = word.lower()
+                if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", secret):
+                    secret = "s"
+                objects = documents(self.charts.render(self.charts.example, {"baton": {
+                    "transport": "tcp",
+                    "tls": {"existingSecret": secret, "clientCA": True},
+                    "apiToken": {"existingSecret": secret, "key": word},
+                    "redis": {"url": "rediss://r:6380",
+                              "password": {"existingSecret": secret, "key": word},
+                              "tls": {"existingSecret": secret}}}},
+                    name=word if starts_with_letter else "rel"))
+                self._assert_all_text(objects, f"example {word}")
+                self._validate(objects, f"example {word}")
+                (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-myapp")]
+                for volume in spec["volumes"]:
+                    self.assertEqual(volume["secret"]["secretName"], secret)
+                keys = {v["name"]: [i["key"] for i in v["secret"]["items"]]
+                        for v in spec["volumes"]}
+                self.assertEqual(keys["baton-api-token"], [word])
+                self.assertEqual(keys["baton-redis-password"], [word])
+
+    def test_socket_dir_never_hides_what_the_image_needs(self):
+        """A socket.dir on, inside or above the image's binary /baton (Baton's entrypoint and the
+        demo app's), or on the kernel's /proc, /sys or /dev, is refused: the emptyDir would be
+        mounted over it; folders merely named alike render."""
+        for folder in ["/baton", "/baton/", "/baton/sock", "/proc", "/sys/fs", "/dev",
+                       "/dev/shm/baton"]:
+            with self.subTest(folder=folder):
+                self._refused(self.charts.chart, {"socket": {"dir": folder},
+                                                  "demo": {"enabled": True}},
+                              f'socket.dir: "{folder}"')
+                self._refused(self.charts.example, {"baton": {"socket": {"dir": folder}}},
+                              f'socket.dir: "{folder}"')
+        self._refused(self.charts.chart, {"socket": {"dir": "/baton"}}, "the binary /baton")
+        for folder in ["/batons", "/var/baton", "/run/baton", "/devices", "/tmp/baton"]:
+            with self.subTest(folder=folder):
+                self.charts.render(self.charts.chart, {"socket": {"dir": folder},
+                                                       "demo": {"enabled": True}})
+        # With TCP the socket's folder is not mounted.
+        self.charts.render(self.charts.chart, {"transport": "tcp", "socket": {"dir": "/baton"}})
+
+    def _baton_refuses(self, *args):
+        """Baton's `serve` error lines for args (with `--listen=`, always refused alone)."""
+        run = subprocess.run([os.environ["BATON_BIN"], "serve", "--listen=", *args],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(run.returncode, 2, run.stderr)
+        return [line for line in run.stderr.splitlines()
+                if line.startswith("  - ") and not line.startswith("  - --listen")]
+
+    def test_redis_user_in_one_place_and_database_numbers(self):
+        """A Redis URL naming a user together with redis.username is refused, as Baton refuses it;
+        a database path or `db` parameter that is not a number is refused, as Baton refuses it;
+        the forms Baton takes render."""
+        for mode, url in [("standalone", "redis://u@r:6379"), ("standalone", "rediss://u@r:6380"),
+                          ("sentinel", "redis://a:26379,redis://u@b:26379"),
+                          ("cluster", "redis://a:7000, redis://u@b:7000")]:
+            values = {"redis": {"mode": mode, "url": url, "username": "baton",
+                                "sentinelMaster": "m" if mode == "sentinel" else ""}}
+            with self.subTest(url=url):
+                self._refused(self.charts.chart, values, "a Redis URL already names a user")
+                self._refused(self.charts.chart, values, "redis.url")
+                self.assertTrue(any("already names a user" in line for line in self._baton_refuses(
+                    f"--redis-mode={mode}", f"--redis-url={url}", "--redis-username=baton",
+                    *(["--redis-sentinel-master=m"] if mode == "sentinel" else []))))
+                self.charts.render(self.charts.chart, merge(values, {"redis": {"username": ""}}))
+        self.charts.render(self.charts.chart, {"redis": {"username": "baton"}})
+        for url in ["redis://r:6379/abc", "redis://r:6379/2/3", "unix:///x.sock?db=x",
+                    "unix:///x.sock?db=", "rediss://r:6380/%32?protocol=resp3",
+                    "redis://r:6379/99999999999999999999", "redis://[::1]:6379/x#y"]:
+            with self.subTest(url=url):
+                self._refused(self.charts.chart, {"redis": {"url": url}},
+                              "is not a database number")
+                self.assertTrue(any("Invalid database number" in line
+                                    for line in self._baton_refuses(f"--redis-url={url}")))
+        self._refused(self.charts.chart, {"redis": {"mode": "cluster",
+                                                    "url": "redis://a:7000,redis://b:7000/x"}},
+                      "is not a database number")
+        self._refused(self.charts.example, {"baton": {"redis": {"url": "redis://r/abc"}}},
+                      "is not a database number")
+        # A rediss:// URL takes no fragment but #insecure, which redis.tls.insecure sets instead.
+        for url in ["rediss://r:6380/1#x", "rediss://r:6380#insecure"]:
+            with self.subTest(url=url):
+                self._refused(self.charts.chart, {"redis": {"url": url}}, "redis.tls.insecure")
+        self.assertTrue(any("only #insecure is supported" in line for line in
+                            self._baton_refuses("--redis-url=rediss://r:6380/1#x")))
+        for url in ["redis://r:6379/2", "redis://r:6379/", "redis://r:6379//3/",
+                    "unix:///x.sock?db=3", "unix:///x.sock", "redis://[::1]:6379/0?protocol=resp3",
+                    "rediss://user@r:6380/15", "redis://user@r:6379/15#x", "redis://r?db=x"]:
+            with self.subTest(url=url):
+                self.charts.render(self.charts.chart, {"redis": {"url": url}})
+                self.assertEqual(self._baton_refuses(f"--redis-url={url}"), [])
+
+    def test_log_filter_is_one_baton_takes(self):
+        """log.level is refused exactly when Baton refuses it (tracing's EnvFilter directives:
+        `target[span{field}]=level`, comma-separated), and also when it holds whitespace or no
+        directive at all, which Baton would take but match nothing with."""
+        for level in ["info", "INFO", "3", "off", "info,baton=debug", "warn,baton::lock=trace",
+                      "debug,h2=off", "[span]=debug", "[span{field=1}]=debug",
+                      "baton[span{f}]=debug", "baton[span]", "[]", "info,", ",info",
+                      "info,,debug", "baton=", "target-with-dash=debug", "a]b", "05",
+                      "baton=+3", "Info", "tower_http=debug,axum::rejection=trace",
+                      "[{f=a.*}]=trace", "[s]="]:
+            with self.subTest(level=level):
+                self.assertEqual(self._baton_refuses(f"--log={level}"), [])
+                self.charts.render(self.charts.chart, {"log": {"level": level}})
+        for level in ["info,baton=[debug", "baton=verbose", "baton=debug=x", "=debug",
+                      "info, baton=debug", "[{}]", "[s]x", "+3", "baton=6", "[s]]",
+                      " ", "baton[s]=debug]"]:
+            with self.subTest(level=level):
+                self.assertTrue(any(line.startswith("  - --log ")
+                                    for line in self._baton_refuses(f"--log={level}")))
+                self._refused(self.charts.chart, {"log": {"level": level}}, "/log/level")
+        for level in [",", "info baton=debug", "bat on=debug", "info\n"]:
+            with self.subTest(level=level):
+                self._refused(self.charts.chart, {"log": {"level": level}}, "/log/level")
+
+    _DOCS_RULE = {"domain": "edge", "descriptors": [
+        {"key": "remote_address", "rate_limit": {"unit": "minute", "requests_per_unit": 100}},
+        {"key": "path", "value": "/login",
+         "rate_limit": {"name": "login", "unit": "hour", "requests_per_unit": 5}},
+        {"key": "path", "value": "/api/*", "rate_limit": {
+            "name": "api", "period": "1500ms", "requests_per_unit": 3, "algorithm": "gcra",
+            "burst": 2}},
+        {"key": "tenant", "descriptors": [
+            {"key": "plan", "value": "free", "rate_limit": {
+                "unit": "day", "requests_per_unit": 1000, "algorithm": "sliding_window"}},
+            {"key": "plan", "value": "gold", "rate_limit": {"unlimited": True}}]},
+        {"key": "experiment", "value": "new-limits", "shadow_mode": True,
+         "rate_limit": {"name": "experiment", "unit": "second", "requests_per_unit": 10}},
+        {"key": "vip", "value": "true", "detailed_metric": False, "rate_limit": {
+            "name": "vip", "replaces": [{"name": "login"}], "unit": "hour",
+            "requests_per_unit": 100}}]}
+
+    def test_rate_limit_rules_have_the_shape_baton_reads(self):
+        """Each rateLimit.rules entry is checked against the rules format Baton reads
+        (docs/ratelimit.md): a domain and a list of descriptors, each with a key, an optional
+        value, rate_limit, nested descriptors and the shadow_mode, detailed_metric and
+        value_to_metric flags, nothing else; the documentation's example renders and Baton loads
+        what the chart writes."""
+        rendered = self.charts.render(self.charts.chart, {"rateLimit": {"rules": [
+            self._DOCS_RULE]}})
+        (cm,) = [o for o in documents(rendered) if o["kind"] == "ConfigMap"]
+        with tempfile.TemporaryDirectory(prefix="baton-rules-") as folder:
+            for name, text in cm["data"].items():
+                with open(os.path.join(folder, name), "w") as f:
+                    f.write(text)
+            self.assertEqual(self._baton_refuses(f"--ratelimit-config={folder}"), [])
+        bad = [
+            ({"domain": "d", "descriptors": "x"}, "/rateLimit/rules/0/descriptors"),
+            ({"domain": "d", "descriptors": ["x"]}, "/rateLimit/rules/0/descriptors/0"),
+            ({"domain": "d", "descriptor": []}, "descriptor"),
+            ({"domain": "d", "descriptors": [{"value": "v"}]}, "key"),
+            ({"domain": "d", "descriptors": [{"key": "k", "limit": 1}]}, "limit"),
+            ({"domain": "d", "descriptors": [{"key": "k", "shadow_mode": "yes"}]},
+             "/rateLimit/rules/0/descriptors/0/shadow_mode"),
+            ({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {
+                "unit": "second", "requests_per_unit": "5"}}]}, "requests_per_unit"),
+            ({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {
+                "unit": "second", "requests_per_unit": 5, "algorithm": "leaky"}}]}, "algorithm"),
+            ({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {
+                "unit": "fortnight", "requests_per_unit": 5}}]}, "unit"),
+            ({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {
+                "unit": "second", "requests_per_unit": 5, "replaces": ["login"]}}]}, "replaces"),
+            ({"domain": "d", "descriptors": [{"key": "k", "descriptors": [
+                {"key": "n", "rate_limit": "x"}]}]},
+             "/rateLimit/rules/0/descriptors/0/descriptors/0/rate_limit"),
+        ]
+        for rule, message in bad:
+            with self.subTest(rule=rule):
+                self._refused(self.charts.chart, {"rateLimit": {"rules": [rule]}}, message)
+
+    def test_extra_args_are_flags_baton_serve_knows(self):
+        """extraArgs items are `--flag` or `--flag=value` for a flag of `baton serve` (the
+        schema's list is the one `baton serve --help` gives); a space outside the value, a
+        short or unknown flag, or a positional argument is refused."""
+        with open(os.path.join(CHART, "values.schema.json")) as f:
+            pattern = json.load(f)["properties"]["extraArgs"]["items"]["pattern"]
+        listed = set(re.search(r"\(([-a-z0-9|]+)\)", pattern).group(1).split("|"))
+        run = subprocess.run([os.environ["BATON_BIN"], "serve", "--help"], capture_output=True,
+                             text=True, timeout=30)
+        known = set(re.findall(r"^\s+(?:-\w, )?--([a-z0-9-]+)", run.stdout, re.M)) - {"help"}
+        self.assertEqual(listed, known)
+        for arg in ["--log debug", "--client-keepalive-interval =2s", " --log-format=json",
+                    "-v", "serve", "--no-such-flag=1", "--client keepalive=1", "--help",
+                    "--client-keepalive-interval\n=2s", "--client-keepalive-intervals=2s"]:
+            with self.subTest(arg=arg):
+                self._refused(self.charts.chart, {"extraArgs": [arg]}, "/extraArgs/0")
+        objects = documents(self.charts.render(self.charts.chart, {
+            "demo": {"enabled": True}, "extraArgs": [
+                "--client-keepalive-interval=2s", "--client-keepalive-timeout=30s"]}))
+        (_, spec), = [p for p in pod_specs(objects) if p[0].endswith("-demo")]
+        self.assertEqual(batons(spec)[0]["args"][-2:], [
+            "--client-keepalive-interval=2s", "--client-keepalive-timeout=30s"])
+        self._refused(self.charts.chart, {"extraArgs": ["--log=debug"]},
+                      "extraArgs: --log is already set by the chart")
+
+    def test_security_context_labels_and_resources_kubernetes_takes(self):
+        """securityContext holds only a container SecurityContext's fields and never root;
+        the monitors' extra labels are valid label keys and values, none of the chart's own;
+        resources are Kubernetes quantities. Each is refused by the schema."""
+        refused = [
+            ({"securityContext": {"foo": 1}}, "foo"),
+            ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
+            ({"securityContext": {"runAsNonRoot": True, "runAsUser": 0}},
+             "/securityContext/runAsUser"),
+            ({"securityContext": {"capabilities": {"drop": ["ALL"], "ad": ["X"]}}}, "ad"),
+            ({"securityContext": {"seccompProfile": {"type": "Custom"}}},
+             "/securityContext/seccompProfile/type"),
+        ]
+        for monitor in ["podMonitor", "serviceMonitor"]:
+            for labels in [{"bad key!": "a"}, {"release": "a b"}, {"a/b/c": "x"},
+                           {"x" * 64: "a"}, {"release": "v" * 64},
+                           {"app.kubernetes.io/name": "x"}, {"helm.sh/chart": "x"},
+                           {"app.kubernetes.io/instance": "x"},
+                           {"app.kubernetes.io/version": "x"},
+                           {"app.kubernetes.io/managed-by": "x"}]:
+                # A key's error names the key; a value's, its path.
+                (key, value), = labels.items()
+                if key.startswith(("app.kubernetes.io/", "helm.sh/")):
+                    message = (f'metrics.{monitor}.labels: "{key}" is one of the chart\'s own '
+                               "labels")
+                else:
+                    message = (f"/metrics/{monitor}/labels/{key}" if key == "release"
+                               else f"'{key}'")
+                refused.append(({"metrics": {monitor: {"enabled": True, "labels": labels}}},
+                                message))
+        for quantity in ["lots", "1 Gi", "1GB", "-", "1.5.2", ""]:
+            refused.append(({"resources": {"limits": {"memory": quantity}}},
+                            "/resources/limits/memory"))
+            refused.append(({"resources": {"requests": {"cpu": quantity}}},
+                            "/resources/requests/cpu"))
+        refused.append(({"resources": {"requests": {"cpu": -1}}}, "/resources/requests/cpu"))
+        for values, message in refused:
+            with self.subTest(values=values):
+                self._refused(self.charts.chart, values, message)
+        values = {"demo": {"enabled": True},
+                  "securityContext": {"runAsUser": 1000, "seLinuxOptions": {"level": "s0:c1"},
+                                      "procMount": "Default"},
+                  "metrics": {"podMonitor": {"enabled": True, "labels": {
+                      "release": "prometheus", "example.com/team": "a-b.c_d", "x": ""}},
+                              "serviceMonitor": {"enabled": True, "labels": {"release": "p"}}},
+                  "resources": {"requests": {"cpu": 0.5, "memory": "64Mi",
+                                             "ephemeral-storage": "1e3"},
+                                "limits": {"cpu": "1500m", "memory": "1G"}}}
+        objects = documents(self.charts.render(self.charts.chart, values))
+        self._validate(objects, "accepted")
+        (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+        self.assertEqual(monitor["metadata"]["labels"]["example.com/team"], "a-b.c_d")
+
+    def test_notes_and_comments_say_what_is_set(self):
+        """NOTES.txt gives the socket's mode as set, and who can connect with it; values.yaml
+        says the Redis CA comes from redis.tls.existingSecret."""
+        for mode, who in [("0660", "any app user in the pod"), ("660", "any app user in the pod"),
+                          ("0600", "only Baton's own user"), ("0666", "any app user in the pod"),
+                          ("0640", "only Baton's own user")]:
+            with self.subTest(mode=mode):
+                notes = " ".join(self.charts.render(self.charts.chart, {"socket": {
+                    "mode": mode}})["baton/templates/NOTES.txt"].split())
+                self.assertIn(f"The socket (mode {mode})", notes)
+                self.assertIn(who, notes)
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            text = f.read()
+        url_comment = text.split("\n  url:")[0].rsplit("redis:\n", 1)[1]
+        self.assertIn("`redis.tls.existingSecret`'s `ca.crt`", url_comment)
 
     def test_every_value_is_documented(self):
         """Each key of values.yaml has a `# --` comment, or lies in a value documented as a whole,

@@ -29,10 +29,10 @@ characters without being cut, and no two of them end up the same. */}}
 
 {{/* Labels of every resource this chart renders. */}}
 {{- define "baton.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .context.Chart.Name .context.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ printf "%s-%s" .context.Chart.Name .context.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" | quote }}
 {{ include "baton.selectorLabels" . }}
 app.kubernetes.io/version: {{ include "baton.versionLabel" . | quote }}
-app.kubernetes.io/managed-by: {{ .context.Release.Service }}
+app.kubernetes.io/managed-by: {{ .context.Release.Service | quote }}
 {{- end -}}
 
 {{/* app.kubernetes.io/version: the image tag made a valid label value (a digest pin's
@@ -46,8 +46,8 @@ beginning and ending with a letter or digit). */}}
 
 {{/* Labels that select this release's resources. */}}
 {{- define "baton.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "baton.name" . }}
-app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/name: {{ include "baton.name" . | quote }}
+app.kubernetes.io/instance: {{ .context.Release.Name | quote }}
 {{- end -}}
 
 {{/* The Unix socket's path inside the pod. */}}
@@ -194,7 +194,9 @@ socket's path, names, rate limit rules and extra arguments. Included by every wo
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- /* Redis URLs: ports in 1..65535, all rediss:// or none, no unix:// seed for a Cluster. */ -}}
+{{- /* Redis URLs: ports in 1..65535, all rediss:// or none, no unix:// seed for a Cluster, a
+user in one place (the URL or redis.username), a database that is a number (the path of a
+redis:// URL, the `db` parameter of a unix:// one, as Baton reads them). */ -}}
 {{- if not (and $v.demo.enabled $v.demo.redis.enabled) -}}
 {{- $tls := 0 -}}{{- $plain := 0 -}}
 {{- range $u := splitList "," $v.redis.url -}}
@@ -204,8 +206,25 @@ socket's path, names, rate limit rules and extra arguments. Included by every wo
 {{- if eq $v.redis.mode "cluster" -}}
 {{- fail (printf "redis.url: %q is a Unix socket, and every seed of a Redis Cluster (redis.mode: cluster) must be redis://HOST:PORT or rediss://HOST:PORT" $u) -}}
 {{- end -}}
+{{- $dbs := regexFindAll "[?&]db=[^&#]*" (regexReplaceAll "#.*$" $u "") -1 -}}
+{{- if $dbs -}}
+{{- $db := regexReplaceAll "^[?&]db=" (last $dbs) "" -}}
+{{- if not (regexMatch "^[0-9]{1,18}$" $db) -}}
+{{- fail (printf "redis.url: the db parameter of %q, %q, is not a database number (0, 1, ...): Baton refuses the URL" $u $db) -}}
+{{- end -}}
+{{- end -}}
 {{- else -}}
 {{- $authority := regexReplaceAll "[/?#].*$" (regexReplaceAll "^rediss?://" $u "") "" -}}
+{{- if and (contains "@" $authority) $v.redis.username -}}
+{{- fail (printf "redis.url: %q names a user, and so does redis.username (%q): a Redis URL already names a user; give it in one place (Baton refuses both)" $u $v.redis.username) -}}
+{{- end -}}
+{{- if and (hasPrefix "rediss://" $u) (contains "#" $u) -}}
+{{- fail (printf "redis.url: %q has a fragment: Baton takes none on a rediss:// URL but #insecure, and the chart sets that with redis.tls.insecure instead" $u) -}}
+{{- end -}}
+{{- $db := regexReplaceAll "[?#].*$" (regexReplaceAll "^rediss?://[^/?#]*" $u "") "" | trimAll "/" -}}
+{{- if and $db (not (regexMatch "^[0-9]{1,18}$" $db)) -}}
+{{- fail (printf "redis.url: the path of %q, %q, is not a database number (/0, /1, ...): Baton refuses the URL" $u $db) -}}
+{{- end -}}
 {{- $port := regexFind ":[^:\\]]*$" (regexReplaceAll "^.*@" $authority "") -}}
 {{- if $port -}}
 {{- $port = trimPrefix ":" $port -}}
@@ -232,6 +251,14 @@ socket's path, names, rate limit rules and extra arguments. Included by every wo
 {{- if eq $dir "/" -}}
 {{- fail "socket.dir: / cannot be the socket's folder (an emptyDir mounted over the container's root)" -}}
 {{- end -}}
+{{- if or (eq $dir "/baton") (hasPrefix "/baton/" $dir) -}}
+{{- fail (printf "socket.dir: %q would be mounted on or inside the binary /baton, the image's entrypoint (Baton's and the demo app's): choose another folder, such as /var/run/baton" $v.socket.dir) -}}
+{{- end -}}
+{{- range $m := list "/proc" "/sys" "/dev" -}}
+{{- if or (eq $dir $m) (hasPrefix (printf "%s/" $m) $dir) -}}
+{{- fail (printf "socket.dir: %q is on or inside %s, which the container runtime mounts: choose another folder, such as /var/run/baton" $v.socket.dir $m) -}}
+{{- end -}}
+{{- end -}}
 {{- range $m := list (include "baton.passwordDir" .) (include "baton.redisTlsDir" .) (include "baton.tlsDir" .) (include "baton.apiTokenDir" .) (include "baton.rulesDir" .) -}}
 {{- if or (eq $dir $m) (hasPrefix (printf "%s/" $m) $dir) (hasPrefix (printf "%s/" $dir) $m) -}}
 {{- fail (printf "socket.dir: %q overlaps %q, where the chart mounts one of Baton's Secrets or ConfigMaps: choose another folder" $v.socket.dir $m) -}}
@@ -243,6 +270,14 @@ socket's path, names, rate limit rules and extra arguments. Included by every wo
 {{- $full := include "baton.fullname" . -}}
 {{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
 {{- fail (printf "the chart's resources would be named %q (from the release name %q, nameOverride and fullnameOverride), and a Service's name must start with a lowercase letter and hold only lowercase letters, digits and '-': set fullnameOverride (or nameOverride) to such a name" $full .context.Release.Name) -}}
+{{- end -}}
+{{- end -}}
+{{- /* The monitors' extra labels: none of the labels the chart sets itself. */ -}}
+{{- range $m := list "podMonitor" "serviceMonitor" -}}
+{{- range $key, $_ := (get $v.metrics $m).labels -}}
+{{- if has $key (list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by") -}}
+{{- fail (printf "metrics.%s.labels: %q is one of the chart's own labels (it sets it on every object): leave it out" $m $key) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- /* Rate limit rules: one configuration per domain. */ -}}

@@ -48,7 +48,7 @@ false`), or nothing. */}}
 {{- include "baton.checkValues" . -}}
 - name: baton
   image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
-  imagePullPolicy: {{ $v.image.pullPolicy }}
+  imagePullPolicy: {{ $v.image.pullPolicy | quote }}
   {{- if $v.nativeSidecar }}
   restartPolicy: Always
   {{- end }}
@@ -71,7 +71,7 @@ false`), or nothing. */}}
   startupProbe:
     grpc:
       port: {{ $v.health.port }}
-      service: {{ $v.probes.startup.service }}
+      service: {{ $v.probes.startup.service | quote }}
     periodSeconds: {{ $v.probes.startup.periodSeconds }}
     failureThreshold: {{ $v.probes.startup.failureThreshold }}
     timeoutSeconds: {{ $v.probes.timeoutSeconds }}
@@ -96,31 +96,31 @@ false`), or nothing. */}}
   volumeMounts:
     {{- if eq $v.transport "socket" }}
     - name: baton-socket
-      mountPath: {{ $v.socket.dir }}
+      mountPath: {{ $v.socket.dir | quote }}
     {{- end }}
     {{- if $v.redis.password.existingSecret }}
     - name: baton-redis-password
-      mountPath: {{ include "baton.passwordDir" . }}
+      mountPath: {{ include "baton.passwordDir" . | quote }}
       readOnly: true
     {{- end }}
     {{- if $v.redis.tls.existingSecret }}
     - name: baton-redis-tls
-      mountPath: {{ include "baton.redisTlsDir" . }}
+      mountPath: {{ include "baton.redisTlsDir" . | quote }}
       readOnly: true
     {{- end }}
     {{- if $v.tls.existingSecret }}
     - name: baton-tls
-      mountPath: {{ include "baton.tlsDir" . }}
+      mountPath: {{ include "baton.tlsDir" . | quote }}
       readOnly: true
     {{- end }}
     {{- if $v.apiToken.existingSecret }}
     - name: baton-api-token
-      mountPath: {{ include "baton.apiTokenDir" . }}
+      mountPath: {{ include "baton.apiTokenDir" . | quote }}
       readOnly: true
     {{- end }}
     {{- if $v.rateLimit.rules }}
     - name: baton-ratelimit
-      mountPath: {{ include "baton.rulesDir" . }}
+      mountPath: {{ include "baton.rulesDir" . | quote }}
       readOnly: true
     {{- end }}
     {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.redis.tls.existingSecret $v.tls.existingSecret $v.apiToken.existingSecret $v.rateLimit.rules) }} []{{ end }}
@@ -206,21 +206,21 @@ list items. */}}
 - name: baton-socket
   emptyDir:
     medium: Memory
-    sizeLimit: {{ $v.socket.sizeLimit }}
+    sizeLimit: {{ $v.socket.sizeLimit | quote }}
 {{- end }}
 {{- if $v.redis.password.existingSecret }}
 - name: baton-redis-password
   secret:
-    secretName: {{ $v.redis.password.existingSecret }}
+    secretName: {{ $v.redis.password.existingSecret | quote }}
     defaultMode: 0440
     items:
-      - key: {{ $v.redis.password.key }}
+      - key: {{ $v.redis.password.key | quote }}
         path: password
 {{- end }}
 {{- if $v.redis.tls.existingSecret }}
 - name: baton-redis-tls
   secret:
-    secretName: {{ $v.redis.tls.existingSecret }}
+    secretName: {{ $v.redis.tls.existingSecret | quote }}
     defaultMode: 0440
     items:
       - key: ca.crt
@@ -235,7 +235,7 @@ list items. */}}
 {{- if $v.tls.existingSecret }}
 - name: baton-tls
   secret:
-    secretName: {{ $v.tls.existingSecret }}
+    secretName: {{ $v.tls.existingSecret | quote }}
     defaultMode: 0440
     items:
       - key: tls.crt
@@ -250,16 +250,16 @@ list items. */}}
 {{- if $v.apiToken.existingSecret }}
 - name: baton-api-token
   secret:
-    secretName: {{ $v.apiToken.existingSecret }}
+    secretName: {{ $v.apiToken.existingSecret | quote }}
     defaultMode: 0440
     items:
-      - key: {{ $v.apiToken.key }}
+      - key: {{ $v.apiToken.key | quote }}
         path: token
 {{- end }}
 {{- if $v.rateLimit.rules }}
 - name: baton-ratelimit
   configMap:
-    name: {{ include "baton.rulesConfigMap" . }}
+    name: {{ include "baton.rulesConfigMap" . | quote }}
 {{- end }}
 {{- if not (or (eq $v.transport "socket") $v.redis.password.existingSecret $v.redis.tls.existingSecret $v.tls.existingSecret $v.apiToken.existingSecret $v.rateLimit.rules) }} []{{ end }}
 {{- end -}}
@@ -285,11 +285,11 @@ TCP without an API token): the socket's folder, the API token's. */}}
 {{- $v := .baton -}}
 {{- if eq $v.transport "socket" }}
 - name: baton-socket
-  mountPath: {{ $v.socket.dir }}
+  mountPath: {{ $v.socket.dir | quote }}
 {{- end }}
 {{- if $v.apiToken.existingSecret }}
 - name: baton-api-token
-  mountPath: {{ include "baton.apiTokenDir" . }}
+  mountPath: {{ include "baton.apiTokenDir" . | quote }}
   readOnly: true
 {{- end }}
 {{- if not (or (eq $v.transport "socket") $v.apiToken.existingSecret) }} []{{ end }}
@@ -305,7 +305,7 @@ seccompProfile:
 {{/* The label that marks pods carrying this Baton (the PodMonitor and the metrics Service select
 it). */}}
 {{- define "baton.podLabels" -}}
-baton-sidecar: {{ include "baton.fullname" . }}
+baton-sidecar: {{ include "baton.fullname" . | quote }}
 {{- end -}}
 
 {{/* Prometheus scrape annotations for the pod (an empty map without metrics). */}}
@@ -314,7 +314,7 @@ baton-sidecar: {{ include "baton.fullname" . }}
 {{- if and $v.metrics.enabled $v.metrics.annotations }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ $v.metrics.port | quote }}
-prometheus.io/path: /metrics
+prometheus.io/path: "/metrics"
 {{- else }} {}
 {{- end }}
 {{- end -}}
