@@ -1535,3 +1535,70 @@ async fn a_moved_slot_counts_a_topology_change() {
     })
     .await;
 }
+
+/// A client whose connection breaks while it is still sending a request (killed mid-call) left:
+/// the call is counted CANCELLED, as a reset stream is, not UNKNOWN, and no ERROR is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_off_by_its_connection_counts_cancelled() {
+    let redis = RedisServer::start().await;
+    let served = spawn(&redis, &[]).await;
+    let before = Scrape::of(&served).await;
+    let series = |code: &str| {
+        format!(
+            r#"baton_rpc_calls_total{{service="baton.v1.SemaphoreService",method="Acquire",code="{code}"}}"#
+        )
+    };
+    // An HTTP/2 frame: length, type, flags, stream, payload.
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let len = u32::try_from(payload.len()).expect("small");
+        let mut f = len.to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    // HPACK literal fields without indexing, names and values short and plain.
+    let mut fields = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/baton.v1.SemaphoreService/Acquire"),
+        (":authority", "baton"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        fields.push(0);
+        for text in [name, value] {
+            fields.push(u8::try_from(text.len()).expect("short"));
+            fields.extend_from_slice(text.as_bytes());
+        }
+    }
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend(frame(4, 0, 0, &[]));
+    bytes.extend(frame(1, 4, 1, &fields));
+    // A gRPC message announced as 100 bytes, of which 3 are sent.
+    bytes.extend(frame(0, 0, 1, &[0, 0, 0, 0, 100, 1, 2, 3]));
+    let mut stream = tokio::net::TcpStream::connect(served.baton.addr())
+        .await
+        .expect("connecting");
+    stream.write_all(&bytes).await.expect("sending");
+    // The call is under way (Baton waits for the rest of its message) before the connection is
+    // cut off.
+    let in_flight = r#"baton_rpc_in_flight{service="baton.v1.SemaphoreService",method="Acquire"}"#;
+    wait_until(PATIENCE, "the call under way", || {
+        let served = &served;
+        async move {
+            let now = Scrape::of(served).await.value(in_flight);
+            if now == 1.0 { Ok(()) } else { Err(now) }
+        }
+    })
+    .await;
+    drop(stream);
+    let after = scrape_until_moved(&served, &before, &[(series("CANCELLED"), 1.0)]).await;
+    assert_eq!(moved(&before, &after, &series("UNKNOWN")), 0.0);
+    assert!(
+        !served.baton.stderr().contains("ERROR"),
+        "{}",
+        served.baton.stderr()
+    );
+}

@@ -53,6 +53,8 @@ pub const CODES: [&str; 18] = [
 ];
 const CANCELLED: usize = 1;
 const UNKNOWN: usize = 2;
+/// How tonic's status for a request whose body the transport failed to read begins.
+const BROKEN_REQUEST: &str = "h2 protocol error";
 const OTHER: usize = CODES.len() - 1;
 
 /// Whether calls ending with `code` failed for a cause on Baton's side (or Redis's), which the
@@ -309,14 +311,21 @@ impl Call {
             return;
         }
         let took = self.started.elapsed();
+        let message = headers
+            .and_then(tonic::Status::from_header_map)
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        // tonic answers UNKNOWN when the request's body could not be read because the client's
+        // connection broke under it: the caller left, as a reset stream says.
+        let code = if code == UNKNOWN && message.starts_with(BROKEN_REQUEST) {
+            CANCELLED
+        } else {
+            code
+        };
         self.metrics.ended(code, took);
         if server_side(code) {
             let _entered = self.span.as_ref().map(Span::enter);
             let (service, method) = self.metrics.names();
-            let message = headers
-                .and_then(tonic::Status::from_header_map)
-                .map(|s| s.message().to_owned())
-                .unwrap_or_default();
             let duration_ms = took.as_secs_f64() * 1000.0;
             if matches!(CODES[code], "UNAVAILABLE" | "DEADLINE_EXCEEDED") {
                 tracing::warn!(service, method, code = CODES[code], duration_ms, error = %message, "call failed");
