@@ -68,6 +68,11 @@ async fn match_modes() {
     )
     .await;
     assert_eq!(exact.suggestions[0].match_kind(), Kind::Exact);
+    // Separators a word-prefix query starts with match where they begin the term or follow a
+    // separator: "-luc" is not found in "Jean-Luc Picard", but in "x -luc".
+    assert_eq!(c("-luc", Mode::WordPrefix).await, Vec::<String>::new());
+    add_all(&mut client, d, &["x -luc"]).await;
+    assert_eq!(c("-luc", Mode::WordPrefix).await, ["x -luc"]);
 }
 
 /// Scores are set, incremented or kept; payloads kept, replaced or cleared; the display form
