@@ -79,6 +79,45 @@ async def test_frozen_baton_cancels_the_block_by_the_local_clock(own_server, nam
     assert took <= 1.5, f"lost {took:.2f}s after the freeze, the ttl is 1 s"
 
 
+async def test_a_block_whose_loop_could_not_run_past_the_expiry_raises(own_server, name):
+    """Blocking work inside the block while Baton is frozen: the loop cannot run the expiry
+    timer, yet the block's end raises LeaseLost(EXPIRED) and sets `lost`, never leaving quietly;
+    for locks and semaphores, cancelling on loss or not."""
+    async with baton.aio.Baton.connect(own_server.tcp) as client:
+        for held in (client.lock(name, ttl=1), client.semaphore(name, limit=1, ttl=1),
+                     client.lock(name + "-flag", ttl=1, cancel_on_lost=False)):
+            with pytest.raises(baton.LeaseLost) as raised:
+                async with held as lease:
+                    own_server.freeze()
+                    try:
+                        time.sleep(1.5)  # blocking work: the loop does not run meanwhile
+                    finally:
+                        own_server.thaw()
+            assert raised.value.reason == "EXPIRED"
+            assert lease.lost.is_set() and lease.lost_reason == "EXPIRED"
+
+
+async def test_an_outside_cancellation_landing_with_the_loss_goes_on(own_server, name):
+    """The task is cancelled from outside in the loop turn its lease is lost in (blocking work
+    past the expiry): the cancellation goes on, it is not swallowed into LeaseLost."""
+    async with baton.aio.Baton.connect(own_server.tcp) as client:
+        async def worker():
+            async with client.lock(name, ttl=1):
+                loop.call_later(0.5, task.cancel)
+                own_server.freeze()
+                try:
+                    time.sleep(1.5)  # the expiry and the cancellation come due together
+                finally:
+                    own_server.thaw()
+                await asyncio.sleep(10)
+
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(worker())
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        assert task.cancelled()
+
+
 async def test_entering_a_frozen_baton_gives_up_after_the_wait_and_timeout(own_server, name):
     """Entering a lock while Baton is frozen raises DeadlineExceeded after the wait and the
     client's timeout, instead of waiting for Baton forever."""

@@ -421,6 +421,10 @@ class Held:
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
+        if not self.lease.lost.is_set() and self.lease.remaining <= 0:
+            # The loop could not run the expiry timer in time (blocking work, a frozen process):
+            # the lease expired inside the block all the same, and the block's end says so.
+            self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at")
         cancelled: Optional[asyncio.CancelledError] = None
         if not self.lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
@@ -440,10 +444,14 @@ class Held:
             raise cancelled
         lease = self.lease
         if self._cancelled_by_us:
-            # The cancellation was ours (the lease was lost): turn it into LeaseLost.
+            # The cancellation was ours (the lease was lost): turn it into LeaseLost, unless the
+            # task was cancelled from outside too (in the same turn of the loop): that
+            # cancellation goes on, never swallowed.
             uncancel = getattr(self._task, "uncancel", None)
-            if uncancel is not None:
-                uncancel()
+            if uncancel is not None and uncancel() > 0:
+                if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+                    return False
+                raise asyncio.CancelledError()
             if exc_type is None or issubclass(exc_type, asyncio.CancelledError):
                 raise lease.error() from None
             return False
