@@ -47,8 +47,6 @@ export class Lease implements AsyncDisposable {
   readonly permits: number;
   /** True for a shared lock lease. */
   readonly shared: boolean;
-  /** Aborted when the lease is lost; its reason is the LeaseLostError. */
-  readonly signal: AbortSignal;
   /** Why the lease was lost, once it was (see LeaseLostError.reason). */
   lostReason?: string;
   /** Baton's words about the loss. */
@@ -59,6 +57,8 @@ export class Lease implements AsyncDisposable {
   #stream: AbortController;
   #timer?: NodeJS.Timeout;
   #closed = false;
+  /** Lost by the local clock outside the timer: released by `close()` all the same. */
+  #expiredUntold = false;
   #grant: Grant;
   #release: Releaser;
 
@@ -75,7 +75,6 @@ export class Lease implements AsyncDisposable {
     this.owner = grant.owner;
     this.permits = grant.permits ?? 0;
     this.shared = grant.shared ?? false;
-    this.signal = this.#lost.signal;
     this.#grant = grant;
     this.#stream = stream;
     this.#release = release;
@@ -84,8 +83,17 @@ export class Lease implements AsyncDisposable {
     void this.#read(events);
   }
 
-  /** True once the lease is lost. */
+  /** Aborted when the lease is lost; its reason is the LeaseLostError. Read after `expiresAt`
+   * passed, it is aborted already, even when the event loop was too busy to run the expiry timer
+   * (work that blocked it, a frozen process). */
+  get signal(): AbortSignal {
+    this.#expireIfDue();
+    return this.#lost.signal;
+  }
+
+  /** True once the lease is lost (and from `expiresAt` on, as `signal` says). */
   get lost(): boolean {
+    this.#expireIfDue();
     return this.#lost.signal.aborted;
   }
 
@@ -107,9 +115,6 @@ export class Lease implements AsyncDisposable {
   /** Throws LeaseLostError unless the lease is still held: call it between steps of work that
    * cannot take the `signal`. */
   check(): void {
-    if (!this.lost && this.remainingMs <= 0) {
-      this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
-    }
     if (this.lost) throw this.error();
   }
 
@@ -143,11 +148,10 @@ export class Lease implements AsyncDisposable {
     if (this.#closed) return;
     // A loss no timer could tell (work that blocked the event loop past expiresAt) is told here,
     // so that release(), `await using` and withLock() report it instead of returning quietly.
-    const expired = !this.lost && this.remainingMs <= 0;
-    if (expired) this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
+    this.#expireIfDue();
     this.#closed = true;
     clearTimeout(this.#timer);
-    if (!this.lost || expired) {
+    if (!this.#lost.signal.aborted || this.#expiredUntold) {
       // Released before returning, so the next holder can go ahead; closing the stream would
       // release it too, a moment later. An expired lease may still be held (its renewals only
       // went unread): it is released all the same.
@@ -163,7 +167,7 @@ export class Lease implements AsyncDisposable {
   }
 
   #expired(): void {
-    if (this.#closed || this.lost) return;
+    if (this.#closed || this.#lost.signal.aborted) return;
     if (this.remainingMs > 0) {
       this.#arm(); // a renewal moved it meanwhile
       return;
@@ -172,8 +176,17 @@ export class Lease implements AsyncDisposable {
     this.#stream.abort();
   }
 
+  /** Loses the lease when `expiresAt` has passed and no timer could say so yet (work that
+   * blocked the event loop): the stream is left to `close()`, which releases the lease, since
+   * its renewals may only have gone unread. */
+  #expireIfDue(): void {
+    if (this.#closed || this.#lost.signal.aborted || this.remainingMs > 0) return;
+    this.#lose("EXPIRED", "no renewal arrived before the lease's expiresAt");
+    this.#expiredUntold = true;
+  }
+
   #lose(reason: string, message: string): void {
-    if (this.lost || this.#closed) return;
+    if (this.#lost.signal.aborted || this.#closed) return;
     this.lostReason = reason;
     this.lostMessage = message;
     clearTimeout(this.#timer);

@@ -251,6 +251,9 @@ test("work that blocks the event loop past expiresAt is told its loss by withLoc
   assert.ok(error instanceof LeaseLostError && error.reason === "EXPIRED", String(error));
   const lease = await client.lock(name, { ttlMs: 1000, waitMs: 5000 });
   block(1500);
+  // Before any turn of the event loop: the signal handed to the next write is aborted already.
+  assert.equal(lease.signal.aborted, true);
+  assert.equal(lease.lost, true);
   await assert.rejects(lease.release(), (e: unknown) => e instanceof LeaseLostError && e.reason === "EXPIRED");
   assert.equal(lease.held, false);
   // Released all the same: the lock is free for the next holder at once.

@@ -81,18 +81,19 @@ async def test_frozen_baton_cancels_the_block_by_the_local_clock(own_server, nam
 
 async def test_a_block_whose_loop_could_not_run_past_the_expiry_raises(own_server, name):
     """Blocking work inside the block while Baton is frozen: the loop cannot run the expiry
-    timer, yet the block's end raises LeaseLost(EXPIRED) and sets `lost`, never leaving quietly;
-    for locks and semaphores, cancelling on loss or not."""
-    async with baton.aio.Baton.connect(own_server.tcp) as client:
+    timer, and the block ends while Baton is still frozen (no word from it can come), yet the
+    end raises LeaseLost(EXPIRED) and sets `lost`, never leaving quietly; for locks and
+    semaphores, cancelling on loss or not."""
+    async with baton.aio.Baton.connect(own_server.tcp, timeout=1.0) as client:
         for held in (client.lock(name, ttl=1), client.semaphore(name, limit=1, ttl=1),
                      client.lock(name + "-flag", ttl=1, cancel_on_lost=False)):
-            with pytest.raises(baton.LeaseLost) as raised:
-                async with held as lease:
-                    own_server.freeze()
-                    try:
+            try:
+                with pytest.raises(baton.LeaseLost) as raised:
+                    async with held as lease:
+                        own_server.freeze()
                         time.sleep(1.5)  # blocking work: the loop does not run meanwhile
-                    finally:
-                        own_server.thaw()
+            finally:
+                own_server.thaw()
             assert raised.value.reason == "EXPIRED"
             assert lease.lost.is_set() and lease.lost_reason == "EXPIRED"
 

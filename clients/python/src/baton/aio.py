@@ -421,10 +421,10 @@ class Held:
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
-        if not self.lease.lost.is_set() and self.lease.remaining <= 0:
-            # The loop could not run the expiry timer in time (blocking work, a frozen process):
-            # the lease expired inside the block all the same, and the block's end says so.
-            self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at")
+        # The loop may not have run the expiry timer in time (blocking work, a frozen process):
+        # the lease expired inside the block all the same, and the block's end says so below.
+        # It may still be held (its renewals only went unread): it is released all the same.
+        expired = not self.lease.lost.is_set() and self.lease.remaining <= 0
         cancelled: Optional[asyncio.CancelledError] = None
         if not self.lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
@@ -440,6 +440,8 @@ class Held:
         self._call.cancel()
         if self._reader is not None:
             self._reader.cancel()
+        if expired:
+            self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at")
         if cancelled is not None:
             raise cancelled
         lease = self.lease
