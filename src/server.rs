@@ -36,7 +36,7 @@ use crate::{
         authority::FixAuthority,
         conn::{CountCalls, Watched},
         deadline::Deadline,
-        drain::EndAtShutdown,
+        drain::{EndAtShutdown, TrackCalls},
     },
     lease::WaitLimit,
     lock::{Lock, Locks, service::LockApi},
@@ -55,6 +55,10 @@ use crate::{
 
 /// How often readiness checks Redis with `PING`.
 pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long the drain lets connections close by themselves once every call is answered (their
+/// last frames leave meanwhile); past it, those still open are closed.
+pub const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// Streams reset before Baton took them allowed at once on a connection, per stream it may have
 /// open (`--max-concurrent-streams`): past them the connection is closed (GOAWAY).
@@ -307,6 +311,8 @@ pub async fn serve_until(
 
     // Ends the streams of health and reflection once their watchers were told NOT_SERVING.
     let end_streams = CancellationToken::new();
+    // Every call until its answer is sent, for the drain.
+    let calls = TaskTracker::new();
     let router = || -> anyhow::Result<_> {
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -343,6 +349,7 @@ pub async fn serve_until(
             // A call's metadata (its HTTP/2 header list), as advertised to clients: past it the
             // call fails, far past it the connection is closed (docs/security.md, Limits).
             .http2_max_header_list_size(MAX_METADATA_BYTES)
+            .layer(TrackCalls::new(calls.clone()))
             .layer(rpc_metrics.clone())
             // Inside the metrics layer, so a call past its deadline is counted with its code.
             .layer(Deadline)
@@ -398,6 +405,7 @@ pub async fn serve_until(
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(
             Server::builder()
+                .layer(TrackCalls::new(calls.clone()))
                 // Counted like the calls of the API's listeners (any other path as `unknown`).
                 .layer(rpc_metrics.clone())
                 .add_service(EndAtShutdown::new(health.clone(), end_streams.clone()))
@@ -425,7 +433,21 @@ pub async fn serve_until(
             // The calls and streams first, then the releases and clean-ups still being retried
             // (a client that left just before, a Redis slow to answer), all by one deadline.
             let drained = async {
-                let served = first_failure(&mut servers).await;
+                calls.close();
+                let answered = async {
+                    calls.wait().await;
+                    tokio::time::sleep(FLUSH_GRACE).await;
+                };
+                let served = tokio::select! {
+                    served = first_failure(&mut servers) => Some(served),
+                    () = answered => None,
+                };
+                let served = served.unwrap_or_else(|| {
+                    // Every call is answered and its last frames had time to leave: a
+                    // connection still open waits only for a client that no longer answers.
+                    servers.abort_all();
+                    Ok(())
+                });
                 tasks.close();
                 tasks.wait().await;
                 served

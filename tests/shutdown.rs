@@ -827,3 +827,51 @@ async fn health_and_reflection_streams_do_not_hold_the_shutdown() {
     }
     drop(requests);
 }
+
+/// A client connection that stops answering (a frozen or busy client: it never acknowledges the
+/// server's goodbye) does not hold the shutdown up once every call is answered: Baton exits well
+/// before its drain deadline, and says nothing of a deadline passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_answering_does_not_hold_the_shutdown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&["--redis-url", &url, "--drain-timeout", "10s"]).await;
+    // An HTTP/2 connection whose client sends its preface and settings, reads Baton's, and then
+    // neither reads nor writes again.
+    let mut mute = tokio::net::TcpStream::connect(baton.addr())
+        .await
+        .expect("connecting");
+    let settings = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    mute.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("the preface");
+    mute.write_all(&settings).await.expect("SETTINGS");
+    let mut head = [0u8; 9];
+    within(READY, mute.read_exact(&mut head), "Baton's SETTINGS")
+        .await
+        .expect("Baton's SETTINGS");
+    // A live call on another connection, answered before the signal.
+    let mut client = LockServiceClient::new(support::channel(baton.addr()).await);
+    let held = client
+        .acquire(pb::LockServiceAcquireRequest {
+            name: "x".to_owned(),
+            ttl: Some(ms(10_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(held.acquired);
+
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM; the drain deadline is 10 s"
+    );
+    let stderr = baton.stderr();
+    assert!(!stderr.contains("drain deadline passed"), "{stderr}");
+    drop(mute);
+}

@@ -167,7 +167,8 @@ pub struct ServeArgs {
     /// Number of multiplexed Redis connections.
     #[arg(long, env = "BATON_REDIS_POOL_SIZE", default_value_t = DEFAULT_REDIS_POOL_SIZE.to_string())]
     pub redis_pool_size: String,
-    /// Time allowed for a graceful drain on SIGTERM/SIGINT before stopping hard (e.g. 10s).
+    /// Time allowed for a graceful drain on SIGTERM/SIGINT before stopping hard (e.g. 10s; 0s
+    /// stops hard at once: nothing is released, leases end at their ttl).
     #[arg(long, env = "BATON_DRAIN_TIMEOUT", default_value = "10s")]
     pub drain_timeout: String,
     /// Time Baton keeps serving every call, new ones too, after SIGTERM/SIGINT before the drain

@@ -8,6 +8,11 @@
 //! already had ready, and its request streams end as if the client had closed them (so that a
 //! handler still reading one lets the stream go). Baton's own streams end themselves (a `Hold`
 //! says `lost` and releases).
+//!
+//! [`TrackCalls`] keeps every call in a [`TaskTracker`] until its answer is sent, so that the
+//! drain knows when every call is answered: past that, a connection that has not closed waits
+//! only for a client that no longer answers (it never acknowledges the server's goodbye), and the
+//! drain does not wait for it.
 
 use std::{
     future::Future,
@@ -17,8 +22,13 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use pin_project_lite::pin_project;
+use tokio_util::{
+    sync::{CancellationToken, WaitForCancellationFutureOwned},
+    task::{TaskTracker, task_tracker::TaskTrackerToken},
+};
 use tonic::{Status, server::NamedService};
+use tower_layer::Layer;
 use tower_service::Service;
 
 /// The message of the status that ends a stream at shutdown.
@@ -131,6 +141,113 @@ impl Body for Ending {
 
     fn is_end_stream(&self) -> bool {
         self.ended || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The layer keeping each call in a [`TaskTracker`] until its answer is sent (its response body
+/// ended or dropped).
+#[derive(Clone, Debug)]
+pub struct TrackCalls(TaskTracker);
+
+impl TrackCalls {
+    /// Tracks calls in `calls`.
+    pub fn new(calls: TaskTracker) -> Self {
+        Self(calls)
+    }
+}
+
+impl<S> Layer<S> for TrackCalls {
+    type Service = Tracked<S>;
+
+    fn layer(&self, inner: S) -> Tracked<S> {
+        Tracked {
+            inner,
+            calls: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`TrackCalls`] wraps around the router.
+#[derive(Clone, Debug)]
+pub struct Tracked<S> {
+    inner: S,
+    calls: TaskTracker,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for Tracked<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+{
+    type Response = http::Response<Counted<RB>>;
+    type Error = S::Error;
+    type Future = TrackedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        TrackedFuture {
+            token: Some(self.calls.token()),
+            inner: self.inner.call(request),
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of a tracked call, handing its place in the tracker to the body.
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        token: Option<TaskTrackerToken>,
+    }
+}
+
+impl<F, RB, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<http::Response<RB>, E>>,
+{
+    type Output = Result<http::Response<Counted<RB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx));
+        let token = this.token.take();
+        Poll::Ready(response.map(|response| {
+            response.map(|body| Counted {
+                body,
+                _token: token,
+            })
+        }))
+    }
+}
+
+pin_project! {
+    /// A response body holding its call's place in the tracker until it is dropped.
+    pub struct Counted<B> {
+        #[pin]
+        body: B,
+        _token: Option<TaskTrackerToken>,
+    }
+}
+
+impl<B: Body> Body for Counted<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
