@@ -1273,3 +1273,44 @@ async fn a_lost_leadership_stops_the_command() {
     assert!(run_.stderr().contains("leadership"), "{}", run_.stderr());
     wait_gone(grandchild, "the grandchild to die with the leadership").await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// `baton autocomplete load` and `baton complete`
+// ---------------------------------------------------------------------------------------------
+
+/// The JSON a finished `baton ... --json` printed.
+fn json_of(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+/// `baton complete` prints one suggestion per line: control characters in a display are escaped
+/// in text (JSON gives them as they are).
+#[tokio::test]
+async fn complete_escapes_control_characters() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+    let mut autocomplete = AutocompleteServiceClient::new(support::channel(baton.addr()).await);
+    within(
+        Duration::from_secs(5),
+        autocomplete.add(AutocompleteServiceAddRequest {
+            dictionary: "controls".to_owned(),
+            terms: vec![AutocompleteTerm {
+                display: "ctl one\nctl \u{1b}[31mtwo\r".to_owned(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        "Add",
+    )
+    .await
+    .expect("Add");
+    let (code, out, _) = run(&addr, &["complete", "controls", "ctl"]).await;
+    assert_eq!((code, out.as_str()), (0, "ctl one\\nctl \\x1b[31mtwo\\r\n"));
+    let (code, out, _) = run(&addr, &["complete", "controls", "ctl", "--json"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        json_of(&out)["suggestions"][0]["display"],
+        "ctl one\nctl \u{1b}[31mtwo\r"
+    );
+}

@@ -237,7 +237,32 @@ pub async fn ratelimit_check(args: RateLimitCheckArgs) -> Result<u8, Failure> {
     Ok(if answer.allowed { 0 } else { EXIT_NO })
 }
 
-/// Runs `baton complete`: one suggestion per line.
+/// A display text on one line of a terminal: control characters (C0, DEL, C1) and the Unicode
+/// line and paragraph separators escaped, as `\n`, `\r`, `\t`, `\x1b`, `\u{85}`,
+/// `\u{2028}`, so that each suggestion is one line and none can drive the terminal. Other text,
+/// backslashes included, is printed as it is (`--json` gives the exact text).
+pub(super) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !text.chars().any(escaped) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if escaped(c) && u32::from(c) < 0x80 => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c if escaped(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// Runs `baton complete`: one suggestion per line (control characters escaped).
 pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
     let channel = connect(&args.client).await?;
     let mode = match args.mode {
@@ -294,7 +319,7 @@ pub async fn complete(args: CompleteArgs) -> Result<u8, Failure> {
     let text = page
         .suggestions
         .iter()
-        .map(|s| s.display.as_str())
+        .map(|s| escape_controls(&s.display))
         .collect::<Vec<_>>()
         .join("\n");
     if args.json {
@@ -334,4 +359,20 @@ pub async fn health(args: HealthArgs) -> Result<u8, Failure> {
     let value = json!({"service": args.service, "status": status});
     print(args.json, &value, &format!("{}: {status}", args.service));
     Ok(if status == "SERVING" { 0 } else { EXIT_NO })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Control characters are escaped, so that a suggestion is one line that cannot drive the
+    /// terminal; other text is left alone.
+    #[test]
+    fn controls_are_escaped() {
+        assert_eq!(escape_controls("Zoë \\ x"), "Zoë \\ x");
+        assert_eq!(
+            escape_controls("a\nb\r\tc\u{1b}[31m\u{7f}\u{85}\u{9b}\u{2028}"),
+            "a\\nb\\r\\tc\\x1b[31m\\x7f\\u{85}\\u{9b}\\u{2028}"
+        );
+    }
 }
