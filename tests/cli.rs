@@ -1314,3 +1314,64 @@ async fn complete_escapes_control_characters() {
         "ctl one\nctl \u{1b}[31mtwo\r"
     );
 }
+
+/// Output that cannot be written (a full disk) is exit code 74; a pipe closed by its reader
+/// (`| head -1`) is not an error.
+#[tokio::test]
+async fn unwritable_output_is_exit_code_74_but_a_closed_pipe_is_not() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("terms.tsv");
+    std::fs::write(&file, "a\nb\n").expect("writing the file");
+    let path = file.display().to_string();
+    let commands: [&[&str]; 3] = [
+        &["health"],
+        &["describe", "lock", "x", "--json"],
+        &["autocomplete", "load", "full", &path],
+    ];
+    for args in commands {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let mut command = support::baton_command();
+        command
+            .args(args)
+            .env("BATON_ADDR", &addr)
+            .stdin(Stdio::null())
+            .stdout(full)
+            .stderr(Stdio::piped());
+        let output = within(
+            Duration::from_secs(20),
+            tokio::task::spawn_blocking(move || command.output()),
+            "baton to exit",
+        )
+        .await
+        .expect("the task")
+        .expect("running baton");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(74), "{args:?}: {stderr}");
+        assert!(stderr.contains("standard output"), "{stderr}");
+
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let mut command = support::baton_command();
+        command
+            .args(args)
+            .env("BATON_ADDR", &addr)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::null());
+        let status = within(
+            Duration::from_secs(20),
+            tokio::task::spawn_blocking(move || command.status()),
+            "baton to exit",
+        )
+        .await
+        .expect("the task")
+        .expect("running baton");
+        assert_eq!(status.code(), Some(0), "{args:?}");
+    }
+}

@@ -13,18 +13,23 @@
 //! | 2 | bad usage: an invalid flag or a request Baton refused (`INVALID_ARGUMENT`) |
 //! | 69 | Baton is not reachable, or answered `UNAVAILABLE` after the retries |
 //! | 70 | any other error from Baton |
+//! | 74 | the command succeeded, but its output could not be written (a full disk: standard output to `/dev/full`); a closed pipe (`\| head -1`) is not an error |
 //! | 77 | Baton refused the credentials (`UNAUTHENTICATED`): no or a wrong API token, no or a refused client certificate |
 //! | 75 | not acquired: the lock or permits stayed taken (not elected) for the whole `--wait` |
 //! | 76 | the lease (leadership) was lost while the command ran; the command was stopped |
 //! | N | `lock`/`semaphore`/`campaign`: the command's own exit code |
 //! | 128+N | the command was killed by signal N; also `baton` itself stopped by signal N before the command started |
 
-/// `println!` that ignores a failed write: a closed or full standard output (`baton ... | head
-/// -1`) must not panic `baton` and skip what it still has to do (stop the command, release).
+/// `println!` that does not panic on a failed write: a closed or full standard output (`baton
+/// ... | head -1`) must not skip what `baton` still has to do (stop the command, release). A
+/// failure other than a closed pipe is remembered, and turns the exit code 0 into
+/// [`EXIT_IOERR`]: the output asked for was lost.
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            crate::cli::stdout_failed(&e);
+        }
     }};
 }
 
@@ -64,6 +69,7 @@ Exit codes of the client subcommands:
   2       bad usage, or a request Baton refused (INVALID_ARGUMENT)
   69      Baton not reachable, or UNAVAILABLE after the retries
   70      any other error from Baton
+  74      the output could not be written (a closed pipe is no error)
   75      not acquired (not elected) within --wait
   76      the lease (leadership) was lost while the command ran; the command was stopped
   77      Baton refused the credentials (UNAUTHENTICATED): give --api-token-file, or
@@ -78,6 +84,8 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code: any other error from Baton.
 pub const EXIT_SOFTWARE: u8 = 70;
+/// Exit code: the command succeeded, but its standard output could not be written.
+pub const EXIT_IOERR: u8 = 74;
 /// Exit code: Baton refused the credentials (`UNAUTHENTICATED`).
 pub const EXIT_UNAUTHENTICATED: u8 = 77;
 /// Exit code: not acquired within the wait.
@@ -496,6 +504,20 @@ pub fn health(args: HealthArgs) -> ExitCode {
     block_on(oneshot::health(args))
 }
 
+/// Why a write to standard output failed, other than a closed pipe: the first such failure.
+static STDOUT_FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Remembers a failed write to standard output, unless the pipe was closed (`| head -1`: the
+/// reader has what it wanted).
+pub(crate) fn stdout_failed(e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return;
+    }
+    if let Ok(mut failure) = STDOUT_FAILURE.lock() {
+        failure.get_or_insert_with(|| e.to_string());
+    }
+}
+
 fn block_on(run: impl Future<Output = Result<u8, Failure>>) -> ExitCode {
     // A client needs no more than a thread: it waits on one stream and one child.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -509,7 +531,19 @@ fn block_on(run: impl Future<Output = Result<u8, Failure>>) -> ExitCode {
         }
     };
     match runtime.block_on(run) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => {
+            if let Err(e) = std::io::Write::flush(&mut std::io::stdout()) {
+                stdout_failed(&e);
+            }
+            let failure = STDOUT_FAILURE.lock().ok().and_then(|f| f.clone());
+            match failure {
+                Some(e) if code == 0 => {
+                    noteln!("baton: cannot write standard output: {e}");
+                    ExitCode::from(EXIT_IOERR)
+                }
+                _ => ExitCode::from(code),
+            }
+        }
         Err(failure) => {
             noteln!("baton: {}", failure.message);
             ExitCode::from(failure.code)
