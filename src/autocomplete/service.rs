@@ -43,12 +43,16 @@ impl AutocompleteApi {
     }
 }
 
-fn name(field: impl Into<Field>, value: &str) -> Result<String, Error> {
+/// A dictionary or list name: 1 to [`MAX_NAME_BYTES`] bytes (also checked by `baton autocomplete
+/// load` before it sends anything).
+pub(crate) fn name(field: impl Into<Field>, value: &str) -> Result<String, Error> {
     wire::text(field, value, MAX_NAME_BYTES).map(str::to_owned)
 }
 
-/// A display text: 1 to [`MAX_TEXT_BYTES`] bytes, no U+0000, something other than whitespace.
-fn display(field: impl Into<Field>, value: &str) -> Result<Text, Error> {
+/// A display text: 1 to [`MAX_TEXT_BYTES`] bytes, no U+0000, something other than whitespace,
+/// at most [`MAX_FORM_BYTES`] once normalized (also checked by `baton autocomplete load` on each
+/// line it reads, so that a line Baton would refuse stops the load where it is).
+pub(crate) fn display(field: impl Into<Field>, value: &str) -> Result<Text, Error> {
     let field = field.into();
     wire::text(field.clone(), value, MAX_TEXT_BYTES)?;
     if value.contains('\0') {
@@ -103,7 +107,11 @@ fn limit(field: impl Into<Field>, value: u32, default: u32, max: u32) -> Result<
     }
 }
 
-fn payload(field: impl Into<Field>, value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Error> {
+/// A payload: at most [`MAX_PAYLOAD_BYTES`] bytes.
+pub(crate) fn payload(
+    field: impl Into<Field>,
+    value: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, Error> {
     match value {
         Some(p) if p.len() > MAX_PAYLOAD_BYTES => Err(Error::invalid(
             field,
