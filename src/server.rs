@@ -34,7 +34,7 @@ use crate::{
     config::ServeConfig,
     grpc::{
         authority::FixAuthority,
-        conn::{CountCalls, Watched},
+        conn::{CountCalls, Traffic, Watched},
         deadline::Deadline,
         drain::{EndAtShutdown, TrackCalls},
     },
@@ -56,8 +56,9 @@ use crate::{
 /// How often readiness checks Redis with `PING`.
 pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long the drain lets connections close by themselves once every call is answered (their
-/// last frames leave meanwhile); past it, those still open are closed.
+/// How long every client connection must have been quiet (no byte received or written), once
+/// every call is answered, before the drain closes those still open: a connection whose client
+/// still reads its last answers or says goodbye is left to finish.
 pub const FLUSH_GRACE: Duration = Duration::from_millis(500);
 
 /// Streams reset before Baton took them allowed at once on a connection, per stream it may have
@@ -377,11 +378,14 @@ pub async fn serve_until(
 
     let mut servers = JoinSet::new();
     let mut socket_path = None;
+    // The traffic of every client connection, for the drain.
+    let traffic = Traffic::new();
+    let (tcp_traffic, unix_traffic) = (traffic.clone(), traffic.clone());
     if let Some(tcp) = listeners.tcp {
         tracing::info!(addr = %tcp.local_addr()?, tls = serving.tls(), "serving gRPC over TCP");
-        let incoming = serving.tcp(tcp, shutdown.clone()).map_ok(|conn| {
+        let incoming = serving.tcp(tcp, shutdown.clone()).map_ok(move |conn| {
             let refused = conn.refused();
-            Watched::refusing(conn, refused)
+            Watched::refusing(conn, refused, &tcp_traffic)
         });
         let stop = shutdown.clone().cancelled_owned();
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
@@ -392,7 +396,7 @@ pub async fn serve_until(
         // grpc C-core and grpc-java clients send the socket path as `:authority`.
         let incoming = serving
             .unix(unix, shutdown.clone())
-            .map_ok(|io| Watched::new(FixAuthority::new(io)));
+            .map_ok(move |io| Watched::new(FixAuthority::new(io), &unix_traffic));
         servers.spawn(router()?.serve_with_incoming_shutdown(incoming, stop));
         socket_path = Some(path);
     }
@@ -436,7 +440,15 @@ pub async fn serve_until(
                 calls.close();
                 let answered = async {
                     calls.wait().await;
-                    tokio::time::sleep(FLUSH_GRACE).await;
+                    // An idle deadline, pushed back by any connection's traffic: a client still
+                    // reading its last answers (or saying goodbye) keeps its connection.
+                    loop {
+                        let quiet = traffic.quiet_for();
+                        if quiet >= FLUSH_GRACE {
+                            break;
+                        }
+                        tokio::time::sleep(FLUSH_GRACE - quiet).await;
+                    }
                 };
                 let served = tokio::select! {
                     served = first_failure(&mut servers) => Some(served),

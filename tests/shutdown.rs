@@ -875,3 +875,160 @@ async fn a_client_that_stops_answering_does_not_hold_the_shutdown() {
     assert!(!stderr.contains("drain deadline passed"), "{stderr}");
     drop(mute);
 }
+
+/// A client that reads slowly (a small socket buffer, 512 bytes at a time) and holds many `Hold`
+/// streams on one connection, pinging as it reads as a live client may, still reads every `lost`
+/// SHUTDOWN at SIGTERM: Baton keeps the closing connection until the client has read it all and
+/// closed, instead of closing a socket whose unread answers the kernel drops (resets) once the
+/// client's next frame arrives. Raw HTTP/2 frames, so that the client's writes are its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_hears_every_shutdown() {
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const STREAMS: u32 = 600;
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    // A Redis timeout for a busy machine: every stream must be granted before the signal.
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--drain-timeout",
+        "20s",
+        "--redis-command-timeout",
+        "5s",
+    ])
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut tcp = socket.connect(baton.addr()).await.expect("connecting");
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let len = u32::try_from(payload.len()).expect("small");
+        let mut f = len.to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    // Windows of 16 MiB (SETTINGS_INITIAL_WINDOW_SIZE, and the connection's), so that flow
+    // control never holds Baton's answers back: only the socket does.
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[0, 4, 1, 0, 0, 0]));
+    out.extend(frame(8, 0, 0, &(16u32 << 20).to_be_bytes()));
+    for n in 0..STREAMS {
+        let mut fields = Vec::new();
+        for (name, value) in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/baton.v1.LockService/Hold"),
+            (":authority", "baton"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ] {
+            fields.push(0);
+            for text in [name, value] {
+                fields.push(u8::try_from(text.len()).expect("short"));
+                fields.extend_from_slice(text.as_bytes());
+            }
+        }
+        let request = pb::LockServiceHoldRequest {
+            name: format!("slow-{n}"),
+            ttl: Some(ms(30_000)),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mut message = vec![0];
+        message.extend(u32::try_from(request.len()).expect("small").to_be_bytes());
+        message.extend(request);
+        let id = 2 * n + 1;
+        out.extend(frame(1, 4, id, &fields));
+        out.extend(frame(0, 1, id, &message));
+    }
+    tcp.write_all(&out).await.expect("the streams");
+
+    // Reads frames: answers Baton's pings and SETTINGS, and keeps each stream's last event.
+    let mut last: std::collections::HashMap<u32, Option<HoldEvent>> = Default::default();
+    let mut pending = Vec::new();
+    let mut acquired = 0;
+    let mut ended_early = 0;
+    let mut signalled = false;
+    let mut chunk = [0u8; 512];
+    let started = Instant::now();
+    loop {
+        assert!(
+            signalled || started.elapsed() < Duration::from_secs(60),
+            "{acquired} of {STREAMS} streams granted in a minute"
+        );
+        let read = within(
+            Duration::from_secs(30),
+            tcp.read(&mut chunk),
+            "Baton's frames",
+        )
+        .await
+        .unwrap_or(0);
+        if read == 0 {
+            break;
+        }
+        pending.extend_from_slice(&chunk[..read]);
+        let mut replies = Vec::new();
+        while pending.len() >= 9 {
+            let len = usize::from(pending[0]) << 16
+                | usize::from(pending[1]) << 8
+                | usize::from(pending[2]);
+            if pending.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (pending[3], pending[4]);
+            let id =
+                u32::from_be_bytes([pending[5], pending[6], pending[7], pending[8]]) & !(1 << 31);
+            let payload = pending[9..9 + len].to_vec();
+            pending.drain(..9 + len);
+            match (kind, flags) {
+                // DATA: one gRPC message per frame, as Baton sends them.
+                (0, _) if payload.len() > 5 => {
+                    let event = pb::LockServiceHoldResponse::decode(&payload[5..])
+                        .expect("a Hold event")
+                        .event;
+                    if matches!(event, Some(HoldEvent::Acquired(_))) {
+                        acquired += 1;
+                    }
+                    last.insert(id, event);
+                }
+                // Trailers (HEADERS ending the stream) before the signal: a stream that failed.
+                (1, f) if f & 1 == 1 && !signalled => ended_early += 1,
+                (4, 0) => replies.extend(frame(4, 1, 0, &[])),
+                (6, 0) => replies.extend(frame(6, 1, 0, &payload)),
+                _ => {}
+            }
+        }
+        assert_eq!(ended_early, 0, "a Hold stream failed before the signal");
+        if acquired == STREAMS && !signalled {
+            baton.sigterm();
+            signalled = true;
+        }
+        if signalled {
+            // A ping of the client's own after each read, and a slow pace.
+            replies.extend(frame(6, 0, 0, &[0; 8]));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if !replies.is_empty() && tcp.write_all(&replies).await.is_err() {
+            break;
+        }
+    }
+    assert!(
+        signalled,
+        "only {acquired} of {STREAMS} streams were granted"
+    );
+    let told = last
+        .values()
+        .filter(
+            |e| matches!(e, Some(HoldEvent::Lost(l)) if l.reason() == LeaseLostReason::Shutdown),
+        )
+        .count();
+    assert_eq!(told, STREAMS as usize, "every holder read `lost` SHUTDOWN");
+    let status = baton
+        .wait_timeout(Duration::from_secs(30))
+        .await
+        .expect("Baton exits");
+    assert!(status.success(), "exit status {status}");
+}

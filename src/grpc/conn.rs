@@ -12,9 +12,10 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
 use http::Request;
@@ -54,23 +55,67 @@ pub struct Watched<IO> {
     io: Coalesced<IO>,
     liveness: Liveness,
     refused: Option<Arc<str>>,
+    /// Set once the connection's writes are shut down: it then lingers ([`LINGER`]).
+    lingering: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The traffic of every connection of the server.
+    traffic: Arc<Traffic>,
+}
+
+/// How long a closing connection keeps reading (and discarding) what its client still sends, until
+/// the client closes its side: a socket closed while input is unread or still arriving is reset,
+/// which drops the answers the kernel had not yet delivered (a slow reader's `lost` events).
+pub const LINGER: Duration = Duration::from_secs(10);
+
+/// When any client connection of a server last received bytes or wrote some: the drain closes the
+/// connections still open once all have been quiet for a while.
+#[derive(Debug)]
+pub struct Traffic {
+    /// Milliseconds from `epoch` to the last byte received or written.
+    last: AtomicU64,
+    epoch: tokio::time::Instant,
+}
+
+impl Traffic {
+    /// Traffic of connections to come, none yet.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            last: AtomicU64::new(0),
+            epoch: tokio::time::Instant::now(),
+        })
+    }
+
+    /// Notes that a connection received or wrote bytes now.
+    fn active(&self) {
+        self.last.fetch_max(self.now(), Ordering::Relaxed);
+    }
+
+    /// How long every connection has been quiet: none received or wrote a byte.
+    pub fn quiet_for(&self) -> Duration {
+        Duration::from_millis(self.now().saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl<IO> Watched<IO> {
-    /// Watches `io`, heard from now.
-    pub fn new(io: IO) -> Self {
+    /// Watches `io`, heard from now, its bytes counted in `traffic`.
+    pub fn new(io: IO, traffic: &Arc<Traffic>) -> Self {
         Self {
             io: Coalesced::new(io, Arc::new(AtomicUsize::new(0))),
             liveness: Liveness::new(),
             refused: None,
+            lingering: None,
+            traffic: traffic.clone(),
         }
     }
 
     /// Watches `io`, whose client certificate was refused for `refused` if given.
-    pub fn refusing(io: IO, refused: Option<Arc<str>>) -> Self {
+    pub fn refusing(io: IO, refused: Option<Arc<str>>, traffic: &Arc<Traffic>) -> Self {
         Self {
             refused,
-            ..Self::new(io)
+            ..Self::new(io, traffic)
         }
     }
 }
@@ -97,18 +142,23 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.liveness.heard();
+            self.traffic.active();
         }
         read
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.traffic.active();
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -116,7 +166,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.traffic.active();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -127,8 +181,27 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
+    /// Shuts the writes down (after what is buffered), then lingers: reads and discards what the
+    /// client still sends until it closes its side, an error, or [`LINGER`].
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        if self.lingering.is_none() {
+            ready!(Pin::new(&mut self.io).poll_shutdown(cx))?;
+            self.lingering = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        let mut scratch = [0u8; 1024];
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => self.traffic.active(),
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => break,
+            }
+        }
+        match self.lingering.as_mut() {
+            Some(linger) => linger.as_mut().poll(cx).map(Ok),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 
