@@ -36,7 +36,7 @@ use envoy_types::pb::envoy::{
 };
 use redis::AsyncCommands;
 use support::{
-    BatonProcess, RedisServer, channel, free_port,
+    BatonProcess, RedisServer, channel, free_port, h2,
     lease::{next_event, read_until_lost},
     ms, wait_until, within,
 };
@@ -1548,36 +1548,16 @@ async fn a_request_cut_off_by_its_connection_counts_cancelled() {
             r#"baton_rpc_calls_total{{service="baton.v1.SemaphoreService",method="Acquire",code="{code}"}}"#
         )
     };
-    // An HTTP/2 frame: length, type, flags, stream, payload.
-    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-        let len = u32::try_from(payload.len()).expect("small");
-        let mut f = len.to_be_bytes()[1..].to_vec();
-        f.extend([kind, flags]);
-        f.extend(stream.to_be_bytes());
-        f.extend_from_slice(payload);
-        f
-    };
-    // HPACK literal fields without indexing, names and values short and plain.
-    let mut fields = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/baton.v1.SemaphoreService/Acquire"),
-        (":authority", "baton"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ] {
-        fields.push(0);
-        for text in [name, value] {
-            fields.push(u8::try_from(text.len()).expect("short"));
-            fields.extend_from_slice(text.as_bytes());
-        }
-    }
-    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    bytes.extend(frame(4, 0, 0, &[]));
-    bytes.extend(frame(1, 4, 1, &fields));
+    let mut bytes = h2::PREFACE.to_vec();
+    bytes.extend(h2::frame(4, 0, 0, &[]));
+    bytes.extend(h2::frame(
+        1,
+        4,
+        1,
+        &h2::grpc_request_headers("/baton.v1.SemaphoreService/Acquire"),
+    ));
     // A gRPC message announced as 100 bytes, of which 3 are sent.
-    bytes.extend(frame(0, 0, 1, &[0, 0, 0, 0, 100, 1, 2, 3]));
+    bytes.extend(h2::frame(0, 0, 1, &[0, 0, 0, 0, 100, 1, 2, 3]));
     let mut stream = tokio::net::TcpStream::connect(served.baton.addr())
         .await
         .expect("connecting");

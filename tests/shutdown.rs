@@ -902,35 +902,14 @@ async fn a_slow_reader_hears_every_shutdown() {
     let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let mut tcp = socket.connect(baton.addr()).await.expect("connecting");
-    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
-        let len = u32::try_from(payload.len()).expect("small");
-        let mut f = len.to_be_bytes()[1..].to_vec();
-        f.extend([kind, flags]);
-        f.extend(stream.to_be_bytes());
-        f.extend_from_slice(payload);
-        f
-    };
     // Windows of 16 MiB (SETTINGS_INITIAL_WINDOW_SIZE, and the connection's), so that flow
     // control never holds Baton's answers back: only the socket does.
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let frame = support::h2::frame;
+    let fields = support::h2::grpc_request_headers("/baton.v1.LockService/Hold");
+    let mut out = support::h2::PREFACE.to_vec();
     out.extend(frame(4, 0, 0, &[0, 4, 1, 0, 0, 0]));
     out.extend(frame(8, 0, 0, &(16u32 << 20).to_be_bytes()));
     for n in 0..STREAMS {
-        let mut fields = Vec::new();
-        for (name, value) in [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", "/baton.v1.LockService/Hold"),
-            (":authority", "baton"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ] {
-            fields.push(0);
-            for text in [name, value] {
-                fields.push(u8::try_from(text.len()).expect("short"));
-                fields.extend_from_slice(text.as_bytes());
-            }
-        }
         let request = pb::LockServiceHoldRequest {
             name: format!("slow-{n}"),
             ttl: Some(ms(30_000)),

@@ -4,12 +4,14 @@
 //! name it `support::...`; what only the service suites need is here:
 //!
 //! - [`lease`], [`lock`], [`semaphore`]: request builders and stream helpers of the suites;
+//! - [`h2`]: raw HTTP/2 frames, for clients that must write their own;
 //! - [`Proxy`]: a TCP relay whose connections can be cut at once, to play a client that dies;
 //! - assertions on statuses shared by the suites.
 
 // Each test file uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod h2;
 pub mod lease;
 pub mod lock;
 pub mod semaphore;
