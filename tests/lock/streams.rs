@@ -640,19 +640,11 @@ async fn batched_renewals_refused_for_memory_say_oom() {
     config.key_prefix = baton.prefix().to_owned();
     let backend = Redis::new(&config).expect("redis config");
     let held = granted_with(&mut client, acquire_request("oom-lock", 10_000, None, "")).await;
-    let permit = sems
-        .acquire(pb::SemaphoreServiceAcquireRequest {
-            name: "oom-sem".to_owned(),
-            limit: 2,
-            permits: 1,
-            ttl: Some(ms(10_000)),
-            ..Default::default()
-        })
-        .await
-        .expect("semaphore Acquire")
-        .into_inner()
-        .permit
-        .expect("granted");
+    let permit = crate::support::semaphore::acquired(
+        &mut sems,
+        crate::support::semaphore::request("oom-sem", 2, 1, 10_000),
+    )
+    .await;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let notifier = Notifier::start(backend.pubsub_source(), Duration::from_secs(5), shutdown);

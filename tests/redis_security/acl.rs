@@ -292,25 +292,24 @@ async fn baton_runs_as_a_user_limited_to_its_prefix() {
     assert_eq!(theirs, "theirs", "the other tenant's key is untouched");
 }
 
-/// A Redis user missing a command a script needs (here `ZMSCORE`, called by the autocomplete
-/// scripts): the call fails `UNAVAILABLE` naming the refusal, not `INTERNAL`.
-#[tokio::test]
-async fn a_rule_too_narrow_is_unavailable_with_its_cause() {
+/// A standalone Redis and a Baton running as a user of the documented standalone rules
+/// narrowed by `rule` (an `ACL SETUSER` rule), with the folder holding its password file.
+async fn narrowed(user: &str, rule: &str) -> (RedisServer, Baton, tempfile::TempDir) {
     let redis = RedisServer::start_standalone().await;
     let mut admin = redis.client().await;
     let prefix = unique_prefix();
-    create_user(&mut admin, &["standalone"], "narrow", "pw", &prefix).await;
+    create_user(&mut admin, &["standalone"], user, "pw", &prefix).await;
     let () = redis::cmd("ACL")
         .arg("SETUSER")
-        .arg("narrow")
-        .arg("-zmscore")
+        .arg(user)
+        .arg(rule)
         .query_async(&mut admin)
         .await
         .expect("ACL SETUSER");
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = RedisConfig::new(redis.url());
     config.access = RedisAccess {
-        username: Some("narrow".to_owned()),
+        username: Some(user.to_owned()),
         password_file: Some(password_file(dir.path(), "pw")),
         ..RedisAccess::default()
     };
@@ -319,6 +318,14 @@ async fn a_rule_too_narrow_is_unavailable_with_its_cause() {
         crate::patient(c);
     })
     .await;
+    (redis, baton, dir)
+}
+
+/// A Redis user missing a command a script needs (here `ZMSCORE`, called by the autocomplete
+/// scripts): the call fails `UNAVAILABLE` naming the refusal, not `INTERNAL`.
+#[tokio::test]
+async fn a_rule_too_narrow_is_unavailable_with_its_cause() {
+    let (_redis, baton, _dir) = narrowed("narrow", "-zmscore").await;
     let mut autocomplete = AutocompleteServiceClient::new(channel(baton.addr()).await);
     let status = autocomplete
         .add(pb::AutocompleteServiceAddRequest {
@@ -344,29 +351,7 @@ async fn a_rule_too_narrow_is_unavailable_with_its_cause() {
 /// NOPERM at once, changing nothing.
 #[tokio::test]
 async fn a_user_without_channels_releases_and_refuses_to_wait() {
-    let redis = RedisServer::start_standalone().await;
-    let mut admin = redis.client().await;
-    let prefix = unique_prefix();
-    create_user(&mut admin, &["standalone"], "mute", "pw", &prefix).await;
-    let () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("mute")
-        .arg("resetchannels")
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = RedisConfig::new(redis.url());
-    config.access = RedisAccess {
-        username: Some("mute".to_owned()),
-        password_file: Some(password_file(dir.path(), "pw")),
-        ..RedisAccess::default()
-    };
-    let baton = Baton::start_on(config, |c| {
-        c.redis.key_prefix = prefix.clone();
-        crate::patient(c);
-    })
-    .await;
+    let (_redis, baton, _dir) = narrowed("mute", "resetchannels").await;
     let channel = channel(baton.addr()).await;
     let mut locks = LockServiceClient::new(channel.clone());
     let acquire = |wait_ms: u64| pb::LockServiceAcquireRequest {
