@@ -296,7 +296,10 @@ impl Options {
             scenarios: Scenario::ALL.to_vec(),
             transports: vec![Transport::Tcp, Transport::Uds],
             leases: 100,
-            lease_ttl: Duration::from_millis(300),
+            // Long enough that a busy machine's stall (the suite runs two parts side by side on
+            // two cores) does not cost the leases: a 300 ms ttl left about 150 ms for a renewal's
+            // reply, and one CI run lost all 100 (told `UNCONFIRMED`, as Baton must be).
+            lease_ttl: Duration::from_millis(1500),
             channels: 2,
             pool: 2,
             handoffs: 50,
