@@ -91,7 +91,9 @@ pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
 /// How long the token and waiter id of a script call whose reply never came stay void once its
 /// clean-up has run: should Redis run that call later (it sat in a paused server's input buffer),
 /// it changes nothing. A call delayed longer than this could still grant a lease nobody knows of,
-/// which then ends at its ttl.
+/// which then ends at its ttl. It is also how long such a clean-up is retried while Redis does
+/// not answer it: a call sent but never answered may run whenever Redis resumes, however long
+/// after its ttl, so its clean-up must still come after it.
 pub const VOID_RETENTION: Duration = Duration::from_secs(300);
 
 /// A void mark's lifetime as a clean-up script's argument (`lease/void.lua`): whole
@@ -151,7 +153,8 @@ pub fn expires_at(valid_until: Instant, ttl: Duration) -> SystemTime {
     )
 }
 
-/// Runs `attempt` until it succeeds or fails with anything but [`Error::Unavailable`], pausing
+/// Runs `attempt` until it succeeds or fails with anything but [`Error::Unavailable`] or
+/// [`Error::Unanswered`], pausing
 /// between tries ([`RETRY_MIN`] doubling to [`RETRY_MAX`]); gives up with the last error when the
 /// next try would start after `deadline` (the moment the outcome stops mattering, such as the
 /// expiry of the lease being released).
@@ -163,7 +166,7 @@ where
     let mut pause = RETRY_MIN;
     loop {
         match attempt().await {
-            Err(e @ Error::Unavailable(_)) => {
+            Err(e @ (Error::Unavailable(_) | Error::Unanswered(_))) => {
                 let next = Instant::now() + pause;
                 if next >= deadline {
                     return Err(e);
@@ -212,9 +215,11 @@ impl ClientWatch {
     }
 
     /// How long the client of a lease of `ttl` may stay silent before the lease is given up: the
-    /// ttl, but at least two ping intervals so a live idle client always has time to answer.
+    /// ttl plus one ping interval, and at least two ping intervals. An idle client is heard
+    /// only when it answers a ping, a ping interval after it was last heard, so a client paused
+    /// for less than the ttl may have been silent for up to a ping interval more.
     pub fn silence_limit(&self, ttl: Duration) -> Duration {
-        self.ping_interval.map_or(ttl, |p| ttl.max(2 * p))
+        self.ping_interval.map_or(ttl, |p| p + ttl.max(p))
     }
 
     /// How long the client has been silent, when that is longer than [`silence_limit`].
@@ -291,7 +296,7 @@ mod tests {
         );
         assert_eq!(
             watch.silence_limit(Duration::from_secs(60)),
-            Duration::from_secs(60)
+            Duration::from_secs(61)
         );
         assert_eq!(
             watch.unresponsive(Duration::from_secs(1)),
