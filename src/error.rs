@@ -41,9 +41,14 @@ pub enum Error {
     /// The request is well formed but the state does not allow it (e.g. a lease no longer held).
     #[error("{0}")]
     FailedPrecondition(String),
-    /// Redis did not answer in time or refused the connection; nothing was changed by this call.
+    /// Redis could not be reached (no connection, a refusal); nothing was changed by this call.
     #[error("redis unavailable: {0}")]
     Unavailable(String),
+    /// The call was sent but its answer never came (no answer in time, the connection lost after
+    /// the call was written): Redis may have run it, or may still run it later (a paused server
+    /// runs what waits in its input buffers when it resumes). Reported as `UNAVAILABLE`.
+    #[error("redis unavailable: {0}")]
+    Unanswered(String),
     /// Baton is shutting down and takes no new work.
     #[error("baton is shutting down")]
     ShuttingDown,
@@ -166,7 +171,7 @@ impl From<Error> for Status {
                 Status::with_error_details(Code::InvalidArgument, message, details)
             }
             Error::FailedPrecondition(_) => Status::failed_precondition(message),
-            Error::Unavailable(_) | Error::ShuttingDown => {
+            Error::Unavailable(_) | Error::Unanswered(_) | Error::ShuttingDown => {
                 let details = ErrorDetails::with_retry_info(Some(UNAVAILABLE_RETRY_AFTER));
                 Status::with_error_details(Code::Unavailable, message, details)
             }

@@ -197,3 +197,81 @@ async fn a_grant_whose_caller_left_is_released() {
         .into_inner();
     assert!(free.acquired, "the lock is free again: {free:?}");
 }
+
+/// A call sent to a Redis that stays paused for longer than the call's ttl grants nothing that
+/// lasts: the Acquire (ttl 5 s) fails UNAVAILABLE, Redis stays frozen for 6 s, and when it
+/// resumes it runs the script still waiting in its input buffer, with a fresh 5 s expiry. The
+/// clean-up, retried until Redis answers it rather than until the ttl would have passed, frees
+/// that grant about a second after Redis resumes instead of leaving a lease nobody knows of
+/// for its whole ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_unanswered_past_its_ttl_leaves_nothing_held_after_redis_resumes() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let mut client = baton.client().await;
+    let conn = redis.conn().await;
+    let key = baton.lock_key("late");
+    let acquire = |name: &str, ttl: u64| pb::LockServiceAcquireRequest {
+        name: name.into(),
+        ttl: Some(ms(ttl)),
+        ..Default::default()
+    };
+    // A first call opens Baton's Redis connection, so the next one's script is sent at once.
+    let warm = client
+        .acquire(acquire("warm-up", 1_000))
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(warm.acquired);
+
+    let frozen = testkit::freeze(redis.pid().expect("redis is running"));
+    let since = Instant::now();
+    let status = within(
+        Duration::from_secs(5),
+        client.acquire(acquire("late", 5_000)),
+        "UNAVAILABLE",
+    )
+    .await
+    .expect_err("Redis is frozen");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    // Longer than the ttl and the command timeout after the call: a clean-up retried only until
+    // the lease would have expired has given up by now.
+    tokio::time::sleep_until(since + Duration::from_secs(6)).await;
+    drop(frozen);
+    let thawed = Instant::now();
+
+    wait_until(
+        Duration::from_secs(10),
+        "the late grant to be released",
+        || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if exists {
+                    Err("held".to_owned())
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+    .await;
+    let held = thawed.elapsed();
+    // The late grant, if Redis ran it before the clean-up, lasts until the clean-up's next try
+    // (at most a second apart); left alone it would last its 5 s ttl.
+    assert!(
+        held < Duration::from_millis(3_500),
+        "a lease nobody knows of lasted {held:?} after Redis resumed"
+    );
+    let free = client
+        .acquire(acquire("late", 1_000))
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert!(free.acquired, "the lock is free: {free:?}");
+}

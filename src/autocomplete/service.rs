@@ -169,7 +169,7 @@ fn record(request_id: &str, terms: &[NewTerm]) -> Result<Option<Record>, Error> 
 /// with, in its message and in an `ErrorInfo` detail.
 fn add_failed(error: Error, record: Option<&Record>) -> Status {
     let code = match error {
-        Error::Unavailable(_) => Code::Unavailable,
+        Error::Unavailable(_) | Error::Unanswered(_) => Code::Unavailable,
         Error::Internal(_) => Code::Internal,
         _ => return error.into(),
     };

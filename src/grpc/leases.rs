@@ -180,7 +180,7 @@ impl<P: Primitive> Leases<P> {
             move |outcome| {
                 if let Acquired::Granted(grant) = outcome {
                     tracing::debug!(kind = P::KIND, name = %grant.name(), "caller left before the grant arrived; releasing");
-                    orphans.release_in_background(grant.name(), grant.call_token(), ttl, false);
+                    orphans.release_in_background(grant.name(), grant.call_token(), ttl, None);
                 }
             },
         )
@@ -190,7 +190,7 @@ impl<P: Primitive> Leases<P> {
                 // The answer would reach the caller after it gave up: it would hold what it does
                 // not know of until the ttl ends.
                 self.engine
-                    .release_in_background(grant.name(), grant.call_token(), ttl, false);
+                    .release_in_background(grant.name(), grant.call_token(), ttl, None);
                 Err(Error::DeadlineExceeded(format!(
                     "the {} was granted too close to the caller's deadline to answer in time; \
                      the grant was released",

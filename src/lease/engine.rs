@@ -311,7 +311,11 @@ impl<P: Primitive> Engine<P> {
                 // The script may have run and registered the waiter (a fair one holds a place in
                 // the queue): take it out rather than hold the queue up until it expires.
                 if first.is_some() {
-                    self.abandon_in_background(name, &waiter, unknown_outcome(&e));
+                    self.abandon_in_background(
+                        name,
+                        &waiter,
+                        Some(&e).filter(|e| unknown_outcome(e)),
+                    );
                 }
                 return Err(e);
             }
@@ -356,8 +360,10 @@ impl<P: Primitive> Engine<P> {
         .await;
         match &waited {
             Ok(Acquired::Granted(_)) => {}
-            Ok(Acquired::Refused(_)) => self.abandon_in_background(name, &waiter, false),
-            Err(e) => self.abandon_in_background(name, &waiter, unknown_outcome(e)),
+            Ok(Acquired::Refused(_)) => self.abandon_in_background(name, &waiter, None),
+            Err(e) => {
+                self.abandon_in_background(name, &waiter, Some(e).filter(|e| unknown_outcome(e)))
+            }
         }
         waited
     }
@@ -387,16 +393,16 @@ impl<P: Primitive> Engine<P> {
                     .release(request.name(), token, Some(CleanUp::default()))
                     .await;
                 if released.is_err() {
-                    self.release_in_background(request.name(), token, request.ttl(), false);
+                    self.release_in_background(request.name(), token, request.ttl(), None);
                 }
                 let wait = primitive.redis().replica_ack_timeout();
                 Ok(Acquired::Refused(P::Busy::unacknowledged(wait)))
             }
             Ok((outcome, _)) => Ok(outcome),
-            Err(e @ Error::Unavailable(_)) => {
+            Err(e) if unknown_outcome(&e) => {
                 // Redis may have run the script and only the reply missed the timeout, or may
                 // still run it: release what it granted, and void its token.
-                self.release_in_background(request.name(), token, request.ttl(), true);
+                self.release_in_background(request.name(), token, request.ttl(), Some(&e));
                 Err(e)
             }
             Err(e) => Err(e),
@@ -410,18 +416,25 @@ impl<P: Primitive> Engine<P> {
     /// own when the call made it, a retry's when the call got it again by its idempotency key,
     /// whose claim is withdrawn. The grant is released once its own call and every retry that
     /// claimed it were given up so; while one of them may have reached its caller, it is left
-    /// alone. Harmless when the token holds nothing. With `void` (after a call
-    /// whose reply never came, which Redis may still run), the token is void for
-    /// [`VOID_RETENTION`]: that call cannot grant with it.
-    pub fn release_in_background(&self, name: &str, token: &str, ttl: Duration, void: bool) {
+    /// alone. Harmless when the token holds nothing. With `unknown`, the failure of a call
+    /// whose reply never came (which Redis may still run), the token is void for
+    /// [`VOID_RETENTION`], so that call cannot grant with it, and the release is retried as
+    /// [`clean_up_deadline`] says.
+    pub fn release_in_background(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+        unknown: Option<&Error>,
+    ) {
         let how = CleanUp {
-            void: void.then_some(VOID_RETENTION),
+            void: unknown.is_some().then_some(VOID_RETENTION),
         };
         let (engine, name, token) = (self.clone(), name.to_owned(), token.to_owned());
         clean_up(
             &self.inner.tasks,
             format!("releasing an unused grant of {} {name:?}", P::KIND),
-            Instant::now() + ttl,
+            clean_up_deadline(unknown, ttl),
             move || {
                 let (engine, name, token) = (engine.clone(), name.clone(), token.clone());
                 async move {
@@ -441,15 +454,16 @@ impl<P: Primitive> Engine<P> {
 
     /// Removes a waiter that stopped waiting, waking those it held back; retried in the
     /// background for as long as its registration could last ([`QUEUE_LEASE`]). After a call
-    /// whose reply never came (`void`), the waiter id is void, so that call, should Redis run it
-    /// later, cannot register the waiter again.
-    fn abandon_in_background(&self, name: &str, waiter: &str, void: bool) {
-        let void = void.then_some(VOID_RETENTION);
+    /// whose reply never came (`unknown`, its failure), the waiter id is void, so that call,
+    /// should Redis run it later, cannot register the waiter again, and the removal is retried
+    /// as [`clean_up_deadline`] says.
+    fn abandon_in_background(&self, name: &str, waiter: &str, unknown: Option<&Error>) {
+        let void = unknown.is_some().then_some(VOID_RETENTION);
         let (engine, name, waiter) = (self.clone(), name.to_owned(), waiter.to_owned());
         clean_up(
             &self.inner.tasks,
             format!("removing a waiter of {} {name:?}", P::KIND),
-            Instant::now() + QUEUE_LEASE,
+            clean_up_deadline(unknown, QUEUE_LEASE),
             move || {
                 let (engine, name, waiter) = (engine.clone(), name.clone(), waiter.clone());
                 async move { engine.inner.primitive.abandon(&name, &waiter, void).await }
@@ -528,7 +542,22 @@ impl<P: Primitive> Renewable for Handle<P> {
     }
 }
 
-/// Whether a call that failed with `e` may still have run in Redis (no reply came).
+/// Whether a call that failed with `e` may still have run in Redis (no reply came). Every
+/// `UNAVAILABLE` counts: only [`Error::Unanswered`] is known to have been sent, but a void mark
+/// for a call that never reached Redis costs one clean-up call and nothing else.
 fn unknown_outcome(e: &Error) -> bool {
-    matches!(e, Error::Unavailable(_))
+    matches!(e, Error::Unavailable(_) | Error::Unanswered(_))
+}
+
+/// Until when the clean-up after a call that failed so is retried: `normally` from now, unless
+/// the call was sent and never answered ([`Error::Unanswered`]). Such a call may still run
+/// whenever Redis resumes, past any ttl (a server paused for longer than that runs it then, with
+/// a fresh expiry): its clean-up is retried for [`VOID_RETENTION`], so that it comes after it and
+/// frees what it granted, or voids it first.
+fn clean_up_deadline(failure: Option<&Error>, normally: Duration) -> Instant {
+    let retried = match failure {
+        Some(Error::Unanswered(_)) => normally.max(VOID_RETENTION),
+        _ => normally,
+    };
+    Instant::now() + retried
 }

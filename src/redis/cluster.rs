@@ -690,7 +690,10 @@ impl Routed<'_> {
     ) -> Result<T, Error> {
         match outcome {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.failure.take().unwrap_or_else(|| e.into())),
+            Ok(Err(e)) => Err(self
+                .failure
+                .take()
+                .unwrap_or_else(|| super::unanswered_if_lost(e))),
             Err(_) => {
                 self.cluster.request_refresh();
                 let node = match &self.last {
@@ -700,7 +703,7 @@ impl Routed<'_> {
                     }
                     None => String::new(),
                 };
-                Err(Error::Unavailable(format!(
+                Err(Error::Unanswered(format!(
                     "no answer within {}{node}",
                     humantime::format_duration(self.cluster.inner.settings.command_timeout)
                 )))
@@ -865,7 +868,8 @@ impl Routed<'_> {
                         conn.mark_broken();
                         self.cluster.request_refresh();
                         if e.is_io_error() || e.is_connection_dropped() {
-                            let cause = Error::Unavailable(format!(
+                            // Written before the connection broke: Redis may have run it.
+                            let cause = Error::Unanswered(format!(
                                 "cluster node {}: {}",
                                 node.addr,
                                 describe(&e)

@@ -375,6 +375,16 @@ async fn unsent_or<T>(
     }
 }
 
+/// The error of a request that was written to its connection (see [`unsent_or`]): when the
+/// connection broke before the answer came, [`Error::Unanswered`], since Redis may have run it.
+pub(crate) fn unanswered_if_lost(e: RedisError) -> Error {
+    if e.is_io_error() || e.is_connection_dropped() {
+        Error::Unanswered(crate::error::describe(&e))
+    } else {
+        e.into()
+    }
+}
+
 /// A failed connection attempt as Baton reports it: a failed TLS handshake says so (with what
 /// rustls found wrong), anything else as [`Error::from`] has it.
 fn connect_error(e: RedisError) -> Error {
@@ -428,7 +438,7 @@ fn breaks_connection(e: &RedisError) -> bool {
 pub fn error_kind(e: &Error) -> metrics::RedisError {
     match e {
         Error::Internal(_) => metrics::RedisError::Script,
-        Error::Unavailable(cause) | Error::FailedPrecondition(cause) => {
+        Error::Unavailable(cause) | Error::Unanswered(cause) | Error::FailedPrecondition(cause) => {
             let code = cause.split([' ', ':']).next().unwrap_or_default();
             if cause.starts_with("no answer within")
                 || cause.starts_with("no connection within")
@@ -876,11 +886,11 @@ impl Redis {
                 if breaks_connection(&e) {
                     conn.mark_broken();
                 }
-                Err(e.into())
+                Err(unanswered_if_lost(e))
             }
             Err(_) => {
                 conn.mark_broken();
-                Err(Error::Unavailable(format!(
+                Err(Error::Unanswered(format!(
                     "no answer within {}",
                     humantime::format_duration(self.command_timeout)
                 )))
