@@ -373,8 +373,8 @@ impl<L: Renewable, I: Send + 'static> Kept<L, I> {
         self.finish(
             LostReason::ClientUnresponsive,
             format!(
-                "the client did not answer or read for {} (longer than the lease's ttl); the \
-                 lease is no longer renewed",
+                "the client did not answer or read for {} (longer than the lease's ttl and a ping \
+                 interval); the lease is no longer renewed",
                 humantime::format_duration(Duration::from_millis(
                     u64::try_from(silent.as_millis()).unwrap_or(u64::MAX)
                 ))

@@ -651,3 +651,132 @@ async fn a_client_that_stops_reading_loses_its_lease() {
     );
     drop(stream);
 }
+
+/// A TCP relay that can pause its connections as a stopped client process would: while paused
+/// it reads nothing either way, so every byte waits in the sockets' buffers and passes on once
+/// it resumes. It records when the client last sent Baton anything.
+struct Pausable {
+    addr: SocketAddr,
+    paused: watch::Sender<bool>,
+    last_from_client: Arc<Mutex<Instant>>,
+}
+
+impl Pausable {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
+        let addr = listener.local_addr().expect("address");
+        let (paused, _) = watch::channel(false);
+        let last_from_client = Arc::new(Mutex::new(Instant::now()));
+        let (tx, heard) = (paused.clone(), last_from_client.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(baton) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (client_rx, client_tx) = client.into_split();
+                let (baton_rx, baton_tx) = baton.into_split();
+                tokio::spawn(pass(
+                    client_rx,
+                    baton_tx,
+                    tx.subscribe(),
+                    Some(heard.clone()),
+                ));
+                tokio::spawn(pass(baton_rx, client_tx, tx.subscribe(), None));
+            }
+        });
+        Self {
+            addr,
+            paused,
+            last_from_client,
+        }
+    }
+
+    fn last_from_client(&self) -> Instant {
+        *self.last_from_client.lock().expect("lock")
+    }
+}
+
+/// Copies `from` to `to`, reading nothing while `paused`; notes each read in `heard`.
+async fn pass(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut paused: watch::Receiver<bool>,
+    heard: Option<Arc<Mutex<Instant>>>,
+) {
+    let mut buf = [0; 16 * 1024];
+    loop {
+        if *paused.borrow_and_update() {
+            if paused.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = paused.changed() => {}
+            n = from.read(&mut buf) => match n {
+                Ok(n) if n > 0 => {
+                    if let Some(heard) = &heard {
+                        *heard.lock().expect("lock") = Instant::now();
+                    }
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            },
+        }
+    }
+}
+
+/// A client paused for less than its lease's ttl keeps the lease, however its pause falls
+/// between Baton's pings: an idle client is heard only when it answers a ping (a ping interval
+/// after it was last heard), so a pause that begins just before a ping leaves it silent for
+/// the pause and almost a ping interval more. Here a 1.5 s pause of a 2 s lease begins 0.9 s
+/// after the client last answered: silent for 2.4 s, more than the ttl, and still within what a
+/// paused client may be silent for. The lease stays held and the stream goes on renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_paused_for_less_than_its_ttl_keeps_its_lease() {
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |c| {
+        c.client_keepalive_interval = Some(Duration::from_secs(1))
+    })
+    .await;
+    let relay = Pausable::start(baton.addr()).await;
+    let mut through = LockServiceClient::new(channel(relay.addr).await);
+    let (mut stream, _) = held(&mut through, hold_request("paused", 2_000, None, "")).await;
+    // Idle but for Baton's pings, which come a second after the client was last heard.
+    let acquired = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        "the client to answer a ping",
+        || async {
+            if relay.last_from_client() > acquired + Duration::from_millis(500) {
+                Ok(())
+            } else {
+                Err("not yet")
+            }
+        },
+    )
+    .await;
+    let answered = relay.last_from_client();
+    tokio::time::sleep_until(answered + Duration::from_millis(900)).await;
+    relay.paused.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    relay.paused.send_replace(false);
+    let resumed = Instant::now();
+
+    // Renewals only (those sent during the pause first), for two more seconds: no `lost`.
+    let renewals =
+        crate::support::lease::renewals_until(&mut stream, resumed + Duration::from_secs(2)).await;
+    assert!(!renewals.is_empty(), "no renewal after the pause");
+    let described = baton
+        .client()
+        .await
+        .describe(pb::LockServiceDescribeRequest {
+            name: "paused".into(),
+        })
+        .await
+        .expect("Describe")
+        .into_inner();
+    assert!(described.held, "the paused client's lease was released");
+}
