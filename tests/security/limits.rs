@@ -219,7 +219,9 @@ async fn calls_given_up_while_baton_was_frozen_leave_the_connection_alone() {
         crate::support::BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
             .await;
     let mut locks = LockServiceClient::new(channel(process.addr()).await);
-    let (mut stream, _) = held(&mut locks, hold_request("kept", 3_000, None, "")).await;
+    // A ttl far longer than the freeze, however slowly a busy machine writes the rounds below:
+    // a freeze past the ttl would rightly end the Hold `lost` (the CI met one with 3 s).
+    let (mut stream, _) = held(&mut locks, hold_request("kept", 10_000, None, "")).await;
 
     let frozen = crate::support::freeze(process.pid());
     // Rounds of calls written (they wait in Baton's socket), then given up: each one's stream is
