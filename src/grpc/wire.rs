@@ -11,22 +11,29 @@ use crate::error::{Error, Field};
 /// Converts a proto duration to milliseconds, rounding sub-millisecond parts up.
 ///
 /// `None` and zero are returned as `None`; negative or malformed values are an error for `field`.
+/// A well-formed Duration has `nanos` within ±999,999,999 and of the sign of `seconds` (either
+/// sign when `seconds` is 0), so `{seconds: 0, nanos: -1}` is a negative duration, not a
+/// malformed one.
 pub fn millis(
     field: impl Into<Field>,
     value: Option<prost_types::Duration>,
 ) -> Result<Option<Duration>, Error> {
     let field = field.into();
     let Some(d) = value else { return Ok(None) };
-    if d.nanos < 0 || d.nanos >= 1_000_000_000 {
+    if d.nanos.unsigned_abs() >= 1_000_000_000
+        || (d.seconds > 0 && d.nanos < 0)
+        || (d.seconds < 0 && d.nanos > 0)
+    {
         return Err(Error::invalid(
             field,
             format!(
-                "is not a well-formed Duration: nanos {} is outside 0 to 999999999",
-                d.nanos
+                "is not a well-formed Duration: nanos {} is outside -999999999 to 999999999 or \
+                 of another sign than seconds {}",
+                d.nanos, d.seconds
             ),
         ));
     }
-    if d.seconds < 0 {
+    if d.seconds < 0 || d.nanos < 0 {
         return Err(Error::invalid(field, "must not be negative"));
     }
     let secs = u64::try_from(d.seconds).unwrap_or(0);
@@ -69,8 +76,9 @@ pub fn optional_bounded(
         .transpose()
 }
 
-/// `d` (the millisecond value of `sent`) when within `[min, max]`; the error names what the
-/// caller sent, and the rounding when it made a difference.
+/// `d` (the millisecond value of `sent`) when what was sent is within `[min, max]` (whole
+/// milliseconds, so its rounded value is too); the error names what the caller sent, and the
+/// rounding when it made a difference.
 fn within(
     field: impl Into<Field>,
     sent: Option<prost_types::Duration>,
@@ -78,15 +86,15 @@ fn within(
     min: Duration,
     max: Duration,
 ) -> Result<Duration, Error> {
-    if d < min || d > max {
-        let exact = sent
-            .and_then(|p| {
-                Some(Duration::new(
-                    u64::try_from(p.seconds).ok()?,
-                    u32::try_from(p.nanos).ok()?,
-                ))
-            })
-            .filter(|&exact| exact != d);
+    let sent_exactly = sent.and_then(|p| {
+        Some(Duration::new(
+            u64::try_from(p.seconds).ok()?,
+            u32::try_from(p.nanos).ok()?,
+        ))
+    });
+    let exact = sent_exactly.unwrap_or(d);
+    if exact < min || exact > max {
+        let exact = sent_exactly.filter(|&exact| exact != d);
         let value = match exact {
             Some(exact) => format!("{} (rounded up to {})", show(exact), show(d)),
             None => show(d),
@@ -141,7 +149,12 @@ pub fn token(field: impl Into<Field>, value: &str) -> Result<uuid::Uuid, Error> 
     uuid::Uuid::try_parse(value)
         .ok()
         .filter(|u| value.len() == 36 && u.hyphenated().to_string() == value)
-        .ok_or_else(|| Error::invalid(field, "is not a token issued by Baton"))
+        .ok_or_else(|| {
+            Error::invalid(
+                field,
+                "is not of the form Baton's tokens have (a UUID in lowercase hyphenated form)",
+            )
+        })
 }
 
 /// Smallest margin kept before a caller's deadline.
@@ -228,9 +241,22 @@ mod tests {
         );
         assert_eq!(millis("ttl", pd(0, 0)).unwrap(), None);
         assert_eq!(millis("ttl", None).unwrap(), None);
-        assert!(millis("ttl", pd(-1, 0)).is_err());
-        assert!(millis("ttl", pd(0, -5)).is_err());
         assert!(millis("ttl", pd(i64::MAX, 0)).is_err());
+        // Negative durations, whichever field carries the sign, are said to be negative.
+        for negative in [pd(-1, 0), pd(0, -5), pd(-1, -5)] {
+            let err = millis("ttl", negative).unwrap_err().to_string();
+            assert_eq!(err, "ttl: must not be negative");
+        }
+        // Nanos out of range, or of another sign than the seconds: malformed.
+        for malformed in [
+            pd(1, -1),
+            pd(-1, 1),
+            pd(0, 1_000_000_000),
+            pd(0, -1_000_000_000),
+        ] {
+            let err = millis("ttl", malformed).unwrap_err().to_string();
+            assert!(err.contains("not a well-formed Duration"), "{err}");
+        }
     }
 
     /// Bounds are inclusive and the error names the field.
@@ -243,6 +269,13 @@ mod tests {
         let err = bounded("ttl", pd(3600, 1), min, max).unwrap_err();
         assert!(err.to_string().starts_with("ttl: "), "{err}");
         assert!(bounded("ttl", None, min, max).is_err());
+        // Bounds apply to what was sent, not to its value rounded up to the millisecond.
+        let err = bounded("ttl", pd(0, 9_999_999), min, max).unwrap_err();
+        assert!(err.to_string().contains("rounded up to 10ms"), "{err}");
+        assert_eq!(
+            bounded("ttl", pd(3599, 999_999_999), min, max).unwrap(),
+            max
+        );
     }
 
     /// Only the canonical hyphenated UUID form is a token.
