@@ -527,6 +527,9 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
     let mut ticks = tokio::time::interval(READINESS_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<ServingStatus> = None;
+    // What the health service says now: NOT_SERVING until Redis first answers. Only a change is
+    // reported, so that a `Watch` sees each status once.
+    let mut reported = ServingStatus::NotServing;
     let mut last_partial: Option<String> = None;
     let mut last_refused = false;
     loop {
@@ -544,12 +547,13 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
         };
         let changed = last != Some(status);
         let refused = matches!(&health, Health::Down(e) if crate::redis::refuses_credentials(e));
-        if changed {
+        if status != reported {
             for name in READY_NAMES {
                 reporter.set_service_status(name, status).await;
             }
-            last = Some(status);
+            reported = status;
         }
+        last = Some(status);
         match &health {
             // Said again when the cause turns into a refusal: a password to fix, not an outage.
             Health::Down(e) if refused && (changed || !last_refused) => {
@@ -575,10 +579,12 @@ async fn readiness(redis: Redis, reporter: HealthReporter, unready: Cancellation
             _ => None,
         };
     }
-    for name in READY_NAMES {
-        reporter
-            .set_service_status(name, ServingStatus::NotServing)
-            .await;
+    if reported != ServingStatus::NotServing {
+        for name in READY_NAMES {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
     }
     tracing::info!("stopping: readiness is NOT_SERVING");
 }

@@ -678,3 +678,71 @@ async fn calls_after_kills(baton: &Baton, admins: &mut [redis::aio::MultiplexedC
         }
     }
 }
+
+/// A health `Watch` of readiness sees each status once: a Baton started while its Redis address
+/// takes connections but answers nothing says NOT_SERVING at once, then nothing while Redis
+/// stays silent (its readiness check runs every second and finds it down each time; the first
+/// check, ending after the watch began, used to say NOT_SERVING a second time), then SERVING
+/// once a Redis answers there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_watch_sees_each_status_once() {
+    let redis = RedisServer::start_standalone().await;
+    // The address Baton is given: connections are taken and left silent until `answer`, then
+    // relayed to the running Redis.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
+    let port = listener.local_addr().expect("address").port();
+    let answer = CancellationToken::new();
+    let target = redis.port();
+    let answering = answer.clone();
+    tokio::spawn(async move {
+        let mut silent = Vec::new();
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            if !answering.is_cancelled() {
+                silent.push(inbound);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let baton = Baton::start_unready(&redis, |c| {
+        c.redis.topology = Topology::Standalone {
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+    })
+    .await;
+    let mut watch = baton
+        .health()
+        .await
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "readiness".into(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let status = |m: Option<tonic_health::pb::HealthCheckResponse>| m.map(|m| m.status());
+    let first = within(Duration::from_secs(5), watch.message(), "the first status")
+        .await
+        .expect("the stream");
+    assert_eq!(status(first), Some(ServingStatus::NotServing));
+    // Readiness checks find Redis silent (each within the command timeout): nothing new to say.
+    let quiet = tokio::time::timeout(Duration::from_millis(3_200), watch.message()).await;
+    assert!(
+        quiet.is_err(),
+        "a second status while nothing changed: {quiet:?}"
+    );
+
+    answer.cancel();
+    let next = within(Duration::from_secs(10), watch.message(), "SERVING")
+        .await
+        .expect("the stream");
+    assert_eq!(status(next), Some(ServingStatus::Serving));
+    let quiet = tokio::time::timeout(Duration::from_millis(2_200), watch.message()).await;
+    assert!(
+        quiet.is_err(),
+        "a second status while nothing changed: {quiet:?}"
+    );
+}
