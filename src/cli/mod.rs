@@ -119,6 +119,16 @@ fn duration_arg(raw: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A call's deadline: a duration as [`duration_arg`] takes it, more than zero (a call with no
+/// time at all could only fail).
+fn timeout_arg(raw: &str) -> Result<Duration, String> {
+    let d = duration_arg(raw)?;
+    if d.is_zero() {
+        return Err(format!("{raw} leaves no time for a call: give more than 0"));
+    }
+    Ok(d)
+}
+
 /// How to reach Baton, shared by every client subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
@@ -127,7 +137,7 @@ pub struct ClientArgs {
     #[arg(long, env = "BATON_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
     /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = timeout_arg)]
     pub timeout: Duration,
     /// File holding Baton's API token (its first non-empty line), sent on every call as
     /// `authorization: Bearer <token>`; read again for each call, so a rotated token is used.

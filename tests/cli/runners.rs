@@ -391,6 +391,17 @@ async fn durations_past_ten_years_are_bad_usage() {
     }
 }
 
+/// A call deadline of zero is bad usage (exit 2, naming the flag), not a call that fails.
+#[tokio::test]
+async fn a_timeout_of_zero_is_bad_usage() {
+    let (code, _, stderr) = run("127.0.0.1:1", &["describe", "lock", "x", "--timeout", "0s"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--timeout") && stderr.contains("no time"),
+        "{stderr}"
+    );
+}
+
 /// A command killed by a signal makes baton exit 128 + the signal, like a shell.
 #[tokio::test]
 async fn a_command_killed_by_a_signal_gives_128_plus_the_signal() {
