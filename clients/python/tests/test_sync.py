@@ -442,9 +442,10 @@ def test_a_nan_or_negative_wait_raises_naming_it(server, name, kind):
 
 
 def test_nan_and_infinite_times_raise_naming_the_argument(server, name):
-    """NaN or infinite ttls and periods raise ValueError (InvalidArgument) naming the argument."""
+    """NaN or infinite ttls and periods raise ValueError (InvalidArgument) naming the argument, as
+    does an integer too large for a float (not OverflowError)."""
     with baton.Baton.connect(server.tcp) as client:
-        for bad in (float("nan"), float("inf"), -1):
+        for bad in (float("nan"), float("inf"), -1, 10 ** 400):
             for call in (lambda: client.campaign(name, ttl=bad),
                          lambda: client.lock(name, ttl=bad),
                          lambda: client.acquire_permits(name, limit=2, ttl=bad),

@@ -45,6 +45,9 @@ def seconds(value: Optional[Seconds], what: str = "wait") -> Optional[float]:
     else:
         try:
             s = float(value)
+        except OverflowError:
+            # An integer too large for a float: out of range, as infinity is.
+            s = math.inf
         except (TypeError, ValueError):
             raise TypeError(f"{what}: seconds as a number or a timedelta, not "
                             f"{type(value).__name__}") from None
