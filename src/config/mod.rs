@@ -176,8 +176,8 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_SHUTDOWN_DELAY", default_value = "0s")]
     pub shutdown_delay: String,
     /// Silence after which Baton pings a client over HTTP/2 (e.g. 1s); 0 turns pings off. A
-    /// `Hold`/`KeepAlive` stream whose client answers nothing for longer than its lease's ttl (at
-    /// least two intervals) loses its lease.
+    /// `Hold`/`KeepAlive` stream whose client answers nothing for longer than its lease's ttl and
+    /// one interval (at least two intervals) loses its lease.
     #[arg(long, env = "BATON_CLIENT_KEEPALIVE_INTERVAL", default_value = "1s")]
     pub client_keepalive_interval: String,
     /// Time a client has to answer a ping before its connection is closed (e.g. 20s).
