@@ -1011,3 +1011,55 @@ async fn a_slow_reader_hears_every_shutdown() {
         .expect("Baton exits");
     assert!(status.success(), "exit status {status}");
 }
+
+/// Calls that fail while Redis is down leave nothing to retry behind them: 200 Acquires (ttl
+/// 1 h) fail UNAVAILABLE against a killed Redis, each never sent, and SIGTERM then stops Baton
+/// at once. Each such failure used to leave a release retried until its ttl, which held the
+/// drain to its deadline (and, through a long outage, kept Baton connecting about a thousand
+/// times a second for 6,000 failed calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_failed_during_an_outage_leave_no_retries_behind() {
+    let mut redis = RedisServer::start_private().await;
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &unique_prefix(),
+        "--drain-timeout",
+        "10s",
+    ])
+    .await;
+    let client = baton.client().await;
+    redis.kill();
+    let mut failing = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let mut client = client.clone();
+        failing.spawn(async move {
+            client
+                .acquire(pb::LockServiceAcquireRequest {
+                    name: format!("outage-{i}"),
+                    ttl: Some(ms(3_600_000)),
+                    ..Default::default()
+                })
+                .await
+        });
+    }
+    while let Some(done) = failing.join_next().await {
+        let status = done.expect("the call's task").expect_err("Redis is down");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+    drop(client);
+
+    let (status, took) = sigterm_and_wait(&mut baton, Duration::from_secs(20)).await;
+    assert!(
+        status.success(),
+        "exit status {status}; stderr:\n{}",
+        baton.stderr()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM: clean-ups were still being retried\n{}",
+        baton.stderr()
+    );
+}

@@ -410,7 +410,7 @@ impl<P: Primitive> Engine<P> {
     }
 
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
-    /// anyway (`ttl` from now): for grants whose caller will never see them (a reply that came
+    /// anyway (`ttl` from now; but see [`clean_up_deadline`] after a failed call): for grants whose caller will never see them (a reply that came
     /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
     /// never came). `token` is the one the call proposed ([`Grant::call_token`]): the grant's
     /// own when the call made it, a retry's when the call got it again by its idempotency key,
@@ -434,7 +434,7 @@ impl<P: Primitive> Engine<P> {
         clean_up(
             &self.inner.tasks,
             format!("releasing an unused grant of {} {name:?}", P::KIND),
-            clean_up_deadline(unknown, ttl),
+            clean_up_deadline(unknown, ttl, true),
             move || {
                 let (engine, name, token) = (engine.clone(), name.clone(), token.clone());
                 async move {
@@ -463,7 +463,7 @@ impl<P: Primitive> Engine<P> {
         clean_up(
             &self.inner.tasks,
             format!("removing a waiter of {} {name:?}", P::KIND),
-            clean_up_deadline(unknown, QUEUE_LEASE),
+            clean_up_deadline(unknown, QUEUE_LEASE, false),
             move || {
                 let (engine, name, waiter) = (engine.clone(), name.clone(), waiter.clone());
                 async move { engine.inner.primitive.abandon(&name, &waiter, void).await }
@@ -542,21 +542,27 @@ impl<P: Primitive> Renewable for Handle<P> {
     }
 }
 
-/// Whether a call that failed with `e` may still have run in Redis (no reply came). Every
-/// `UNAVAILABLE` counts: only [`Error::Unanswered`] is known to have been sent, but a void mark
-/// for a call that never reached Redis costs one clean-up call and nothing else.
+/// Whether a call that failed with `e` may have changed something in Redis that nobody will
+/// hear of: [`Error::Unanswered`] (sent, and no reply came), and any other `UNAVAILABLE` too,
+/// since a refusal Redis raised inside a script (an ACL denial) may come after the script's
+/// first writes.
 fn unknown_outcome(e: &Error) -> bool {
     matches!(e, Error::Unavailable(_) | Error::Unanswered(_))
 }
 
-/// Until when the clean-up after a call that failed so is retried: `normally` from now, unless
-/// the call was sent and never answered ([`Error::Unanswered`]). Such a call may still run
-/// whenever Redis resumes, past any ttl (a server paused for longer than that runs it then, with
-/// a fresh expiry): its clean-up is retried for [`VOID_RETENTION`], so that it comes after it and
-/// frees what it granted, or voids it first.
-fn clean_up_deadline(failure: Option<&Error>, normally: Duration) -> Instant {
+/// Until when the clean-up after a call that failed with `failure` is retried: `normally` from
+/// now, with two exceptions.
+/// - A call sent and never answered ([`Error::Unanswered`]) may still run whenever Redis
+///   resumes, past any ttl (a server paused for longer than that runs it then, with a fresh
+///   expiry): its clean-up is retried for [`VOID_RETENTION`], so that it comes after it and
+///   frees what it granted, or voids it first.
+/// - After any other `UNAVAILABLE` (`once`), Redis either was not reached (nothing to clean up)
+///   or answered with its refusal (and answers the clean-up too): one try, so that calls failing
+///   during an outage leave no clean-ups retrying behind them.
+fn clean_up_deadline(failure: Option<&Error>, normally: Duration, once: bool) -> Instant {
     let retried = match failure {
         Some(Error::Unanswered(_)) => normally.max(VOID_RETENTION),
+        Some(_) if once => Duration::ZERO,
         _ => normally,
     };
     Instant::now() + retried

@@ -188,9 +188,16 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, Error>> + Send,
 {
+    // A clean-up given a single try (its deadline already reached) fails quietly: that is every
+    // call failing during an outage, each telling its own caller.
+    let once = deadline <= Instant::now();
     let task = async move {
-        if let Err(e) = retry_until(deadline, attempt).await {
-            tracing::warn!(error = %e, "{what} failed until it no longer mattered; Redis ends it at its expiry");
+        match retry_until(deadline, attempt).await {
+            Err(e) if once => tracing::debug!(error = %e, "{what} failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} failed until it no longer mattered; Redis ends it at its expiry")
+            }
+            Ok(_) => {}
         }
     };
     // In the span of the call it cleans up after (a traced call's trace id), if any.
