@@ -22,9 +22,11 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::proto::v1::rate_limit_service_server::RateLimitServiceServer;
 use crate::ratelimit::{
-    RateLimiter, envoy::EnvoyRateLimitApi, rules::Rules, service::RateLimitApi,
+    RateLimiter,
+    envoy::{EnvoyRateLimitApi, EnvoyRateLimitServer},
+    rules::Rules,
+    service::RateLimitApi,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer as EnvoyRateLimitServiceServer;
 
 use crate::autocomplete::{Autocomplete, service::AutocompleteApi};
 use crate::election::{Election, Elections, service::ElectionApi};
@@ -84,7 +86,7 @@ pub const MAX_METADATA_BYTES: u32 = 16 * 1024;
 const OTHER_METHODS: &[&str] = &[
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    crate::ratelimit::envoy::SHOULD_RATE_LIMIT,
 ];
 
 /// The sockets Baton serves on, bound before [`serve`] so tests can bind port 0.
@@ -371,7 +373,7 @@ pub async fn serve_until(
             .add_optional_service(
                 envoy_api
                     .clone()
-                    .map(|api| sized!(EnvoyRateLimitServiceServer::new(api))),
+                    .map(|api| sized!(EnvoyRateLimitServer::new(api))),
             )
             .add_service(sized!(SemaphoreServiceServer::new(semaphore_api.clone()))))
     };

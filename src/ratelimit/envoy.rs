@@ -8,9 +8,18 @@
 //! metadata, which Envoy stores under the `envoy.filters.http.ratelimit` namespace (visible in
 //! access logs); Baton logs shadow-mode hits at debug level and failure-mode answers as warnings
 //! (at most one a second).
+//!
+//! Envoy fills the descriptor entries' `string` fields with whatever bytes it took from the
+//! request (a header's value, a path), which need not be UTF-8: a client sending `x-user: caf\xe9`
+//! in Latin-1 makes Envoy send an entry value that a strict protobuf decoder refuses, failing the
+//! whole call, and Envoy's failure mode then decides every limit of that request. So the method
+//! is served by [`EnvoyRateLimitServer`], which decodes the request as [`LenientRateLimitRequest`]
+//! (the same message with `bytes` for the entries' keys and values) and turns each key and value
+//! that is not UTF-8 into text with [`entry_text`].
 
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     path::PathBuf,
     sync::{Arc, RwLock},
     time::Duration,
@@ -18,17 +27,23 @@ use std::{
 
 use envoy_types::pb::{
     envoy::{
-        extensions::common::ratelimit::v3::RateLimitDescriptor,
+        extensions::common::ratelimit::v3::{
+            RateLimitDescriptor,
+            rate_limit_descriptor::{Entry, RateLimitOverride},
+        },
         service::ratelimit::v3::{
             RateLimitRequest, RateLimitResponse,
             rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit},
-            rate_limit_service_server::RateLimitService,
         },
     },
-    google::protobuf::{self as gpb, value::Kind},
+    google::protobuf::{self as gpb, UInt64Value, value::Kind},
 };
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::{
+    Request, Response, Status,
+    codegen::{Body, BoxFuture, Context, Poll, Service, StdError, http},
+    server::{Grpc, NamedService, UnaryService},
+};
 
 use super::{
     Algorithm, DecidedBy, Decision, MAX_UNITS, Rate, RateLimiter,
@@ -38,10 +53,141 @@ use super::{
     },
 };
 use crate::{
+    codec::LeanCodec,
     config::FailureMode,
     error::Error,
     metrics::{self, Api, RateDecision},
 };
+
+/// The full name of Envoy's rate limit service.
+pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// The path of its one method.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// `envoy.service.ratelimit.v3.RateLimitRequest` as it is decoded: the same fields and tags, with
+/// the descriptor entries' `string` fields read as `bytes` (the same wire type), so that a value
+/// that is not UTF-8 does not fail the call. The domain stays a `string`: it comes from Envoy's
+/// configuration, which is UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LenientRateLimitRequest {
+    /// The rules' domain.
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    /// The descriptors, each decided apart.
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<LenientDescriptor>,
+    /// The hits of every descriptor without its own `hits_addend` (0 means 1).
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor` with [`LenientEntry`] entries.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LenientDescriptor {
+    /// The entries, matched one rule level each.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<LenientEntry>,
+    /// A limit from Envoy's route configuration, in place of the rules'.
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
+    /// This descriptor's hits, in place of the request's.
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+    /// Whether the hits are a refund (refused).
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
+}
+
+/// `RateLimitDescriptor.Entry` with its key and value as the bytes sent.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct LenientEntry {
+    /// The descriptor key.
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    /// The descriptor value.
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+impl From<RateLimitRequest> for LenientRateLimitRequest {
+    fn from(req: RateLimitRequest) -> Self {
+        Self {
+            domain: req.domain,
+            descriptors: req
+                .descriptors
+                .into_iter()
+                .map(|d| LenientDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| LenientEntry {
+                            key: e.key.into_bytes(),
+                            value: e.value.into_bytes(),
+                        })
+                        .collect(),
+                    limit: d.limit,
+                    hits_addend: d.hits_addend,
+                    is_negative_hits: d.is_negative_hits,
+                })
+                .collect(),
+            hits_addend: req.hits_addend,
+        }
+    }
+}
+
+impl LenientRateLimitRequest {
+    /// The request with every entry's key and value as text ([`entry_text`]).
+    pub fn into_request(self) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: self.domain,
+            descriptors: self
+                .descriptors
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: entry_text(e.key),
+                            value: entry_text(e.value),
+                        })
+                        .collect(),
+                    limit: d.limit,
+                    hits_addend: d.hits_addend,
+                    is_negative_hits: d.is_negative_hits,
+                })
+                .collect(),
+            hits_addend: self.hits_addend,
+        }
+    }
+}
+
+/// A descriptor key or value as text: UTF-8 as it is; otherwise each byte of every invalid
+/// sequence becomes U+0000 followed by its two lowercase hex digits (`caf\xe9` is `caf\0e9`), and
+/// each U+0000 of the valid parts becomes `\0` `00` (no invalid byte is `00`).
+///
+/// The mapping loses nothing: distinct byte strings that are not UTF-8 give distinct texts, and
+/// each of them holds a U+0000, which no HTTP header value can carry, so none equals a value Envoy
+/// took from a valid header.
+pub fn entry_text(bytes: Vec<u8>) -> String {
+    let bytes = match String::from_utf8(bytes) {
+        Ok(text) => return text,
+        Err(e) => e.into_bytes(),
+    };
+    let mut text = String::with_capacity(bytes.len() * 3);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\0' => text.push_str("\u{0}00"),
+                c => text.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(text, "\0{b:02x}");
+        }
+    }
+    text
+}
 
 /// The `envoy.service.ratelimit.v3.RateLimitService` implementation.
 #[derive(Clone)]
@@ -170,7 +316,8 @@ fn pb_unit(unit: Unit) -> PbUnit {
     }
 }
 
-fn validate(req: &RateLimitRequest) -> Result<(), Error> {
+/// Checks the request's bounds, on the bytes as sent.
+fn validate(req: &LenientRateLimitRequest) -> Result<(), Error> {
     if req.domain.is_empty() || req.domain.len() > MAX_DOMAIN_BYTES {
         return Err(Error::invalid(
             "domain",
@@ -462,14 +609,15 @@ fn ok_status(limit: Option<RateLimit>, remaining: u32) -> DescriptorStatus {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for EnvoyRateLimitApi {
-    async fn should_rate_limit(
+impl EnvoyRateLimitApi {
+    /// Decides every descriptor of `req` (`ShouldRateLimit`). A request out of bounds fails with
+    /// `INVALID_ARGUMENT`.
+    pub async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let req = request.into_inner();
+        req: LenientRateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         validate(&req)?;
+        let req = req.into_request();
         let rules = self.rules();
         if !rules.has_domain(&req.domain) {
             tracing::debug!(domain = %req.domain, "no rules for this domain: not limited");
@@ -493,11 +641,175 @@ impl RateLimitService for EnvoyRateLimitApi {
         let over = statuses
             .iter()
             .any(|s| s.code == i32::from(Code::OverLimit));
-        Ok(Response::new(RateLimitResponse {
+        Ok(RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
             statuses,
             dynamic_metadata: report.metadata(),
             ..Default::default()
-        }))
+        })
+    }
+}
+
+/// The `envoy.service.ratelimit.v3.RateLimitService` server, written out rather than generated
+/// so that its requests are decoded as [`LenientRateLimitRequest`], with Baton's codec
+/// ([`LeanCodec`]): a request that does not decode at all fails with `INVALID_ARGUMENT`. Any other
+/// method of the service is `UNIMPLEMENTED`.
+#[derive(Clone)]
+pub struct EnvoyRateLimitServer {
+    api: EnvoyRateLimitApi,
+    max_decoding_message_size: Option<usize>,
+    max_encoding_message_size: Option<usize>,
+}
+
+impl EnvoyRateLimitServer {
+    /// The server of `api`, with tonic's default message sizes.
+    pub fn new(api: EnvoyRateLimitApi) -> Self {
+        Self {
+            api,
+            max_decoding_message_size: None,
+            max_encoding_message_size: None,
+        }
+    }
+
+    /// Refuses requests larger than `limit` bytes.
+    #[must_use]
+    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+        self.max_decoding_message_size = Some(limit);
+        self
+    }
+
+    /// Refuses to send responses larger than `limit` bytes.
+    #[must_use]
+    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+        self.max_encoding_message_size = Some(limit);
+        self
+    }
+}
+
+/// `ShouldRateLimit` as tonic's unary service.
+struct ShouldRateLimit(EnvoyRateLimitApi);
+
+impl UnaryService<LenientRateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<LenientRateLimitRequest>) -> Self::Future {
+        let api = self.0.clone();
+        Box::pin(async move {
+            api.should_rate_limit(request.into_inner())
+                .await
+                .map(Response::new)
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for EnvoyRateLimitServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async {
+                let mut response = http::Response::new(tonic::body::Body::default());
+                let headers = response.headers_mut();
+                headers.insert(
+                    Status::GRPC_STATUS,
+                    (tonic::Code::Unimplemented as i32).into(),
+                );
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    tonic::metadata::GRPC_CONTENT_TYPE,
+                );
+                Ok(response)
+            });
+        }
+        let method = ShouldRateLimit(self.api.clone());
+        let mut grpc =
+            Grpc::new(LeanCodec::<RateLimitResponse, LenientRateLimitRequest>::default())
+                .apply_max_message_size_config(
+                    self.max_decoding_message_size,
+                    self.max_encoding_message_size,
+                );
+        Box::pin(async move { Ok(grpc.unary(method, req).await) })
+    }
+}
+
+impl NamedService for EnvoyRateLimitServer {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+
+    /// UTF-8 is kept as it is; anything else maps to distinct texts holding a U+0000.
+    #[test]
+    fn entry_text_is_lossless() {
+        assert_eq!(entry_text(b"caf\xc3\xa9".to_vec()), "café");
+        assert_eq!(entry_text(b"a\0b".to_vec()), "a\0b");
+        assert_eq!(entry_text(b"caf\xe9".to_vec()), "caf\u{0}e9");
+        assert_eq!(entry_text(b"\xff\xfe".to_vec()), "\u{0}ff\u{0}fe");
+        // A cut-short sequence: each byte on its own.
+        assert_eq!(entry_text(b"\xe2\x82".to_vec()), "\u{0}e2\u{0}82");
+        // The NULs of a value that is not UTF-8 are escaped, so that it cannot pass for another.
+        assert_eq!(entry_text(b"\0e9\xe9".to_vec()), "\u{0}00e9\u{0}e9");
+        let values: [&[u8]; 6] = [
+            b"caf\xe9",
+            b"caf\xe8",
+            b"caf\xe9\xe9",
+            b"\0e9\xe9",
+            b"\xe9\xe9",
+            b"caf\xef\xbf\xbd",
+        ];
+        let texts: std::collections::HashSet<String> =
+            values.iter().map(|v| entry_text(v.to_vec())).collect();
+        assert_eq!(texts.len(), values.len(), "{texts:?}");
+        assert!(texts.contains("caf\u{fffd}"), "valid UTF-8 stays as it is");
+    }
+
+    /// Every field of Envoy's request survives the lenient decoding.
+    #[test]
+    fn lenient_request_keeps_every_field() {
+        let strict = RateLimitRequest {
+            domain: "edge".to_owned(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    entries: vec![
+                        Entry {
+                            key: "path".to_owned(),
+                            value: "/login".to_owned(),
+                        },
+                        Entry {
+                            key: "user".to_owned(),
+                            value: String::new(),
+                        },
+                    ],
+                    limit: Some(RateLimitOverride {
+                        requests_per_unit: 7,
+                        unit: 3,
+                    }),
+                    hits_addend: Some(UInt64Value { value: 5 }),
+                    is_negative_hits: true,
+                },
+                RateLimitDescriptor::default(),
+            ],
+            hits_addend: 9,
+        };
+        let wire = strict.encode_to_vec();
+        let lenient = LenientRateLimitRequest::decode(wire.as_slice()).expect("decodes");
+        assert_eq!(lenient.encode_to_vec(), wire);
+        assert_eq!(lenient.clone().into_request(), strict);
+        assert_eq!(LenientRateLimitRequest::from(strict), lenient);
     }
 }

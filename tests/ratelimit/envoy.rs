@@ -393,3 +393,174 @@ async fn envoy_invalid_requests_and_unconfigured() {
         .expect_err("not served");
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
+
+/// Envoy's request as bytes on the wire: its entries' `string` fields with any bytes in them, as
+/// Envoy sends a header's raw value (a Latin-1 `x-user: caf\xe9`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<RawEntry>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// A request whose descriptors field holds bytes that are no message at all.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(string, tag = "1")]
+    domain: String,
+    #[prost(bytes = "vec", tag = "2")]
+    descriptors: Vec<u8>,
+}
+
+fn raw_request(domain: &[u8], descriptors: &[&[(&str, &[u8])]]) -> RawRequest {
+    RawRequest {
+        domain: domain.to_vec(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RawDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| RawEntry {
+                        key: k.as_bytes().to_vec(),
+                        value: v.to_vec(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// `ShouldRateLimit` with a request encoded from `req` as it stands.
+async fn should_rate_limit_raw<T: prost::Message + Send + 'static>(
+    baton: &Baton,
+    req: T,
+) -> Result<RateLimitResponse, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(support::channel(baton.addr()).await);
+    grpc.ready().await.expect("the channel is ready");
+    grpc.unary(
+        tonic::Request::new(req),
+        http::uri::PathAndQuery::from_static(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        tonic_prost::ProstCodec::<T, RateLimitResponse>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// An entry value that is not UTF-8 (a header's raw bytes, as Envoy passes them) is decided and
+/// counted like any other, each such value apart from the others and from the valid values that
+/// resemble it, and the other descriptors of the same call are still decided: the call does not
+/// fail (which Envoy's failure mode would answer, bypassing every limit of the request). A
+/// request that does not decode at all, or whose domain is not UTF-8, is INVALID_ARGUMENT.
+#[tokio::test]
+async fn envoy_values_that_are_not_utf8_are_decided() {
+    let redis = RedisServer::start().await;
+    let baton = envoy_baton(&redis).await;
+    let ip = |value: &'static [u8]| raw_request(b"edge", &[&[("remote_address", value)]]);
+    let decide = |req: RawRequest| {
+        let baton = &baton;
+        async move {
+            should_rate_limit_raw(baton, req.clone())
+                .await
+                .unwrap_or_else(|s| panic!("ShouldRateLimit {req:?} failed: {s:?}"))
+        }
+    };
+
+    // remote_address: 2 an hour, each value its own count.
+    for remaining in [1, 0] {
+        let got = decide(ip(b"caf\xe9")).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+        assert_eq!(got.statuses[0].limit_remaining, remaining);
+        assert_eq!(
+            got.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            2
+        );
+    }
+    let over = decide(ip(b"caf\xe9")).await;
+    assert_eq!(codes(&over), (Code::OverLimit, vec![Code::OverLimit]));
+    // Another invalid value, and the valid values it could be mistaken for, count apart.
+    for value in [
+        &b"caf\xe8"[..],
+        "caf\u{fffd}".as_bytes(),
+        "café".as_bytes(),
+        b"caf\xe9\xe9",
+    ] {
+        let got = decide(ip(value)).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]), "{value:?}");
+        assert_eq!(got.statuses[0].limit_remaining, 1, "{value:?}");
+    }
+
+    // A client's own limit used up stays used up when another descriptor of the call carries
+    // bytes that are not UTF-8.
+    for _ in 0..2 {
+        let got = decide(ip(b"10.0.0.9")).await;
+        assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+    }
+    let got = decide(raw_request(
+        b"edge",
+        &[
+            &[("remote_address", b"\xff\xfe")],
+            &[("remote_address", b"10.0.0.9")],
+        ],
+    ))
+    .await;
+    assert_eq!(
+        codes(&got),
+        (Code::OverLimit, vec![Code::Ok, Code::OverLimit])
+    );
+
+    // A wildcard rule matches a value whose bytes after the prefix are not UTF-8.
+    let got = decide(raw_request(b"edge", &[&[("path", b"/api/\xe9t\xe9")]])).await;
+    assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+    assert_eq!(got.statuses[0].current_limit.as_ref().unwrap().name, "api");
+
+    // Bounds apply to the bytes sent.
+    let got = decide(ip(&[0xe9; 1024])).await;
+    assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]));
+    let status = should_rate_limit_raw(&baton, ip(&[0xe9; 1025]))
+        .await
+        .expect_err("too long");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // What does not decode is the client's error, not Baton's.
+    for garbage in [
+        Garbage {
+            domain: "edge".to_owned(),
+            descriptors: vec![0xff; 3],
+        },
+        Garbage {
+            domain: "edge".to_owned(),
+            descriptors: vec![0x0a, 0x05, 0x0a],
+        },
+    ] {
+        let status = should_rate_limit_raw(&baton, garbage)
+            .await
+            .expect_err("does not decode");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    }
+    let status = should_rate_limit_raw(&baton, raw_request(b"ed\xe9e", &[&[("a", b"b")]]))
+        .await
+        .expect_err("a domain that is not UTF-8");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("domain: "), "{status:?}");
+}
