@@ -22,7 +22,7 @@ use std::{
 };
 
 use super::{
-    Algorithm, MAX_UNITS, Rate, RateField,
+    Algorithm, Rate, RateField,
     yaml::{self, Node, Pos, Value},
 };
 use crate::files::FileError;
@@ -31,6 +31,10 @@ use crate::files::FileError;
 pub const MAX_DOMAIN_BYTES: usize = 256;
 /// Longest descriptor key or value, in bytes.
 pub const MAX_ENTRY_BYTES: usize = 1024;
+/// Largest `requests_per_unit` and `burst` of a rule: Envoy's `requests_per_unit` and
+/// `limit_remaining` are 32-bit (envoyproxy/ratelimit refuses more too); this value as
+/// `limit_remaining` is also what unlimited rules report.
+pub const MAX_RULE_UNITS: u64 = u32::MAX as u64;
 /// Most entries in one descriptor (and deepest nesting of rules).
 pub const MAX_ENTRIES: usize = 16;
 /// Most descriptors in one request.
@@ -970,10 +974,22 @@ fn rule(spec: &Spec, shadow: bool, path: &str) -> Result<Rule, (Pos, String)> {
     let Some((requests, requests_pos)) = spec.requests_per_unit else {
         return Err((spec.pos, "requests_per_unit: required".to_owned()));
     };
-    if requests > MAX_UNITS {
+    if requests > MAX_RULE_UNITS {
         return Err((
             requests_pos,
-            format!("requests_per_unit: {requests} is more than {MAX_UNITS}"),
+            format!(
+                "requests_per_unit: {requests} is more than {MAX_RULE_UNITS}, the largest Envoy's API can report"
+            ),
+        ));
+    }
+    if let Some((burst, pos)) = spec.burst
+        && burst > MAX_RULE_UNITS
+    {
+        return Err((
+            pos,
+            format!(
+                "burst: {burst} is more than {MAX_RULE_UNITS}, the largest Envoy's API can report"
+            ),
         ));
     }
     let burst = spec.burst.map(|(b, _)| b);
@@ -1141,6 +1157,12 @@ descriptors:
     rate_limit: {period: 0.5ms, requests_per_unit: 1}
   - key: i*
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: j
+    rate_limit: {unit: second, requests_per_unit: 4294967296}
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: gcra, burst: 4294967296}
+  - key: l
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: gcra, burst: 4294967295}
 ---
 domain: d
 ---
@@ -1161,6 +1183,8 @@ descriptors:
             "descriptors[7].shadow_mode",
             "descriptors[8].rate_limit.period",
             "descriptors[9].key: \"i*\": a wildcard",
+            "descriptors[10].rate_limit.requests_per_unit: 4294967296 is more than 4294967295",
+            "descriptors[11].rate_limit.burst: 4294967296 is more than 4294967295",
             "the domain is configured twice",
             "unknown field `rate_lmit`",
         ];
