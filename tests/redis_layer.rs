@@ -306,17 +306,125 @@ async fn one_subscriber_connection_for_all_waiters() {
 
 /// A notifier of its own on `redis`, stopped when the returned guard drops.
 fn notifier(redis: &RedisServer) -> (Notifier, tokio_util::sync::DropGuard) {
+    notifier_within(redis, Duration::from_secs(2))
+}
+
+/// A notifier of its own on `redis` with the command timeout `timeout`, stopped when the returned
+/// guard drops.
+fn notifier_within(
+    redis: &RedisServer,
+    timeout: Duration,
+) -> (Notifier, tokio_util::sync::DropGuard) {
     let topology = Topology::Standalone { url: redis.url() };
     let endpoint = Endpoint::new(&topology)
         .expect("an endpoint")
         .expect("a single Redis has a fixed endpoint");
     let shutdown = CancellationToken::new();
-    let notifier = Notifier::start(
-        Source::Node(endpoint),
-        Duration::from_secs(2),
-        shutdown.clone(),
-    );
+    let notifier = Notifier::start(Source::Node(endpoint), timeout, shutdown.clone());
     (notifier, shutdown.drop_guard())
+}
+
+/// The channels `conn`'s Redis has subscribers on.
+async fn subscribed_channels(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<Vec<String>, String> {
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Subscriptions that Redis confirms too late (it was frozen) fail, and once Redis answers again
+/// none of their channels stays subscribed: Redis carries each `SUBSCRIBE` out all the same, and
+/// the notifier unsubscribes the channels nobody waits on. Each channel has a second waiter that
+/// joins while the first one's subscription is in flight, so the channel still has a waiter when
+/// the command's time runs out and the failure is answered. A channel subscribed afterwards
+/// works, and goes when its waiter leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_confirmed_too_late_are_given_up() {
+    const CHANNELS: usize = 20;
+    let redis = RedisServer::start().await;
+    let timeout = Duration::from_millis(400);
+    let (notifier, _stop) = notifier_within(&redis, timeout);
+    let mut conn = redis.client().await;
+    // Connected before Redis freezes.
+    drop(notifier.subscribe("warm-up").await.expect("subscribe"));
+
+    let frozen = testkit::freeze(redis.pid().expect("redis is running"));
+    let mut waiters = JoinSet::new();
+    for round in 0..2 {
+        if round == 1 {
+            tokio::time::sleep(timeout / 2).await;
+        }
+        for i in 0..CHANNELS {
+            let notifier = notifier.clone();
+            waiters.spawn(async move { notifier.subscribe(&format!("late-{i}")).await.map(drop) });
+        }
+    }
+    let mut failed = 0;
+    while let Some(result) = within(
+        Duration::from_secs(10),
+        waiters.join_next(),
+        "the subscriptions to give up",
+    )
+    .await
+    {
+        if result.expect("waiter task").is_err() {
+            failed += 1;
+        }
+    }
+    drop(frozen);
+    assert_eq!(
+        failed,
+        2 * CHANNELS,
+        "every subscription failed while Redis was frozen"
+    );
+
+    wait_until(
+        Duration::from_secs(10),
+        "no channel to stay subscribed once nobody waits",
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let channels = subscribed_channels(&mut conn).await?;
+                if channels.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{channels:?}"))
+                }
+            }
+        },
+    )
+    .await;
+
+    let mut again = notifier.subscribe("late-0").await.expect("subscribe again");
+    again.arm();
+    let receivers: u64 = redis::cmd("PUBLISH")
+        .arg("late-0")
+        .arg("released")
+        .query_async(&mut conn)
+        .await
+        .expect("PUBLISH");
+    assert_eq!(receivers, 1, "one subscriber");
+    assert!(woken(&mut again, Duration::from_secs(5)).await, "woken");
+    drop(again);
+    wait_until(
+        Duration::from_secs(10),
+        "the channel to go with its waiter",
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let channels = subscribed_channels(&mut conn).await?;
+                if channels.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{channels:?}"))
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// Whether `sub` is woken within `timeout`.

@@ -21,7 +21,9 @@
 //!   and never wait behind one another: it sends them in batches (many channels per `SUBSCRIBE`,
 //!   several commands in flight), answers each waiter when Redis confirms its channel, and after
 //!   a reconnect subscribes every channel with waiters again in the same batches. A subscription
-//!   to a channel already confirmed does not reach it at all.
+//!   to a channel already confirmed does not reach it at all. A `SUBSCRIBE` whose answer came too
+//!   late for its waiters is still carried out by Redis, so the task unsubscribes every channel it
+//!   sent one for once the channel has no waiters, confirmed or not.
 //! - `connection`: the connections and their commands. On a single Redis (standalone, or the
 //!   master Sentinel names) one plain pub/sub connection (`SUBSCRIBE`); on a Cluster one RESP3
 //!   connection per master with sharded pub/sub (`SSUBSCRIBE`), opened when a channel of that

@@ -8,6 +8,12 @@
 //! while Redis answers, and one command is in flight per channel at a time, so a subscription
 //! and an unsubscription of the same channel can never overtake each other.
 //!
+//! A command whose answer does not come in time is still carried out when Redis gets to it: the
+//! task counts every channel it sent a `SUBSCRIBE` for on the live connection as subscribed in
+//! Redis, confirmed or not, until it sends the channel's `UNSUBSCRIBE`, which it does once the
+//! channel has no waiters. Redis carries out one connection's commands in order, so whatever
+//! was answered in time or not, no channel stays subscribed once nobody waits on it.
+//!
 //! When the connection drops (or a command finds it broken before its stream reports the drop),
 //! every waiter is woken (messages may have been missed) and the task reconnects at once, then with
 //! a capped backoff that a waiting subscriber cuts short; on the new connection every channel that
@@ -52,7 +58,7 @@ pub(super) enum Request {
         channel: String,
         reply: oneshot::Sender<Result<(), Error>>,
     },
-    /// The last waiter of this subscribed channel left.
+    /// The last waiter of this channel left (the task unsubscribes it if it sent a `SUBSCRIBE`).
     Unsubscribe(String),
 }
 
@@ -69,10 +75,14 @@ struct Subscriber {
     requests: mpsc::UnboundedReceiver<Request>,
     /// Waiters awaiting the confirmation of a channel that is queued or in flight.
     replies: HashMap<String, Vec<oneshot::Sender<Result<(), Error>>>>,
-    /// Channels to look at, in arrival order, each with whether it may be subscribed without
-    /// waiters (its last waiter left): the task subscribes or unsubscribes it, or answers its
-    /// waiters, as the registry then says.
-    queue: VecDeque<(String, bool)>,
+    /// Channels to look at, in arrival order: the task subscribes or unsubscribes each, or
+    /// answers its waiters, as the registry and `sent` then say.
+    queue: VecDeque<String>,
+    /// Channels Redis may have subscribed on the live connection: a `SUBSCRIBE` of them was sent
+    /// on it (confirmed, failed or unanswered: one that timed out is still carried out when Redis
+    /// gets to it), and no `UNSUBSCRIBE` since. A channel without waiters found here is
+    /// unsubscribed.
+    sent: HashSet<String>,
     /// Channels with a command in flight: looked at again when it is done.
     busy: HashSet<String>,
     /// Busy channels whose subscription the server dropped meanwhile: what their command
@@ -95,6 +105,7 @@ pub(super) async fn run(
         requests,
         replies: HashMap::new(),
         queue: VecDeque::new(),
+        sent: HashSet::new(),
         busy: HashSet::new(),
         moved: HashSet::new(),
         epoch: 0,
@@ -140,6 +151,7 @@ impl Subscriber {
         // A new connection has no subscriptions: every channel with waiters is subscribed, and
         // what was queued for the old one is moot.
         self.queue.clear();
+        self.sent.clear();
         self.busy.clear();
         self.moved.clear();
         self.requeue_all();
@@ -180,7 +192,7 @@ impl Subscriber {
                         if self.busy.contains(&channel) {
                             self.moved.insert(channel.clone());
                         }
-                        self.queue.push_back((channel, false));
+                        self.queue.push_back(channel);
                     }
                     Some(Event::Gap) => {
                         // A Cluster master's connection dropped (a failover, a restart, a dead
@@ -230,12 +242,12 @@ impl Subscriber {
                     // Queued or in flight already.
                     Entry::Occupied(mut waiting) => waiting.get_mut().push(reply),
                     Entry::Vacant(new) => {
-                        self.queue.push_back((new.key().clone(), false));
+                        self.queue.push_back(new.key().clone());
                         new.insert(vec![reply]);
                     }
                 }
             }
-            Request::Unsubscribe(channel) => self.queue.push_back((channel, true)),
+            Request::Unsubscribe(channel) => self.queue.push_back(channel),
         }
     }
 
@@ -243,8 +255,7 @@ impl Subscriber {
     /// none any more.
     fn requeue_all(&mut self) {
         let registry = self.shared.registry();
-        self.queue
-            .extend(registry.channels().map(|c| (c.to_owned(), false)));
+        self.queue.extend(registry.channels().map(str::to_owned));
         self.replies.retain(|channel, _| registry.contains(channel));
     }
 
@@ -260,9 +271,10 @@ impl Subscriber {
             {
                 let registry = self.shared.registry();
                 while subscribe.len() < BATCH && unsubscribe.len() < BATCH {
-                    let Some((channel, unneeded)) = self.queue.pop_front() else {
+                    let Some(channel) = self.queue.pop_front() else {
                         break;
                     };
+                    // Looked at again when its command is done.
                     if self.busy.contains(&channel) {
                         continue;
                     }
@@ -270,12 +282,13 @@ impl Subscriber {
                         Some(true) => answer(self.replies.remove(&channel), &Ok(())),
                         Some(false) => {
                             self.busy.insert(channel.clone());
+                            self.sent.insert(channel.clone());
                             subscribe.push(channel);
                         }
                         None => {
-                            // Its waiters left.
+                            // Its waiters left; it may be subscribed in Redis all the same.
                             self.replies.remove(&channel);
-                            if unneeded {
+                            if self.sent.remove(&channel) {
                                 self.busy.insert(channel.clone());
                                 unsubscribe.push(channel);
                             }
@@ -285,22 +298,22 @@ impl Subscriber {
             }
             let epoch = self.epoch;
             if !subscribe.is_empty() {
-                let sent = conn.subscribe(subscribe);
+                let command = conn.subscribe(subscribe);
                 in_flight.push(Box::pin(async move {
                     Done {
                         epoch,
                         subscribe: true,
-                        outcome: sent.await,
+                        outcome: command.await,
                     }
                 }));
             }
             if !unsubscribe.is_empty() {
-                let sent = conn.unsubscribe(unsubscribe);
+                let command = conn.unsubscribe(unsubscribe);
                 in_flight.push(Box::pin(async move {
                     Done {
                         epoch,
                         subscribe: false,
-                        outcome: sent.await,
+                        outcome: command.await,
                     }
                 }));
             }
@@ -314,9 +327,10 @@ impl Subscriber {
             self.busy.remove(&channel);
             let moved = self.moved.remove(&channel);
             if !done.subscribe {
-                // New waiters may have come meanwhile.
+                // New waiters may have come meanwhile. An unsubscription that failed or was not
+                // answered in time is still carried out, or went with its connection.
                 if registry.contains(&channel) || self.replies.contains_key(&channel) {
-                    self.queue.push_back((channel, false));
+                    self.queue.push_back(channel);
                 }
                 continue;
             }
@@ -324,7 +338,7 @@ impl Subscriber {
                 // Subscribed for waiters that have left, or perhaps subscribed (no answer in
                 // time): unsubscribe unless new waiters need it by then.
                 self.replies.remove(&channel);
-                self.queue.push_back((channel, true));
+                self.queue.push_back(channel);
                 continue;
             }
             match result {
@@ -332,15 +346,17 @@ impl Subscriber {
                 // one that confirmed it (unless it is still up) or that failed it, and a
                 // subscription the server dropped meanwhile may be this one: try again.
                 Ok(live) if moved || (done.epoch != self.epoch && live.dropped()) => {
-                    self.queue.push_back((channel, false));
+                    self.queue.push_back(channel);
                 }
-                Err(_) if done.epoch != self.epoch => self.queue.push_back((channel, false)),
+                Err(_) if done.epoch != self.epoch => self.queue.push_back(channel),
                 Ok(_) => {
                     registry.confirm(&channel);
                     answer(self.replies.remove(&channel), &Ok(()));
                 }
                 Err(e) => {
                     // The waiters asking now fail; the others ask again when they next wait.
+                    // Redis may still carry the command out: the channel stays in `sent`, and is
+                    // unsubscribed when its last waiter leaves.
                     tracing::debug!(%channel, error = %e, "pub/sub subscription failed");
                     answer(self.replies.remove(&channel), &Err(e));
                 }
