@@ -410,7 +410,7 @@ impl<P: Primitive> Engine<P> {
     }
 
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
-    /// anyway (`ttl` from now; but see [`clean_up_deadline`] after a failed call): for grants whose caller will never see them (a reply that came
+    /// anyway (`ttl` from now; after a failed call, see below): for grants whose caller will never see them (a reply that came
     /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
     /// never came). `token` is the one the call proposed ([`Grant::call_token`]): the grant's
     /// own when the call made it, a retry's when the call got it again by its idempotency key,
@@ -418,8 +418,9 @@ impl<P: Primitive> Engine<P> {
     /// claimed it were given up so; while one of them may have reached its caller, it is left
     /// alone. Harmless when the token holds nothing. With `unknown`, the failure of a call
     /// whose reply never came (which Redis may still run), the token is void for
-    /// [`VOID_RETENTION`], so that call cannot grant with it, and the release is retried as
-    /// [`clean_up_deadline`] says.
+    /// [`VOID_RETENTION`], so that call cannot grant with it; the release is then retried for
+    /// [`VOID_RETENTION`] after [`Error::Unanswered`] (the call may run whenever Redis resumes),
+    /// and tried once after any other failure (Redis was not reached, or refused the call).
     pub fn release_in_background(
         &self,
         name: &str,
