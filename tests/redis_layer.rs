@@ -381,22 +381,7 @@ async fn subscriptions_confirmed_too_late_are_given_up() {
         "every subscription failed while Redis was frozen"
     );
 
-    wait_until(
-        Duration::from_secs(10),
-        "no channel to stay subscribed once nobody waits",
-        || {
-            let mut conn = conn.clone();
-            async move {
-                let channels = subscribed_channels(&mut conn).await?;
-                if channels.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("{channels:?}"))
-                }
-            }
-        },
-    )
-    .await;
+    no_channel_left(&conn, "no channel to stay subscribed once nobody waits").await;
 
     let mut again = notifier.subscribe("late-0").await.expect("subscribe again");
     again.arm();
@@ -409,21 +394,22 @@ async fn subscriptions_confirmed_too_late_are_given_up() {
     assert_eq!(receivers, 1, "one subscriber");
     assert!(woken(&mut again, Duration::from_secs(5)).await, "woken");
     drop(again);
-    wait_until(
-        Duration::from_secs(10),
-        "the channel to go with its waiter",
-        || {
-            let mut conn = conn.clone();
-            async move {
-                let channels = subscribed_channels(&mut conn).await?;
-                if channels.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("{channels:?}"))
-                }
+    no_channel_left(&conn, "the channel to go with its waiter").await;
+}
+
+/// Waits (at most 10 s, for `what`) until Redis lists no subscribed channel.
+async fn no_channel_left(conn: &redis::aio::MultiplexedConnection, what: &str) {
+    wait_until(Duration::from_secs(10), what, || {
+        let mut conn = conn.clone();
+        async move {
+            let channels = subscribed_channels(&mut conn).await?;
+            if channels.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{channels:?}"))
             }
-        },
-    )
+        }
+    })
     .await;
 }
 

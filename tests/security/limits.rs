@@ -503,28 +503,10 @@ impl Relay {
                 let Ok(baton) = TcpStream::connect(target).await else {
                     continue;
                 };
-                let (mut client_rx, mut client_tx) = client.into_split();
-                let (mut baton_rx, mut baton_tx) = baton.into_split();
-                let mut frozen = tx.subscribe();
-                tokio::spawn(async move {
-                    let mut buf = [0; 16 * 1024];
-                    loop {
-                        if *frozen.borrow_and_update() {
-                            // Nothing from the client goes on any more.
-                            if frozen.changed().await.is_err() {
-                                return;
-                            }
-                            continue;
-                        }
-                        tokio::select! {
-                            _ = frozen.changed() => {}
-                            n = client_rx.read(&mut buf) => match n {
-                                Ok(n) if n > 0 => if baton_tx.write_all(&buf[..n]).await.is_err() { return },
-                                _ => return,
-                            },
-                        }
-                    }
-                });
+                let (client_rx, mut client_tx) = client.into_split();
+                let (mut baton_rx, baton_tx) = baton.into_split();
+                // Frozen, nothing from the client goes on any more.
+                tokio::spawn(pass(client_rx, baton_tx, tx.subscribe(), None));
                 let frozen = tx.subscribe();
                 let record = record.clone();
                 tokio::spawn(async move {
