@@ -354,6 +354,11 @@ pub async fn serve_until(
             .http2_max_header_list_size(MAX_METADATA_BYTES)
             .layer(TrackCalls::new(calls.clone()))
             .layer(rpc_metrics.clone())
+            // Inside the metrics layer, so that a request cut short is counted as the client's
+            // fault (INVALID_ARGUMENT), not as a server error.
+            .layer(tower::util::MapResponseLayer::new(
+                crate::grpc::wire::incomplete_request_is_invalid,
+            ))
             // Inside the metrics layer, so a call past its deadline is counted with its code.
             .layer(Deadline)
             // Tells each connection's writes how many of its calls are at work.

@@ -393,6 +393,80 @@ async fn requests_that_do_not_decode_are_invalid_arguments() {
     assert!(served.into_inner().acquired);
 }
 
+/// A request that ends before a whole message (a call with no message at all, or a gRPC frame
+/// whose length prefix promises more than it carries) is the client's fault: INVALID_ARGUMENT
+/// saying so, where tonic answers INTERNAL (which Baton counted and logged as its own error),
+/// for a unary method and a streaming one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_ending_before_a_whole_message_are_invalid_arguments() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let redis = RedisServer::start().await;
+    let baton = start(&redis, |_| {}).await;
+    let channel = channel(baton.addr()).await;
+    // A gRPC frame saying 16 bytes, holding 1.
+    let cut_short = vec![0, 0, 0, 0, 16, 0x0a];
+    for path in [
+        "/baton.v1.LockService/Acquire",
+        "/baton.v1.LockService/Hold",
+    ] {
+        for (what, body) in [
+            ("no message", Vec::new()),
+            ("a message cut short", cut_short.clone()),
+        ] {
+            let request = http::Request::builder()
+                .method("POST")
+                .uri(format!("http://{}{path}", baton.addr()))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(tonic::body::Body::new(http_body_util::Full::new(
+                    bytes::Bytes::from(body),
+                )))
+                .expect("a request");
+            let response = within(
+                Duration::from_secs(10),
+                channel.clone().oneshot(request),
+                "the answer",
+            )
+            .await
+            .expect("an HTTP answer");
+            let status = match tonic::Status::from_header_map(response.headers()) {
+                Some(status) => status,
+                None => {
+                    let trailers = response
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("the body")
+                        .trailers()
+                        .cloned()
+                        .expect("trailers");
+                    tonic::Status::from_header_map(&trailers).expect("a status")
+                }
+            };
+            assert_eq!(
+                status.code(),
+                Code::InvalidArgument,
+                "{path}, {what}: {status:?}"
+            );
+            assert!(
+                status
+                    .message()
+                    .starts_with("the request ended before a whole message"),
+                "{path}, {what}: {status:?}"
+            );
+        }
+    }
+    let served = baton
+        .client()
+        .await
+        .acquire(acquire_request("fine", 1_000, None, ""))
+        .await
+        .expect("a well-formed request");
+    assert!(served.into_inner().acquired);
+}
+
 /// The refusal of `bytes` sent to `path` as a request, which must be INVALID_ARGUMENT.
 async fn undecoded(
     grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
