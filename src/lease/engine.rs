@@ -410,9 +410,9 @@ impl<P: Primitive> Engine<P> {
     }
 
     /// Releases `token` of `name` in a task of its own, retried until it would have expired
-    /// anyway (`ttl` from now; after a failed call, see below): for grants whose caller will never see them (a reply that came
-    /// too late, a caller that left, a grant replicas did not acknowledge, a call whose reply
-    /// never came). `token` is the one the call proposed ([`Grant::call_token`]): the grant's
+    /// anyway (`ttl` from now; after a failed call, see below): for grants whose caller will
+    /// never see them (a reply that came too late, a caller that left, a grant replicas did not
+    /// acknowledge, a call whose reply never came). `token` is the one the call proposed ([`Grant::call_token`]): the grant's
     /// own when the call made it, a retry's when the call got it again by its idempotency key,
     /// whose claim is withdrawn. The grant is released once its own call and every retry that
     /// claimed it were given up so; while one of them may have reached its caller, it is left

@@ -154,10 +154,9 @@ pub fn expires_at(valid_until: Instant, ttl: Duration) -> SystemTime {
 }
 
 /// Runs `attempt` until it succeeds or fails with anything but [`Error::Unavailable`] or
-/// [`Error::Unanswered`], pausing
-/// between tries ([`RETRY_MIN`] doubling to [`RETRY_MAX`]); gives up with the last error when the
-/// next try would start after `deadline` (the moment the outcome stops mattering, such as the
-/// expiry of the lease being released).
+/// [`Error::Unanswered`], pausing between tries ([`RETRY_MIN`] doubling to [`RETRY_MAX`]); gives
+/// up with the last error when the next try would start after `deadline` (the moment the outcome
+/// stops mattering, such as the expiry of the lease being released).
 pub async fn retry_until<T, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,

@@ -375,10 +375,11 @@ async fn unsent_or<T>(
     }
 }
 
-/// The error of a request that was written to its connection (see [`unsent_or`]): when the
-/// connection broke before the answer came, [`Error::Unanswered`], since Redis may have run it.
+/// The error of a request that was written to its connection (see [`unsent_or`]): when its
+/// answer did not come in time or the connection broke before it came, [`Error::Unanswered`],
+/// since Redis may have run it.
 pub(crate) fn unanswered_if_lost(e: RedisError) -> Error {
-    if e.is_io_error() || e.is_connection_dropped() {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
         Error::Unanswered(crate::error::describe(&e))
     } else {
         e.into()
