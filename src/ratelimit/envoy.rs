@@ -162,16 +162,18 @@ impl LenientRateLimitRequest {
     }
 }
 
-/// A descriptor key or value as text: UTF-8 as it is; otherwise each byte of every invalid
-/// sequence becomes U+0000 followed by its two lowercase hex digits (`caf\xe9` is `caf\0e9`), and
-/// each U+0000 of the valid parts becomes `\0` `00` (no invalid byte is `00`).
+/// A descriptor key or value as text: UTF-8 without U+0000 as it is; otherwise each U+0000
+/// becomes `\0` `00` and each byte of every invalid sequence U+0000 followed by its two
+/// lowercase hex digits (`caf\xe9` is `caf\0e9`; no invalid byte is `00`).
 ///
-/// The mapping loses nothing: distinct byte strings that are not UTF-8 give distinct texts, and
-/// each of them holds a U+0000, which no HTTP header value can carry, so none equals a value Envoy
-/// took from a valid header.
+/// The mapping loses nothing, whatever the bytes: a text without U+0000 is the value itself, and
+/// in any other text every U+0000 is followed by two hex digits that say the byte it stands for,
+/// so distinct byte strings give distinct texts (a valid `caf\0e9`, from a query parameter's
+/// `%00`, is `caf\000e9`, not the text of `caf\xe9`).
 pub fn entry_text(bytes: Vec<u8>) -> String {
     let bytes = match String::from_utf8(bytes) {
-        Ok(text) => return text,
+        Ok(text) if !text.contains('\0') => return text,
+        Ok(text) => text.into_bytes(),
         Err(e) => e.into_bytes(),
     };
     let mut text = String::with_capacity(bytes.len() * 3);
@@ -757,20 +759,28 @@ mod tests {
     #[test]
     fn entry_text_is_lossless() {
         assert_eq!(entry_text(b"caf\xc3\xa9".to_vec()), "café");
-        assert_eq!(entry_text(b"a\0b".to_vec()), "a\0b");
+        // A U+0000 is escaped in valid text too, so that it cannot pass for an invalid byte.
+        assert_eq!(entry_text(b"a\0b".to_vec()), "a\u{0}00b");
+        assert_ne!(
+            entry_text(b"caf\0e9".to_vec()),
+            entry_text(b"caf\xe9".to_vec())
+        );
         assert_eq!(entry_text(b"caf\xe9".to_vec()), "caf\u{0}e9");
         assert_eq!(entry_text(b"\xff\xfe".to_vec()), "\u{0}ff\u{0}fe");
         // A cut-short sequence: each byte on its own.
         assert_eq!(entry_text(b"\xe2\x82".to_vec()), "\u{0}e2\u{0}82");
         // The NULs of a value that is not UTF-8 are escaped, so that it cannot pass for another.
         assert_eq!(entry_text(b"\0e9\xe9".to_vec()), "\u{0}00e9\u{0}e9");
-        let values: [&[u8]; 6] = [
+        let values: [&[u8]; 9] = [
             b"caf\xe9",
             b"caf\xe8",
             b"caf\xe9\xe9",
             b"\0e9\xe9",
             b"\xe9\xe9",
             b"caf\xef\xbf\xbd",
+            b"caf\0e9",
+            b"caf\0",
+            b"caf\000",
         ];
         let texts: std::collections::HashSet<String> =
             values.iter().map(|v| entry_text(v.to_vec())).collect();

@@ -504,6 +504,8 @@ async fn envoy_values_that_are_not_utf8_are_decided() {
         "caf\u{fffd}".as_bytes(),
         "café".as_bytes(),
         b"caf\xe9\xe9",
+        // Valid, with the U+0000 a query parameter's `%00` gives: not the text of `caf\xe9`.
+        b"caf\0e9",
     ] {
         let got = decide(ip(value)).await;
         assert_eq!(codes(&got), (Code::Ok, vec![Code::Ok]), "{value:?}");
