@@ -354,10 +354,10 @@ pub async fn serve_until(
             .http2_max_header_list_size(MAX_METADATA_BYTES)
             .layer(TrackCalls::new(calls.clone()))
             .layer(rpc_metrics.clone())
-            // Inside the metrics layer, so that a request cut short is counted as the client's
-            // fault (INVALID_ARGUMENT), not as a server error.
+            // Inside the metrics layer, so that a request whose framing is broken is counted as
+            // the client's fault (INVALID_ARGUMENT), not as a server error.
             .layer(tower::util::MapResponseLayer::new(
-                crate::grpc::wire::incomplete_request_is_invalid,
+                crate::grpc::wire::broken_request_is_invalid,
             ))
             // Inside the metrics layer, so a call past its deadline is counted with its code.
             .layer(Deadline)

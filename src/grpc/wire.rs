@@ -155,12 +155,13 @@ pub fn token(field: impl Into<Field>, value: &str) -> Result<uuid::Uuid, Error> 
         })
 }
 
-/// The answer to a request that ended before a whole message (no message at all, or a message
-/// cut short): tonic answers `INTERNAL`, the code of a server fault, which Baton's metrics and
-/// log would count as one; it is the client's fault, so it becomes `INVALID_ARGUMENT` with
-/// tonic's words. Any other answer is left as it is. Used as a `map_response` layer over every
-/// service, inside the metrics layer.
-pub fn incomplete_request_is_invalid<B>(mut response: http::Response<B>) -> http::Response<B> {
+/// The answer to a request whose gRPC framing is broken: it ended before a whole message (no
+/// message at all, or a message cut short), or its compression flag is wrong (set without a
+/// `grpc-encoding`, or neither 0 nor 1). tonic answers `INTERNAL`, the code of a server fault,
+/// which Baton's metrics and log would count as one; it is the client's fault, so it becomes
+/// `INVALID_ARGUMENT` with tonic's words. Any other answer is left as it is. Used as a
+/// `map_response` layer over every service, inside the metrics layer.
+pub fn broken_request_is_invalid<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers();
     if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"13") {
         return response;
@@ -169,13 +170,16 @@ pub fn incomplete_request_is_invalid<B>(mut response: http::Response<B>) -> http
         return response;
     };
     let message = status.message();
-    if message == INCOMPLETE_REQUEST || message.starts_with(TRUNCATED_REQUEST) {
-        let invalid = tonic::Status::invalid_argument(format!(
-            "the request ended before a whole message: {message}"
-        ));
-        // Only fails for a message that cannot be a header value; this one can.
-        let _ = invalid.add_header(response.headers_mut());
-    }
+    let what = if message == INCOMPLETE_REQUEST || message.starts_with(TRUNCATED_REQUEST) {
+        "the request ended before a whole message"
+    } else if message.starts_with(BAD_COMPRESSION_FLAG) {
+        "the request's compression flag is wrong"
+    } else {
+        return response;
+    };
+    let invalid = tonic::Status::invalid_argument(format!("{what}: {message}"));
+    // Only fails for a message that cannot be a header value; this one can.
+    let _ = invalid.add_header(response.headers_mut());
     response
 }
 
@@ -183,6 +187,9 @@ pub fn incomplete_request_is_invalid<B>(mut response: http::Response<B>) -> http
 const INCOMPLETE_REQUEST: &str = "Missing request message.";
 /// tonic's words for a request whose last message was cut short.
 const TRUNCATED_REQUEST: &str = "Unexpected EOF decoding stream";
+/// How tonic's words start for a message whose compression flag is set without a
+/// `grpc-encoding`, or is neither 0 nor 1.
+const BAD_COMPRESSION_FLAG: &str = "protocol error: received message with";
 
 /// Smallest margin kept before a caller's deadline.
 pub const MIN_DEADLINE_MARGIN: Duration = Duration::from_millis(1);

@@ -393,27 +393,33 @@ async fn requests_that_do_not_decode_are_invalid_arguments() {
     assert!(served.into_inner().acquired);
 }
 
-/// A request that ends before a whole message (a call with no message at all, or a gRPC frame
-/// whose length prefix promises more than it carries) is the client's fault: INVALID_ARGUMENT
-/// saying so, where tonic answers INTERNAL (which Baton counted and logged as its own error),
-/// for a unary method and a streaming one.
+/// A request whose gRPC framing is broken (no message at all, a frame whose length prefix
+/// promises more than it carries, a compression flag set without a `grpc-encoding` or neither 0
+/// nor 1) is the client's fault: INVALID_ARGUMENT saying so, where tonic answers INTERNAL (which
+/// Baton counted and logged as its own error), for a unary method and a streaming one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_ending_before_a_whole_message_are_invalid_arguments() {
+async fn requests_whose_framing_is_broken_are_invalid_arguments() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
     let redis = RedisServer::start().await;
     let baton = start(&redis, |_| {}).await;
     let channel = channel(baton.addr()).await;
-    // A gRPC frame saying 16 bytes, holding 1.
+    // A gRPC frame saying 16 bytes, holding 1; frames of 2 bytes flagged compressed (1) and 7.
     let cut_short = vec![0, 0, 0, 0, 16, 0x0a];
+    let compressed = vec![1, 0, 0, 0, 2, 0x0a, 0];
+    let flag_7 = vec![7, 0, 0, 0, 2, 0x0a, 0];
+    let ended = "the request ended before a whole message";
+    let flagged = "the request's compression flag is wrong";
     for path in [
         "/baton.v1.LockService/Acquire",
         "/baton.v1.LockService/Hold",
     ] {
-        for (what, body) in [
-            ("no message", Vec::new()),
-            ("a message cut short", cut_short.clone()),
+        for (what, body, says) in [
+            ("no message", Vec::new(), ended),
+            ("a message cut short", cut_short.clone(), ended),
+            ("a compressed message", compressed.clone(), flagged),
+            ("flag 7", flag_7.clone(), flagged),
         ] {
             let request = http::Request::builder()
                 .method("POST")
@@ -451,9 +457,7 @@ async fn requests_ending_before_a_whole_message_are_invalid_arguments() {
                 "{path}, {what}: {status:?}"
             );
             assert!(
-                status
-                    .message()
-                    .starts_with("the request ended before a whole message"),
+                status.message().starts_with(says),
                 "{path}, {what}: {status:?}"
             );
         }
