@@ -780,7 +780,7 @@ mod tests {
             b"caf\xef\xbf\xbd",
             b"caf\0e9",
             b"caf\0",
-            b"caf\000",
+            b"caf\x0000",
         ];
         let texts: std::collections::HashSet<String> =
             values.iter().map(|v| entry_text(v.to_vec())).collect();
