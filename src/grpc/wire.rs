@@ -77,8 +77,8 @@ pub fn optional_bounded(
 }
 
 /// `d` (the millisecond value of `sent`) when what was sent is within `[min, max]` (whole
-/// milliseconds, so its rounded value is too); the error names what the caller sent, and the
-/// rounding when it made a difference.
+/// milliseconds, so its rounded value is too); the error names what the caller sent, as sent
+/// (its rounded value may lie within the bounds).
 fn within(
     field: impl Into<Field>,
     sent: Option<prost_types::Duration>,
@@ -94,9 +94,7 @@ fn within(
     });
     let exact = sent_exactly.unwrap_or(d);
     if exact < min || exact > max {
-        let exact = sent_exactly.filter(|&exact| exact != d);
-        // What was sent, as sent: its rounded value may be within the bounds.
-        let value = show(exact.unwrap_or(d));
+        let value = show(exact);
         return Err(Error::invalid(
             field,
             format!("{value} is outside {} to {}", show(min), show(max)),
