@@ -315,7 +315,13 @@ fn notifier_within(
     redis: &RedisServer,
     timeout: Duration,
 ) -> (Notifier, tokio_util::sync::DropGuard) {
-    let topology = Topology::Standalone { url: redis.url() };
+    notifier_at(redis.url(), timeout)
+}
+
+/// A notifier of its own on the Redis at `url` with the command timeout `timeout`, stopped when
+/// the returned guard drops.
+fn notifier_at(url: String, timeout: Duration) -> (Notifier, tokio_util::sync::DropGuard) {
+    let topology = Topology::Standalone { url };
     let endpoint = Endpoint::new(&topology)
         .expect("an endpoint")
         .expect("a single Redis has a fixed endpoint");
@@ -395,6 +401,89 @@ async fn subscriptions_confirmed_too_late_are_given_up() {
     assert!(woken(&mut again, Duration::from_secs(5)).await, "woken");
     drop(again);
     no_channel_left(&conn, "the channel to go with its waiter").await;
+}
+
+/// A pub/sub connection that dies silently (a dropped NAT entry, a network that swallows
+/// everything: no reset, no close) is given up once a subscription on it goes unconfirmed, and
+/// the next connection serves: subscriptions succeed again and are woken. The connection used to
+/// be kept, so every subscription failed for good while Redis itself answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pub_sub_connection_that_dies_silently_is_replaced() {
+    let redis = RedisServer::start().await;
+    let relay = Swallowing::start(redis.port()).await;
+    let (notifier, _stop) = notifier_at(
+        format!("redis://127.0.0.1:{}", relay.port),
+        Duration::from_millis(400),
+    );
+    drop(notifier.subscribe("before").await.expect("subscribe"));
+
+    relay.swallow_open_connections();
+    assert!(
+        notifier.subscribe("during").await.is_err(),
+        "a subscription on the silent connection is not confirmed"
+    );
+    let mut conn = redis.client().await;
+    let mut after = wait_until(
+        Duration::from_secs(10),
+        "a subscription to succeed on a new connection",
+        || {
+            let notifier = notifier.clone();
+            async move { notifier.subscribe("after").await.map_err(|e| e.to_string()) }
+        },
+    )
+    .await;
+    after.arm();
+    let receivers: u64 = redis::cmd("PUBLISH")
+        .arg("after")
+        .arg("released")
+        .query_async(&mut conn)
+        .await
+        .expect("PUBLISH");
+    assert_eq!(receivers, 1, "one subscriber");
+    assert!(woken(&mut after, Duration::from_secs(5)).await, "woken");
+}
+
+/// A TCP relay to a local port whose open connections can be made silent: from then on they
+/// pass nothing either way and stay open, as a network that swallows everything would. Later
+/// connections pass everything.
+struct Swallowing {
+    port: u16,
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Swallowing {
+    async fn start(target: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding");
+        let port = listener.local_addr().expect("address").port();
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let tx = generation.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                else {
+                    continue;
+                };
+                let mut swallowed = tx.subscribe();
+                swallowed.borrow_and_update();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = swallowed.changed() => {
+                            // Silent from now on, both sockets kept open until the test ends.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, generation }
+    }
+
+    fn swallow_open_connections(&self) {
+        self.generation.send_modify(|g| *g += 1);
+    }
 }
 
 /// Waits (at most 10 s, for `what`) until Redis lists no subscribed channel.

@@ -246,10 +246,18 @@ fn node_command(
                 }
                 Err(Error::from(e))
             }
-            Err(_) => Err(Error::Unavailable(format!(
-                "{name} of {} channels was not confirmed in time",
-                channels.len()
-            ))),
+            Err(_) => {
+                // A connection that does not answer is given up, as one that broke is: one that
+                // died silently (a dropped NAT entry, a network that swallows everything) would
+                // otherwise fail every subscription for good. The next connection subscribes
+                // every channel with waiters; closing this one ends whatever Redis carries out of
+                // its commands later.
+                broken.store(true, Ordering::Relaxed);
+                Err(Error::Unavailable(format!(
+                    "{name} of {} channels was not confirmed in time",
+                    channels.len()
+                )))
+            }
         };
         channels.into_iter().map(|c| (c, result.clone())).collect()
     }

@@ -14,10 +14,11 @@
 //! channel has no waiters. Redis carries out one connection's commands in order, so whatever
 //! was answered in time or not, no channel stays subscribed once nobody waits on it.
 //!
-//! When the connection drops (or a command finds it broken before its stream reports the drop),
-//! every waiter is woken (messages may have been missed) and the task reconnects at once, then with
-//! a capped backoff that a waiting subscriber cuts short; on the new connection every channel that
-//! still has waiters is subscribed again in the same batches. On a Cluster, a master connection
+//! When the connection drops (or a command finds it broken before its stream reports the drop,
+//! or, on a single node, a command goes unanswered past the timeout), every waiter is woken
+//! (messages may have been missed) and the task reconnects at once, then with a capped backoff
+//! that a waiting subscriber cuts short; on the new connection every channel that still has
+//! waiters is subscribed again in the same batches. On a Cluster, a master connection
 //! that dropped, or a channel whose slot moved, is reported by an event; the waiters concerned are
 //! woken, and the channels subscribed again on the slot's current owner.
 
