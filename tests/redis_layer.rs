@@ -353,7 +353,7 @@ async fn subscriptions_confirmed_too_late_are_given_up() {
     let redis = RedisServer::start().await;
     let timeout = Duration::from_millis(400);
     let (notifier, _stop) = notifier_within(&redis, timeout);
-    let mut conn = redis.client().await;
+    let conn = redis.client().await;
     // Connected before Redis freezes.
     drop(notifier.subscribe("warm-up").await.expect("subscribe"));
 
@@ -391,13 +391,7 @@ async fn subscriptions_confirmed_too_late_are_given_up() {
 
     let mut again = notifier.subscribe("late-0").await.expect("subscribe again");
     again.arm();
-    let receivers: u64 = redis::cmd("PUBLISH")
-        .arg("late-0")
-        .arg("released")
-        .query_async(&mut conn)
-        .await
-        .expect("PUBLISH");
-    assert_eq!(receivers, 1, "one subscriber");
+    publish_once(&conn, "late-0").await;
     assert!(woken(&mut again, Duration::from_secs(5)).await, "woken");
     drop(again);
     no_channel_left(&conn, "the channel to go with its waiter").await;
@@ -422,7 +416,7 @@ async fn a_pub_sub_connection_that_dies_silently_is_replaced() {
         notifier.subscribe("during").await.is_err(),
         "a subscription on the silent connection is not confirmed"
     );
-    let mut conn = redis.client().await;
+    let conn = redis.client().await;
     let mut after = wait_until(
         Duration::from_secs(10),
         "a subscription to succeed on a new connection",
@@ -433,13 +427,7 @@ async fn a_pub_sub_connection_that_dies_silently_is_replaced() {
     )
     .await;
     after.arm();
-    let receivers: u64 = redis::cmd("PUBLISH")
-        .arg("after")
-        .arg("released")
-        .query_async(&mut conn)
-        .await
-        .expect("PUBLISH");
-    assert_eq!(receivers, 1, "one subscriber");
+    publish_once(&conn, "after").await;
     assert!(woken(&mut after, Duration::from_secs(5)).await, "woken");
 }
 
@@ -486,6 +474,17 @@ impl Swallowing {
     }
 }
 
+/// Publishes `released` on `channel`, which exactly one connection (the notifier's) subscribes.
+async fn publish_once(conn: &redis::aio::MultiplexedConnection, channel: &str) {
+    let receivers: u64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg("released")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("PUBLISH");
+    assert_eq!(receivers, 1, "one pub/sub connection per Baton");
+}
+
 /// Waits (at most 10 s, for `what`) until Redis lists no subscribed channel.
 async fn no_channel_left(conn: &redis::aio::MultiplexedConnection, what: &str) {
     wait_until(Duration::from_secs(10), what, || {
@@ -516,18 +515,7 @@ async fn a_message_wakes_one_relay_waiter_in_turn() {
     let redis = RedisServer::start().await;
     let (notifier, _stop) = notifier(&redis);
     let conn = redis.client().await;
-    let publish = |channel: &'static str| {
-        let mut conn = conn.clone();
-        async move {
-            let receivers: u64 = redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg("released")
-                .query_async(&mut conn)
-                .await
-                .expect("PUBLISH");
-            assert_eq!(receivers, 1, "one pub/sub connection per Baton");
-        }
-    };
+    let publish = |channel: &'static str| publish_once(&conn, channel);
     let quiet = Duration::from_millis(200);
     // Once connected, the notifier wakes every subscription it has (messages may have been
     // missed before): let that happen before the subscriptions under test exist.
