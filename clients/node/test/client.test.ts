@@ -193,7 +193,7 @@ test("a lost lease aborts the signal and withLock throws LeaseLostError", async 
     assert.ok(reason instanceof LeaseLostError);
     assert.throws(() => lease.check(), LeaseLostError);
     reachedEnd = true;
-  }, { ttlMs: 600 }).then(() => undefined, (e: unknown) => e);
+  }, { ttlMs: 3000 }).then(() => undefined, (e: unknown) => e);
   assert.ok(reachedEnd);
   assert.ok(error instanceof LeaseLostError, String(error));
   assert.equal(error.reason, "NOT_HELD");
@@ -203,7 +203,7 @@ test("a lost lease aborts the signal and withLock throws LeaseLostError", async 
 test("a lost lease makes release() (and `await using`) throw", async () => {
   const client = Baton.connect(server.unix);
   const name = uniqueName();
-  const lease = await client.lock(name, { ttlMs: 600 });
+  const lease = await client.lock(name, { ttlMs: 3000 });
   redis.deleteKeys(`${server.prefix}{lock:${name}}`);
   await aborted(lease.signal, 5000);
   await assert.rejects(lease.release(), (e: unknown) => e instanceof LeaseLostError && e.reason === "NOT_HELD");
@@ -436,7 +436,7 @@ describe("leader election", () => {
       assert.ok(redis.deleteKeys(`${server.prefix}{election:${name}}`).length > 0);
       const reason = await aborted(leadership.signal, 5000);
       assert.ok(reason instanceof LeaseLostError);
-    }, { value: "a", ttlMs: 600 }).then(() => undefined, (e: unknown) => e);
+    }, { value: "a", ttlMs: 3000 }).then(() => undefined, (e: unknown) => e);
     assert.ok(error instanceof LeaseLostError, String(error));
     assert.equal(error.reason, "NOT_HELD");
     assert.match(error.message, /leadership/);

@@ -57,7 +57,7 @@ async def test_lost_lease_cancels_the_block(server, redis, name):
     async with baton.aio.Baton.connect(server.unix) as client:
         reached_end = False
         with pytest.raises(baton.LeaseLost) as raised:
-            async with client.lock(name, ttl=0.6):
+            async with client.lock(name, ttl=3):
                 assert redis.delete_keys(server.prefix + "{lock:" + name + "}")
                 await asyncio.sleep(10)
                 reached_end = True
@@ -158,7 +158,7 @@ async def test_without_cancel_on_lost_the_flag_is_set(server, redis, name):
     """cancel_on_lost=False leaves the work alone; lease.lost is set and exit raises."""
     async with baton.aio.Baton.connect(server.tcp) as client:
         with pytest.raises(baton.LeaseLost):
-            async with client.lock(name, ttl=0.6, cancel_on_lost=False) as lease:
+            async with client.lock(name, ttl=3, cancel_on_lost=False) as lease:
                 redis.delete_keys(server.prefix + "{lock:" + name + "}")
                 await asyncio.wait_for(lease.lost.wait(), 5)
                 assert lease.lost_reason == "NOT_HELD"

@@ -99,7 +99,7 @@ def test_lost_leadership_sets_lost_and_raises_on_exit(server, redis, name):
     and the block's exit raises LeaseLost(NOT_HELD)."""
     with baton.Baton.connect(server.tcp) as client:
         with pytest.raises(baton.LeaseLost) as raised:
-            with client.campaign(name, value="a", ttl=0.6) as leadership:
+            with client.campaign(name, value="a", ttl=3) as leadership:
                 assert redis.delete_keys(election_keys(server, name))
                 assert leadership.lost.wait(5), "no lost event within 5 s"
                 with pytest.raises(baton.LeaseLost):
@@ -146,7 +146,7 @@ async def test_aio_campaign_observe_and_loss(server, redis, name):
         assert (await asyncio.wait_for(observation.__anext__(), 10)).leader is None
         reached_end = False
         with pytest.raises(baton.LeaseLost) as raised:
-            async with client.campaign(name, value="a", ttl=0.6) as leadership:
+            async with client.campaign(name, value="a", ttl=3) as leadership:
                 seen = await asyncio.wait_for(observation.__anext__(), 10)
                 assert seen.leader.term == leadership.term
                 assert await leadership.proclaim("a2") == 1

@@ -108,7 +108,7 @@ def test_lost_lease_sets_lost_and_raises_on_exit(server, redis, name):
     check() raises, and leaving the block raises LeaseLost(NOT_HELD)."""
     with baton.Baton.connect(server.tcp) as client:
         with pytest.raises(baton.LeaseLost) as raised:
-            with client.lock(name, ttl=0.6) as lease:
+            with client.lock(name, ttl=3) as lease:
                 seen = []
                 lease.on_lost(lambda lost: seen.append(lost.lost_reason))
                 assert redis.delete_keys(server.prefix + "{lock:" + name + "}")
@@ -336,7 +336,7 @@ def test_run_stops_the_command_when_the_lease_is_lost(server, redis, name, tmp_p
             wait_until("the command to start", ready.exists),
             redis.delete_keys(server.prefix + "{lock:" + name + "}")), daemon=True)
         with pytest.raises(baton.LeaseLost):
-            with client.lock(name, ttl=0.6) as lease:
+            with client.lock(name, ttl=3) as lease:
                 deleter.start()
                 started = time.monotonic()
                 with pytest.raises(baton.LeaseLost) as raised:
@@ -352,7 +352,7 @@ def test_run_kills_a_command_ignoring_sigterm_after_the_grace(server, redis, nam
     ready = tmp_path / "ready"
     with baton.Baton.connect(server.tcp) as client:
         with pytest.raises(baton.LeaseLost):
-            with client.lock(name, ttl=0.6) as lease:
+            with client.lock(name, ttl=3) as lease:
                 threading.Thread(target=lambda: (
                     wait_until("the command to start", ready.exists),
                     redis.delete_keys(server.prefix + "{lock:" + name + "}")),
