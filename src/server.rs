@@ -302,7 +302,10 @@ pub async fn serve_until(
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    let mut readiness = tokio::spawn(readiness(redis, reporter.clone(), stop.unready));
+    // Its own token, so that the drain can end it too: it then says NOT_SERVING once, if it had
+    // not already.
+    let unready = stop.unready.child_token();
+    let mut readiness = tokio::spawn(readiness(redis, reporter.clone(), unready.clone()));
 
     // Every method served, for the metrics layer's labels; any other path counts as `unknown`.
     let mut paths = crate::proto::method_paths(FILE_DESCRIPTOR_SET);
@@ -433,10 +436,11 @@ pub async fn serve_until(
     let result = tokio::select! {
         biased;
         () = shutdown.cancelled() => {
-            // Ended first, so that it cannot turn readiness back to SERVING below.
-            readiness.abort();
+            // Readiness ends by saying NOT_SERVING unless it already had (the shutdown delay), so
+            // that a `Watch` sees it once; then liveness follows.
+            unready.cancel();
             let _ = (&mut readiness).await;
-            for name in LIVE_NAMES.iter().chain(READY_NAMES.iter()) {
+            for name in LIVE_NAMES {
                 reporter.set_service_status(*name, ServingStatus::NotServing).await;
             }
             end_streams.cancel();

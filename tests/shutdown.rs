@@ -606,9 +606,13 @@ async fn shutdown_delay_keeps_serving_while_not_ready_then_drains() {
 }
 
 /// A second SIGTERM during a long shutdown delay (10 minutes) starts the drain at once: the open
-/// Hold stream gets `lost` SHUTDOWN and the process exits with success (a drain, not 130).
+/// Hold stream gets `lost` SHUTDOWN and the process exits with success (a drain, not 130). A
+/// readiness `Watch` sees SERVING, NOT_SERVING once (the delay's, not again at the drain), then
+/// ends with `UNAVAILABLE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_cuts_the_shutdown_delay_short() {
+    use tonic_health::pb::HealthCheckRequest;
+
     let redis = RedisServer::start().await;
     let url = redis.url();
     let mut baton = BatonProcess::spawn(&[
@@ -622,6 +626,13 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
     .await;
     let mut health = HealthClient::new(support::channel(baton.addr()).await);
     wait_for_health(&mut health, "readiness", ServingStatus::Serving, READY).await;
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "readiness".to_owned(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
     let mut a = baton.client().await;
     let mut held = hold(&mut a, "cut-short", 30_000).await;
 
@@ -654,6 +665,21 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
         stderr.contains("signal received during the shutdown delay"),
         "{stderr}"
     );
+    let mut statuses = Vec::new();
+    let end = loop {
+        match within(READY, watch.message(), "the watch's end").await {
+            Ok(Some(m)) => statuses.push(m.status()),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert_eq!(
+        statuses,
+        [ServingStatus::Serving, ServingStatus::NotServing],
+        "what the readiness watch saw"
+    );
+    let end = end.expect_err("ended by a status");
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
 }
 
 /// A waiting `Hold` whose try is already in Redis when shutdown begins, and is granted there
