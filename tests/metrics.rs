@@ -1481,7 +1481,8 @@ async fn a_lease_lost_at_shutdown_is_counted() {
 }
 
 /// A Redis Cluster whose slot moves to another master: Baton follows the new slot map and counts
-/// it as a topology change of the cluster, not as a failover (no master left).
+/// it as a topology change of the cluster, not as a failover (no master left). Both series exist
+/// at zero before the first change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_moved_slot_counts_a_topology_change() {
     let cluster = support::topology::RedisCluster::start(3, 0).await;
@@ -1502,6 +1503,15 @@ async fn a_moved_slot_counts_a_topology_change() {
         .expect("acquire")
         .into_inner();
     let before = Scrape::of(&served).await;
+    for series in [
+        r#"baton_redis_topology_changes_total{topology="cluster"}"#,
+        r#"baton_redis_failovers_total{topology="cluster"}"#,
+    ] {
+        assert!(
+            before.series().contains(series),
+            "{series} is missing before the first change"
+        );
+    }
     let slot = support::topology::key_slot("t:{lock:moving}");
     let owner = cluster.node_for_slot(slot).await;
     let to = cluster

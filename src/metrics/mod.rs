@@ -861,6 +861,14 @@ pub fn watch_subscriptions(count: impl Fn() -> Option<usize> + Send + Sync + 'st
     list.push(Box::new(count));
 }
 
+/// Creates the series of `topology` (`cluster`, `sentinel`) at zero, so that `increase()` over
+/// them works before the first change. A single node has none: nothing changes under it.
+pub fn topology(topology: &'static str) {
+    let labels = TopologyLabels { topology };
+    METRICS.topology_changes.with_or_new(&labels, |_| ());
+    METRICS.failovers.with_or_new(&labels, |_| ());
+}
+
 /// Counts a change of the nodes Baton routes to in `topology` (`cluster`, `sentinel`), and a
 /// failover when a master was replaced.
 pub fn topology_change(topology: &'static str, failover: bool) {

@@ -583,6 +583,11 @@ impl Redis {
             Access::load(&config.access)
                 .map_err(|problems| Error::Internal(problems.join("; ")))?,
         );
+        match &config.topology {
+            Topology::Cluster { .. } => metrics::topology("cluster"),
+            Topology::Sentinel { .. } => metrics::topology("sentinel"),
+            Topology::Standalone { .. } => {}
+        }
         let (backend, source) = match &config.topology {
             Topology::Cluster { seeds } => {
                 let cluster = cluster::Cluster::new(seeds, settings, access)?;
