@@ -266,3 +266,169 @@ async def test_a_cancellation_landing_with_the_first_event_is_not_swallowed():
         with pytest.raises(asyncio.CancelledError):
             await task
         assert stream.message.done()
+
+
+def _held(client, kind, name, ttl, **more):
+    if kind == "lock":
+        return client.lock(name, ttl=ttl, **more)
+    if kind == "semaphore":
+        return client.semaphore(name, limit=1, ttl=ttl, **more)
+    return client.campaign(name, ttl=ttl, **more)
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "election"])
+async def test_a_loss_found_by_check_leaves_no_cancellation_behind(server, name, kind):
+    """Blocking work past the ttl, then lease.check() in the block raises LeaseLost(EXPIRED):
+    the block exits with it, and the task carries no cancellation past the block (a stray
+    CancelledError came at its next await)."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        with pytest.raises(baton.LeaseLost) as raised:
+            async with _held(client, kind, name, 1) as lease:
+                time.sleep(1.6)  # blocking: the loop runs neither the reader nor the timer
+                lease.check()
+        assert raised.value.reason == "EXPIRED"
+        task = asyncio.current_task()
+        if hasattr(task, "cancelling"):
+            assert task.cancelling() == 0
+        await asyncio.sleep(0.05)  # raised CancelledError
+        # The same found by lease.run in a thread: the block is cancelled, exits with
+        # LeaseLost, and leaves nothing pending either.
+        with pytest.raises(baton.LeaseLost):
+            async with _held(client, kind, name, 1) as lease:
+                time.sleep(1.6)
+                await asyncio.to_thread(lease.run, ["true"])
+        if hasattr(task, "cancelling"):
+            assert task.cancelling() == 0
+        await asyncio.sleep(0.05)
+
+
+async def test_a_loss_found_by_check_and_caught_still_cancels_the_block(server, name):
+    """A block that catches the LeaseLost of check() and goes on is cancelled at its next
+    await, as a lost lease cancels the block, and exits with LeaseLost; nothing is left
+    pending."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        reached = False
+        with pytest.raises(baton.LeaseLost):
+            async with client.lock(name, ttl=1) as lease:
+                time.sleep(1.6)
+                with pytest.raises(baton.LeaseLost):
+                    lease.check()
+                await asyncio.sleep(10)
+                reached = True
+        assert not reached
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "election"])
+async def test_one_lock_object_shared_by_tasks_holds_one_at_a_time(server, name, kind):
+    """One `client.lock(...)` object entered by several tasks at once, as an asyncio.Lock is
+    shared: never two inside together, no entry's stream closed by another's exit, a loss
+    cancels the task that held it, and nothing is held after."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        held = _held(client, kind, name, 5, wait=60)
+        inside, most, errors, tokens = [0], [0], [], []
+
+        async def work():
+            for _ in range(4):
+                try:
+                    async with held as lease:
+                        assert held.lease is lease
+                        inside[0] += 1
+                        most[0] = max(most[0], inside[0])
+                        tokens.append(lease.fencing_token)
+                        await asyncio.sleep(0.01)
+                        assert lease.held
+                        inside[0] -= 1
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(repr(e))
+
+        await asyncio.wait_for(asyncio.gather(*(work() for _ in range(6))), 120)
+        assert errors == []
+        assert most[0] == 1, f"{most[0]} tasks were inside at once"
+        assert len(set(tokens)) == 24
+        if kind == "lock":
+            assert not (await client.describe_lock(name)).held
+        elif kind == "semaphore":
+            assert (await client.describe_semaphore(name)).permits_in_use == 0
+        else:
+            assert (await client.leader(name)).leader is None
+
+
+async def test_a_client_closed_inside_a_block(server, name):
+    """Closing the client inside a block: the block's own exception comes out of it, a block
+    ending normally raises LeaseLost(DISCONNECTED), and calls afterwards raise ClientClosed."""
+    class Mine(Exception):
+        pass
+
+    async with baton.aio.Baton.connect(server.tcp) as other:
+        client = baton.aio.Baton.connect(server.tcp)
+        with pytest.raises(Mine):
+            async with client.lock(name, ttl=30, cancel_on_lost=False):
+                await client.close()
+                raise Mine()
+        client = baton.aio.Baton.connect(server.tcp)
+        with pytest.raises(baton.LeaseLost) as raised:
+            async with client.lock(name, ttl=30, wait=20, cancel_on_lost=False):
+                await client.close()
+        assert raised.value.reason == "DISCONNECTED"
+        for call in (lambda: client.describe_lock(name),
+                     lambda: client.lock(name, ttl=2).__aenter__(),
+                     lambda: client.campaign(name).__aenter__(),
+                     lambda: client.acquire_lock(name, ttl=1)):
+            with pytest.raises(baton.ClientClosed, match="the client is closed"):
+                await call()
+        async with other.lock(name, ttl=5, wait=20):
+            pass
+
+
+async def test_a_task_cancelled_as_the_grant_arrives_releases_before_it_ends(server, name):
+    """The grant arrives and the task is cancelled before it resumes (before its block
+    starts): the lock is released before the task ends, not left to Baton's noticing the
+    closed stream a moment later (ttl 30 s)."""
+    async with baton.aio.Baton.connect(server.tcp) as client, \
+            baton.aio.Baton.connect(server.tcp) as other:
+        hold = client._locks.Hold
+        waiting: list = []
+
+        class Call:
+            """The real Hold stream, whose first read cancels the waiting task as it returns."""
+
+            def __init__(self, call):
+                self._call, self._first = call, True
+
+            async def read(self):
+                event = await self._call.read()
+                if self._first:
+                    self._first = False
+                    waiting[0].cancel()
+                return event
+
+            def cancel(self):
+                return self._call.cancel()
+
+        client._locks.Hold = lambda request, **kw: Call(hold(request, **kw))
+        for _ in range(20):
+            entered = []
+
+            async def enter():
+                async with client.lock(name, ttl=30, wait=5):
+                    entered.append(True)
+
+            waiting[:] = [asyncio.create_task(enter())]
+            with pytest.raises(asyncio.CancelledError):
+                await waiting[0]
+            assert not entered
+            async with other.try_lock(name, ttl=5) as lease:
+                assert lease is not None, "the lock is still held after the task ended"
+
+
+async def test_a_try_lock_object_entered_inside_itself(server, name):
+    """As in the blocking client: the inner entry gets None and its exit leaves the outer hold
+    alone."""
+    async with baton.aio.Baton.connect(server.tcp) as client:
+        held = client.try_lock(name, ttl=5)
+        async with held as outer:
+            async with held as inner:
+                assert inner is None and held.lease is outer
+            assert outer.held and (await client.describe_lock(name)).held
+        assert not (await client.describe_lock(name)).held

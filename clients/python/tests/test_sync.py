@@ -460,3 +460,156 @@ def test_nan_and_infinite_times_raise_naming_the_argument(server, name):
             client.rate_limit.check(name, limit=5, period="1")
         # Fractions of a millisecond are rounded up, as before.
         assert client.rate_limit.check(name, limit=5, period=1 / 3).allowed
+
+
+def test_run_takes_the_arguments_of_subprocess_run(server, name, tmp_path):
+    """lease.run takes subprocess.run's own arguments: capture_output, input, check and timeout
+    (which kills the command's whole group), as well as Popen's."""
+    script = "cat; echo $BATON_FENCING_TOKEN; echo oops >&2; exit 3"
+    with baton.Baton.connect(server.tcp) as client:
+        with client.lock(name, ttl=5) as lease:
+            done = lease.run(["sh", "-c", script], capture_output=True, input=b"hi\n")
+            assert done.returncode == 3
+            assert done.stdout == f"hi\n{lease.fencing_token}\n".encode()
+            assert done.stderr == b"oops\n"
+            done = lease.run(["sh", "-c", script], input="x\n", stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+            assert done.stdout == f"x\n{lease.fencing_token}\n"
+            with pytest.raises(subprocess.CalledProcessError) as failed:
+                lease.run(["sh", "-c", script], input=b"", capture_output=True, check=True)
+            assert failed.value.returncode == 3 and failed.value.stderr == b"oops\n"
+            gc = tmp_path / "gc"
+            started = time.monotonic()
+            with pytest.raises(subprocess.TimeoutExpired) as late:
+                lease.run(["sh", "-c", f"echo early; sleep 600 & echo $! > {gc}; wait"],
+                          stdout=subprocess.PIPE, timeout=1)
+            assert time.monotonic() - started < 30
+            assert late.value.output == b"early\n"
+            wait_until("the timed out command's group to be killed",
+                       lambda: not alive(int(gc.read_text())))
+            with pytest.raises(ValueError):
+                lease.run(["true"], capture_output=True, stdout=subprocess.PIPE)
+            with pytest.raises(TypeError, match="process group"):
+                lease.run(["true"], start_new_session=True)
+            assert lease.held
+
+
+def test_one_lock_object_shared_by_threads_holds_one_at_a_time(server, name):
+    """One `client.lock(...)` object entered by several threads at once, as a threading.Lock
+    is shared: each entry is a hold of its own, never two inside together, each thread leaves
+    its own, and nothing is held after. Semaphores and campaigns alike."""
+    with baton.Baton.connect(server.tcp) as client:
+        for kind, held in (("lock", client.lock(name, ttl=5, wait=60)),
+                           ("semaphore", client.semaphore(name, limit=1, ttl=5, wait=60)),
+                           ("election", client.campaign(name, ttl=5, wait=60))):
+            mutex = threading.Lock()
+            inside, most, errors, tokens = [0], [0], [], []
+
+            def work():
+                for _ in range(4):
+                    try:
+                        with held as lease:
+                            assert held.lease is lease
+                            with mutex:
+                                inside[0] += 1
+                                most[0] = max(most[0], inside[0])
+                                tokens.append(lease.fencing_token)
+                            time.sleep(0.01)
+                            assert lease.held
+                            with mutex:
+                                inside[0] -= 1
+                    except Exception as e:  # noqa: BLE001 - reported below
+                        errors.append(repr(e))
+
+            threads = [threading.Thread(target=work) for _ in range(6)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+            assert not any(th.is_alive() for th in threads), f"{kind}: a thread hangs"
+            assert errors == [], f"{kind}: {errors[:3]}"
+            assert most[0] == 1, f"{kind}: {most[0]} threads were inside at once"
+            assert len(set(tokens)) == 24, f"{kind}: {len(set(tokens))} distinct holds of 24"
+        assert not client.describe_lock(name).held
+        assert client.describe_semaphore(name).permits_in_use == 0
+        assert client.leader(name).leader is None
+
+
+def test_a_client_closed_inside_a_block(server, name):
+    """Closing the client inside a block: the block's own exception comes out of it (not a
+    gRPC ValueError), a block ending normally raises LeaseLost(DISCONNECTED), Baton frees the
+    lock, and every call afterwards raises ClientClosed."""
+    class Mine(Exception):
+        pass
+
+    with baton.Baton.connect(server.tcp) as other:
+        client = baton.Baton.connect(server.tcp)
+        with pytest.raises(Mine):
+            with client.lock(name, ttl=30):
+                client.close()
+                raise Mine()
+        client = baton.Baton.connect(server.tcp)
+        with pytest.raises(baton.LeaseLost) as raised:
+            with client.lock(name, ttl=30, wait=20):
+                client.close()
+        assert raised.value.reason == "DISCONNECTED"
+        for call in (lambda: client.describe_lock(name),
+                     lambda: client.lock(name, ttl=2).__enter__(),
+                     lambda: client.campaign(name).__enter__(),
+                     lambda: client.acquire_lock(name, ttl=1),
+                     lambda: client.rate_limit.check(name, limit=1, period=1),
+                     lambda: client.observe(name)):
+            with pytest.raises(baton.ClientClosed, match="the client is closed"):
+                call()
+        with other.lock(name, ttl=5, wait=20):
+            pass
+
+
+FORK_CHILD = """
+import os, signal, sys, time, baton
+client = baton.Baton.connect(sys.argv[1])
+client.describe_lock(sys.argv[2])
+with client.lock(sys.argv[2], ttl=2) as lease:
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang ends the child; the parent sees no line for it
+        for what, call in (("describe", lambda: client.describe_lock(sys.argv[2])),
+                           ("try_lock", lambda: client.try_lock(sys.argv[2] + "-c").__enter__())):
+            try:
+                call()
+                print(what, "returned", flush=True)
+            except baton.UsedAfterFork as e:
+                print(what, "UsedAfterFork", e, flush=True)
+            except BaseException as e:
+                print(what, "other", type(e).__name__, e, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(2.5)  # past the ttl: the parent's lease is still renewed
+    print("parent held", lease.held, flush=True)
+print("after", client.describe_lock(sys.argv[2]).held, flush=True)
+"""
+
+
+def test_a_client_used_after_fork_raises_in_the_child(server, name):
+    """A client used in a child process after fork() raises UsedAfterFork at once (a gRPC
+    channel does not survive fork: the calls hung there), and the parent's lease is untouched."""
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD, server.tcp, name], text=True,
+                         capture_output=True, timeout=90).stdout.splitlines()
+    assert out[:2] == [
+        "describe UsedAfterFork a client cannot be used in a child process after fork; "
+        "connect a new one there",
+        "try_lock UsedAfterFork a client cannot be used in a child process after fork; "
+        "connect a new one there"], out
+    assert out[2:] == ["parent held True", "after False"], out
+
+
+def test_a_try_lock_object_entered_inside_itself(server, name):
+    """A try_lock object entered again inside its own block gets None there, and leaving that
+    inner block leaves the outer hold alone."""
+    with baton.Baton.connect(server.tcp) as client:
+        held = client.try_lock(name, ttl=5)
+        with held as outer:
+            with held as inner:
+                assert inner is None and held.lease is outer
+            assert outer.held and client.describe_lock(name).held
+        assert not client.describe_lock(name).held

@@ -23,14 +23,16 @@ from ._sync import Autocomplete, Baton, Held, Observation, RateLimits
 from ._types import (AddResult, Completions, ElectionState, Leader, LockGrant, LockState,
                      PermitGrant, RateLimitDecision, RecentItem, RecentPage, RecordResult,
                      SemaphoreHolder, SemaphoreState, SharedHolder, Suggestion, Term)
-from .errors import (BatonError, DeadlineExceeded, FailedPrecondition, InvalidArgument, LeaseLost,
-                     NotAcquired, ResourceExhausted, Unauthenticated, Unavailable)
+from .errors import (BatonError, ClientClosed, DeadlineExceeded, FailedPrecondition,
+                     InvalidArgument, LeaseLost, NotAcquired, ResourceExhausted, Unauthenticated,
+                     Unavailable, UsedAfterFork)
 
 __all__ = [
-    "DEFAULT_ADDR", "AddResult", "Autocomplete", "Baton", "BatonError", "Completions",
-    "DeadlineExceeded", "ElectionState", "FailedPrecondition", "Held", "InvalidArgument",
-    "Leader", "Leadership", "Lease", "LeaseLost", "LockGrant", "LockState", "NotAcquired",
-    "Observation", "PermitGrant", "RateLimitDecision", "RateLimits",
+    "DEFAULT_ADDR", "AddResult", "Autocomplete", "Baton", "BatonError", "ClientClosed",
+    "Completions", "DeadlineExceeded", "ElectionState", "FailedPrecondition", "Held",
+    "InvalidArgument", "Leader", "Leadership", "Lease", "LeaseLost", "LockGrant", "LockState",
+    "NotAcquired", "Observation", "PermitGrant", "RateLimitDecision", "RateLimits",
     "RecentItem", "RecentPage", "RecordResult", "ResourceExhausted", "SemaphoreHolder",
     "SemaphoreState", "SharedHolder", "Suggestion", "Term", "Unauthenticated", "Unavailable",
+    "UsedAfterFork",
 ]

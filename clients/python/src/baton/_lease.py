@@ -72,18 +72,36 @@ class Lease:
             raise self.error()
 
     def run(self, args: Union[str, Sequence[str]], *, grace: float = 10.0,
-            env: Optional[dict] = None, **popen_kwargs) -> subprocess.CompletedProcess:
+            env: Optional[dict] = None, input=None, capture_output: bool = False,
+            timeout: Optional[float] = None, check: bool = False,
+            **popen_kwargs) -> subprocess.CompletedProcess:
         """Runs a command while the lease is held, and stops it when the lease is lost: the way
         to bound blocking work that cannot call `check()` itself.
 
-        Like `subprocess.run(args, **popen_kwargs)` (`stdout=subprocess.PIPE`, `cwd=`, ... are
-        passed on), with the fencing token in `BATON_FENCING_TOKEN` (and an election's term in
-        `BATON_ELECTION_TERM`). The command runs in a process group of its own; when the lease
-        is lost, the whole group gets SIGTERM, then SIGKILL once `grace` seconds have passed
-        (if the command or anything it started is still running), and `LeaseLost` is raised.
-        Otherwise returns the `CompletedProcess`, whatever its return code. An exception in the
-        calling thread (KeyboardInterrupt) kills the group and is raised again. Blocking: from
-        asyncio, call it through `asyncio.to_thread`."""
+        `subprocess.run` bound to the lease: `input=`, `capture_output=`, `timeout=` and
+        `check=` work as there, and the other keyword arguments (`stdout=`, `text=`, `cwd=`,
+        ...) are passed on to `subprocess.Popen`. The fencing token is in `BATON_FENCING_TOKEN`
+        (and an election's term in `BATON_ELECTION_TERM`). The command runs in a process group
+        of its own; when the lease is lost, the whole group gets SIGTERM, then SIGKILL once
+        `grace` seconds have passed (if the command or anything it started is still running),
+        and `LeaseLost` is raised. Past `timeout` seconds the group is killed and
+        `subprocess.TimeoutExpired` raised; with `check`, a non-zero exit raises
+        `subprocess.CalledProcessError`. Otherwise returns the `CompletedProcess`. An exception
+        in the calling thread (KeyboardInterrupt) kills the group and is raised again.
+        Blocking: from asyncio, call it through `asyncio.to_thread`."""
+        if input is not None:
+            if popen_kwargs.get("stdin") is not None:
+                raise ValueError("stdin and input arguments may not both be used.")
+            popen_kwargs["stdin"] = subprocess.PIPE
+        if capture_output:
+            if popen_kwargs.get("stdout") is not None or popen_kwargs.get("stderr") is not None:
+                raise ValueError("stdout and stderr arguments may not be used "
+                                 "with capture_output.")
+            popen_kwargs["stdout"] = popen_kwargs["stderr"] = subprocess.PIPE
+        for own in ("process_group", "start_new_session", "preexec_fn"):
+            if own in popen_kwargs:
+                raise TypeError(f"run() does not take {own}=: the command runs in a process "
+                                f"group of its own, which a lost lease stops")
         self.check()
         environ = dict(os.environ if env is None else env)
         environ["BATON_FENCING_TOKEN"] = str(self.fencing_token)
@@ -111,8 +129,15 @@ class Lease:
             timer.start()
 
         self.on_lost(stop)
+        timed_out: Optional[subprocess.TimeoutExpired] = None
         try:
+            stdout, stderr = proc.communicate(input, timeout)
+        except subprocess.TimeoutExpired as e:
+            # As subprocess.run: killed (here its whole group), its output read to the end.
+            with guard:
+                _signal_group(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
+            timed_out = e
         except BaseException:
             with guard:
                 state["done"] = True
@@ -132,6 +157,12 @@ class Lease:
                 if _group_alive(proc.pid):
                     _signal_group(proc.pid, signal.SIGKILL)
             raise self.error()
+        if timed_out is not None:
+            raise subprocess.TimeoutExpired(proc.args, timed_out.timeout, output=stdout,
+                                            stderr=stderr)
+        if check and proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, output=stdout,
+                                                stderr=stderr)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def on_lost(self, callback: Callable[["Lease"], None]) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Iterable, Optional, Sequence, Union
@@ -13,7 +14,8 @@ from . import _types as t
 from ._address import parse
 from ._lease import Leadership, Lease
 from ._security import AuthInterceptor, token_source, tls_credentials
-from .errors import BatonError, DeadlineExceeded, NotAcquired, Unavailable, from_rpc_error
+from .errors import (BatonError, ClientClosed, DeadlineExceeded, NotAcquired, Unavailable,
+                     UsedAfterFork, from_rpc_error)
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
 from .v1 import election_pb2 as el_pb
@@ -52,7 +54,11 @@ class Baton:
     with TLS, as an `https://host:port` address does (checked against the system's roots
     without `tls_ca`). `tls_cert`, `tls_key`: a client certificate and its key for mutual TLS.
     `tls_server_name`: the name Baton's certificate must carry, in place of the address's
-    host. TLS with a Unix socket address raises `ValueError`."""
+    host. TLS with a Unix socket address raises `ValueError`.
+
+    Once closed, every call raises `ClientClosed`. A client belongs to the process that created
+    it: gRPC channels do not survive `fork()`, so in a child process every call (and leaving a
+    block entered in the parent) raises `UsedAfterFork`; connect a new client there."""
 
     def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0,
                  api_token: Optional[str] = None, api_token_file=None, tls_ca=None,
@@ -65,6 +71,8 @@ class Baton:
         self.target = target
         self.options = options
         self.timeout = timeout
+        self._pid = os.getpid()
+        self._closed = False
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
@@ -87,8 +95,30 @@ class Baton:
         return cls(addr, timeout=timeout, **security)
 
     def close(self) -> None:
-        """Closes the channel; leases still held through it are released by Baton."""
-        self._channel.close()
+        """Closes the channel; leases still held through it are released by Baton (their blocks
+        see them lost, `DISCONNECTED`). Calls made afterwards raise `ClientClosed`. In a child
+        process after `fork()` it only marks this copy closed: the channel is the parent's."""
+        self._closed = True
+        if os.getpid() == self._pid:
+            self._channel.close()
+
+    def _usable(self) -> None:
+        """Raises `UsedAfterFork` in a child process after fork, `ClientClosed` once closed."""
+        if os.getpid() != self._pid:
+            raise UsedAfterFork()
+        if self._closed:
+            raise ClientClosed()
+
+    def _failure(self, e: Exception) -> BatonError:
+        """The error to raise for `e`, a call's failure: `ClientClosed` when the client was
+        closed meanwhile (gRPC raises `ValueError` or `CANCELLED` then)."""
+        if os.getpid() != self._pid:
+            return UsedAfterFork()
+        if self._closed:
+            return ClientClosed()
+        if isinstance(e, grpc.RpcError):
+            return from_rpc_error(e)
+        raise e
 
     def __enter__(self) -> "Baton":
         return self
@@ -107,7 +137,8 @@ class Baton:
         seconds after the wait: a frozen Baton). The lease (`ttl`, at least 0.1 s) is renewed
         in the background and released the moment the block exits; a lease lost meanwhile
         raises `LeaseLost` there. `shared`: a reader's lock; `owner`: re-enter (must be unique
-        per holder); `fair`: FIFO."""
+        per holder); `fair`: FIFO. The context manager may be shared by threads as a
+        `threading.Lock` is: each entry is a hold of its own (see `Held`)."""
         request = t.lock_hold_request(name, ttl, 0, owner, fair, shared)
         return Held(self, "lock", request, t.wait_seconds(wait), try_only=False)
 
@@ -158,7 +189,11 @@ class Baton:
         `with`) when done. States come in order; a slow reader gets the newest one, never an
         older one after it. Raises `Unavailable` when Baton cannot follow the election any
         more (Redis unreachable, Baton shutting down): observe again."""
-        call = self._elections.Observe(el_pb.ElectionServiceObserveRequest(name=name))
+        self._usable()
+        try:
+            call = self._elections.Observe(el_pb.ElectionServiceObserveRequest(name=name))
+        except ValueError as e:
+            raise self._failure(e) from None
         return Observation(call)
 
     def _proclaim(self, name: str, token: str, value: Union[str, bytes, None]):
@@ -227,10 +262,11 @@ class Baton:
     def _call(self, method, request, timeout: Optional[float] = None):
         """One unary call, retried after `UNAVAILABLE` (safe: every call retried is idempotent)."""
         for attempt in range(1, RETRIES + 1):
+            self._usable()
             try:
                 return method(request, timeout=timeout or self.timeout)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
+            except (grpc.RpcError, ValueError) as e:
+                err = self._failure(e)
                 if not isinstance(err, Unavailable) or attempt == RETRIES:
                     raise err from None
                 time.sleep(retry_delay(err))
@@ -241,10 +277,11 @@ class Baton:
         reply may be lost) are retried with the same key, which returns the same grant."""
         timeout = wait + self.timeout
         for attempt in range(1, RETRIES + 1):
+            self._usable()
             try:
                 return method(request, timeout=timeout)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
+            except (grpc.RpcError, ValueError) as e:
+                err = self._failure(e)
                 if attempt == RETRIES or not isinstance(err, (Unavailable, DeadlineExceeded)):
                     raise err from None
                 if isinstance(err, Unavailable):
@@ -257,6 +294,7 @@ class Baton:
     def _release(self, kind: str, grant) -> None:
         if kind == "election":
             return  # closing the Campaign stream resigns
+        self._usable()
         if kind == "lock":
             request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
             self._locks.Release(request, timeout=self.timeout)
@@ -271,7 +309,11 @@ class Baton:
         deadline = None if wait is None else time.monotonic() + wait
         failures = 0
         while True:
-            call = self._elections.Campaign(request)
+            self._usable()
+            try:
+                call = self._elections.Campaign(request)
+            except ValueError as e:
+                raise self._failure(e) from None
             guard = threading.Lock()
             state = {"elected": False, "gave_up": False}
             timer = None
@@ -292,7 +334,7 @@ class Baton:
             except StopIteration:
                 err: BatonError = Unavailable("the Campaign stream ended before its first event")
             except grpc.RpcError as e:
-                err = from_rpc_error(e)
+                err = self._failure(e)
             except BaseException:
                 call.cancel()
                 raise
@@ -333,7 +375,11 @@ class Baton:
         while True:
             left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
             asked = min(left, t.MAX_WAIT)
-            call = method(t.with_wait(request, asked))
+            self._usable()
+            try:
+                call = method(t.with_wait(request, asked))
+            except ValueError as e:
+                raise self._failure(e) from None
             guard = threading.Lock()
             state = {"answered": False, "gave_up": False}
 
@@ -351,7 +397,7 @@ class Baton:
                 call.cancel()
                 err: BatonError = Unavailable("the Hold stream ended before its first event")
             except grpc.RpcError as e:
-                err = from_rpc_error(e)
+                err = self._failure(e)
             except BaseException:
                 call.cancel()
                 raise
@@ -429,84 +475,131 @@ class Observation:
         self.close()
 
 
+class _Entry:
+    """One entry of a `Held`: its stream, grant and lease, and the event set when its block is
+    left."""
+
+    def __init__(self, call, grant, lease: Lease):
+        self.call, self.grant, self.lease = call, grant, lease
+        self.closing = threading.Event()
+        self.cond = threading.Condition()
+
+
 class Held:
     """The context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign` (see there).
-    It may be entered again once its block is left: each entry is a hold of its own, watched
-    by threads of its own."""
+
+    Each entry is a hold of its own, watched by threads of its own: the object may be entered
+    again once its block is left, and entered by several threads at once (as a
+    `threading.Lock` is shared), each thread then waiting for a hold of its own and leaving
+    its own. Entries are kept per thread: a thread leaves the block it entered last."""
 
     def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool):
         self._client, self._kind, self._request = client, kind, request
         self._wait, self._try = wait, try_only
-        self._call = None
-        # Set when the current entry's block is left; a new one for each entry.
-        self._closing = threading.Event()
-        self._cond = threading.Condition()
-        self.lease: Optional[Lease] = None
+        self._mutex = threading.Lock()
+        # Thread id -> the entries that thread is inside of, innermost last.
+        self._entries: dict = {}
+        self._last: Optional[Lease] = None
+
+    @property
+    def lease(self) -> Optional[Lease]:
+        """The lease of the calling thread's innermost entry; otherwise the last one granted
+        (None before any)."""
+        with self._mutex:
+            entries = self._entries.get(threading.get_ident())
+            return entries[-1].lease if entries and entries[-1] else self._last
 
     def __enter__(self) -> Optional[Lease]:
         try:
             call, grant = self._client._open(self._kind, self._request, self._wait)
         except NotAcquired:
             if self._try:
+                # A place on the thread's stack all the same: its exit leaves nothing.
+                with self._mutex:
+                    self._entries.setdefault(threading.get_ident(), []).append(None)
                 return None
             raise
-        self._call, self._grant, self._closing = call, grant, threading.Event()
         lease = new_lease(self._client, self._kind, grant, self._request, threading.Event())
-        self.lease = lease
-        lease.on_lost(lambda _: self._wake())
-        threading.Thread(target=self._read, args=(call, lease, self._closing),
+        entry = _Entry(call, grant, lease)
+        with self._mutex:
+            self._entries.setdefault(threading.get_ident(), []).append(entry)
+            self._last = lease
+        lease.on_lost(lambda _: self._wake(entry))
+        threading.Thread(target=self._read, args=(entry,),
                          name=f"baton-{self._kind}-{grant.name}", daemon=True).start()
-        threading.Thread(target=self._watch, args=(call, lease, self._closing),
+        threading.Thread(target=self._watch, args=(entry,),
                          name=f"baton-expiry-{grant.name}", daemon=True).start()
         return lease
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self.lease is None:
+        with self._mutex:
+            entries = self._entries.get(threading.get_ident())
+            if not entries:  # nothing was entered in this thread
+                return False
+            entry = entries.pop()
+            if not entries:
+                del self._entries[threading.get_ident()]
+        if entry is None:  # try_lock found it taken: the block got None
             return False
-        with self._cond:
-            self._closing.set()
-            self._cond.notify_all()
-        if not self.lease.lost.is_set():
+        lease = entry.lease
+        with entry.cond:
+            entry.closing.set()
+            entry.cond.notify_all()
+        if os.getpid() != self._client._pid:
+            # A child after fork: the hold (and its stream) is the parent's, left alone.
+            if exc_type is None:
+                raise UsedAfterFork()
+            return False
+        if self._client._closed:
+            # The channel's close ended the stream (Baton releases the hold): the block did not
+            # keep the lease to its end.
+            lease._lose("DISCONNECTED", "the client was closed while the lease was held")
+        if not lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
             # stream would release it too, a moment later.
             try:
-                self._client._release(self._kind, self._grant)
-            except grpc.RpcError:
+                self._client._release(self._kind, entry.grant)
+            except (grpc.RpcError, ValueError, BatonError):
                 pass
-        self._call.cancel()
-        if exc_type is None and self.lease.lost.is_set():
-            raise self.lease.error()
+        entry.call.cancel()
+        if exc_type is None and lease.lost.is_set():
+            raise lease.error()
         return False
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+    @staticmethod
+    def _wake(entry: _Entry) -> None:
+        with entry.cond:
+            entry.cond.notify_all()
 
-    def _read(self, call, lease: Lease, closing: threading.Event) -> None:
+    def _read(self, entry: _Entry) -> None:
+        call, lease, closing = entry.call, entry.lease, entry.closing
         try:
             for event in call:
                 kind = event.WhichOneof("event")
                 if kind == "renewed":
-                    with self._cond:
+                    with entry.cond:
                         lease._renewed(event.renewed.expires_at)
-                        self._cond.notify_all()
+                        entry.cond.notify_all()
                 elif kind == "lost":
                     lease._lose(t.lost_reason(event.lost.reason), event.lost.message)
                     return
         except grpc.RpcError as e:
             if not closing.is_set():
-                lease._lose("DISCONNECTED", f"the stream broke: {e.code().name}: {e.details()}")
+                why = ("the client was closed" if self._client._closed
+                       else f"the stream broke: {e.code().name}: {e.details()}")
+                lease._lose("DISCONNECTED", why)
             return
         if not closing.is_set():
             lease._lose("DISCONNECTED", "the stream ended without a lost event")
 
-    def _watch(self, call, lease: Lease, closing: threading.Event) -> None:
-        with self._cond:
+    def _watch(self, entry: _Entry) -> None:
+        call, lease, closing = entry.call, entry.lease, entry.closing
+        with entry.cond:
             while not closing.is_set() and not lease.lost.is_set():
                 left = lease.remaining
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                entry.cond.wait(left)
             if closing.is_set() or lease.lost.is_set():
                 return
         if lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):

@@ -12,12 +12,20 @@
 
 The block runs in the task that entered it; when the lease is lost (Baton says so, the stream
 breaks, or `expires_at` passes on the local clock) that task is cancelled and the block exits
-with `LeaseLost`. Cancelling the task from outside releases the lease at once.
+with `LeaseLost`; no cancellation is left pending once the block has exited (a loss that
+`lease.check()` finds in the block's own task raises `LeaseLost` there). Cancelling the task from
+outside releases the lease at once, also when the cancellation lands as the lease is granted.
+
+One `Held` (what `client.lock(...)` returns) may be entered by several tasks at once, as an
+`asyncio.Lock` is shared: each entry is a hold of its own, and a task leaves the one it entered
+last. A closed client raises `ClientClosed`; a client used in a child process after `fork()`
+raises `UsedAfterFork`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Iterable, Optional, Sequence, Union
 
@@ -28,7 +36,8 @@ from ._address import parse
 from ._lease import Leadership, Lease
 from ._security import aio_interceptors, token_source, tls_credentials
 from ._sync import RETRIES, retry_delay
-from .errors import BatonError, DeadlineExceeded, LeaseLost, NotAcquired, Unavailable, from_rpc_error
+from .errors import (BatonError, ClientClosed, DeadlineExceeded, LeaseLost, NotAcquired,
+                     Unavailable, UsedAfterFork, from_rpc_error)
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
 from .v1 import election_pb2 as el_pb
@@ -42,16 +51,20 @@ from .v1 import semaphore_pb2_grpc as sem_rpc
 __all__ = ["AsyncLeadership", "Baton", "Held", "Lease", "LeaseLost", "Observation"]
 
 
-async def _first_message(call, timeout: Optional[float]):
+async def _first_message(call, timeout: Optional[float], give_back=None):
     """The stream's first message, or `asyncio.TimeoutError` after `timeout` seconds (None: no
     bound). Unlike `asyncio.wait_for` before Python 3.12, a cancellation that lands as the message
-    arrives is raised, never swallowed for the message: the caller then closes the stream, which
-    gives back what it granted."""
+    arrives is raised, never swallowed for the message: `give_back(message)` (a coroutine
+    function) is awaited first when the message had arrived, so that what it granted is given
+    back before the cancellation goes on; the caller then closes the stream."""
     read = asyncio.ensure_future(call.read())
     try:
         done, _ = await asyncio.wait({read}, timeout=timeout)
     except BaseException:
         read.cancel()
+        if (give_back is not None and read.done() and not read.cancelled()
+                and read.exception() is None):
+            await _despite_cancellation(give_back(read.result()))
         raise
     if not done:
         read.cancel()
@@ -59,9 +72,21 @@ async def _first_message(call, timeout: Optional[float]):
     return read.result()
 
 
+async def _despite_cancellation(coro) -> None:
+    """Awaits `coro` (bounded by its own timeout) in a task a cancellation of the caller does not
+    stop; its failure is ignored. A second cancellation stops the wait, not the work."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    try:
+        await asyncio.shield(task)
+    except BaseException:  # noqa: BLE001 - best effort; the caller raises its own error
+        pass
+
+
 class Baton:
     """An asyncio connection to Baton (see `baton.Baton` for `addr`, `timeout`, the API token
-    and TLS arguments)."""
+    and TLS arguments). Once closed, every call raises `ClientClosed`; in a child process after
+    `fork()` every call raises `UsedAfterFork` (connect a new client there)."""
 
     def __init__(self, addr: Optional[str] = None, *, timeout: float = 10.0,
                  api_token: Optional[str] = None, api_token_file=None, tls_ca=None,
@@ -72,6 +97,8 @@ class Baton:
         options = options + tls_options
         token = token_source(api_token, api_token_file)
         self.target, self.options, self.timeout = target, options, timeout
+        self._pid = os.getpid()
+        self._closed = False
         interceptors = aio_interceptors(token) if token is not None else None
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(target, options=options,
@@ -95,8 +122,29 @@ class Baton:
         return cls(addr, timeout=timeout, **security)
 
     async def close(self) -> None:
-        """Closes the channel; leases still held through it are released by Baton."""
-        await self._channel.close()
+        """Closes the channel; leases still held through it are released by Baton (their blocks
+        see them lost, `DISCONNECTED`). Calls made afterwards raise `ClientClosed`."""
+        self._closed = True
+        if os.getpid() == self._pid:
+            await self._channel.close()
+
+    def _usable(self) -> None:
+        """Raises `UsedAfterFork` in a child process after fork, `ClientClosed` once closed."""
+        if os.getpid() != self._pid:
+            raise UsedAfterFork()
+        if self._closed:
+            raise ClientClosed()
+
+    def _failure(self, e: Exception) -> BatonError:
+        """The error to raise for `e`, a call's failure: `ClientClosed` when the client was
+        closed meanwhile (gRPC raises `UsageError` or `CANCELLED` then)."""
+        if os.getpid() != self._pid:
+            return UsedAfterFork()
+        if self._closed:
+            return ClientClosed()
+        if isinstance(e, grpc.RpcError):
+            return from_rpc_error(e)
+        raise e
 
     async def __aenter__(self) -> "Baton":
         return self
@@ -149,6 +197,7 @@ class Baton:
     def observe(self, name: str) -> "Observation":
         """The election's state now, then every change, as an async iterator of
         `ElectionState` (see `baton.Baton.observe`); `aclose()` it, or use `async with`."""
+        self._usable()
         call = self._elections.Observe(el_pb.ElectionServiceObserveRequest(name=name))
         return Observation(call)
 
@@ -211,10 +260,11 @@ class Baton:
 
     async def _call(self, method, request, timeout: Optional[float] = None):
         for attempt in range(1, RETRIES + 1):
+            self._usable()
             try:
                 return await method(request, timeout=timeout or self.timeout)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
+            except (grpc.RpcError, grpc.aio.UsageError) as e:
+                err = self._failure(e)
                 if not isinstance(err, Unavailable) or attempt == RETRIES:
                     raise err from None
                 await asyncio.sleep(retry_delay(err))
@@ -223,10 +273,11 @@ class Baton:
     async def _acquire(self, method, request, wait: float):
         timeout = wait + self.timeout
         for attempt in range(1, RETRIES + 1):
+            self._usable()
             try:
                 return await method(request, timeout=timeout)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
+            except (grpc.RpcError, grpc.aio.UsageError) as e:
+                err = self._failure(e)
                 if attempt == RETRIES or not isinstance(err, (Unavailable, DeadlineExceeded)):
                     raise err from None
                 if isinstance(err, Unavailable):
@@ -238,6 +289,7 @@ class Baton:
     async def _release(self, kind: str, grant) -> None:
         if kind == "election":
             return  # closing the Campaign stream resigns
+        self._usable()
         if kind == "lock":
             request = lock_pb.LockServiceReleaseRequest(name=grant.name, token=grant.token)
             await self._locks.Release(request, timeout=self.timeout)
@@ -252,6 +304,7 @@ class Baton:
         deadline = None if wait is None else time.monotonic() + wait
         failures = 0
         while True:
+            self._usable()
             call = self._elections.Campaign(request)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -259,8 +312,8 @@ class Baton:
             except asyncio.TimeoutError:
                 call.cancel()
                 raise NotAcquired(f"not elected in {request.name!r} within {wait:g}s") from None
-            except grpc.RpcError as e:
-                err: BatonError = from_rpc_error(e)
+            except (grpc.RpcError, grpc.aio.UsageError) as e:
+                err: BatonError = self._failure(e)
             except BaseException:
                 call.cancel()
                 raise
@@ -287,19 +340,26 @@ class Baton:
         while True:
             left = t.MAX_WAIT if deadline is None else max(0.0, deadline - time.monotonic())
             asked = min(left, t.MAX_WAIT)
+            self._usable()
             call = method(t.with_wait(request, asked))
+
+            async def give_back(first):
+                # Cancelled as the grant arrived: released before the cancellation goes on, as
+                # leaving a block does (closing the stream would release it a moment later).
+                if first is not grpc.aio.EOF and first.WhichOneof("event") == "acquired":
+                    await self._release(kind, first.acquired)
             try:
                 # Baton answers by the end of the wait; a Baton that has not `timeout` seconds
                 # after (frozen) is given up: closing the stream withdraws the request.
-                first = await _first_message(call, asked + self.timeout)
+                first = await _first_message(call, asked + self.timeout, give_back)
             except asyncio.TimeoutError:
                 call.cancel()
                 raise DeadlineExceeded(
                     f"Baton did not answer the Hold of {kind} {request.name!r} within "
                     f"{asked + self.timeout:g}s (its wait and the client's timeout)",
                     grpc.StatusCode.DEADLINE_EXCEEDED) from None
-            except grpc.RpcError as e:
-                err: BatonError = from_rpc_error(e)
+            except (grpc.RpcError, grpc.aio.UsageError) as e:
+                err: BatonError = self._failure(e)
             except BaseException:
                 call.cancel()
                 raise
@@ -377,79 +437,140 @@ class Observation:
         await self.aclose()
 
 
+class _Entry:
+    """One entry of a `Held`: its stream, grant and lease, the task that entered, the reader and
+    expiry timer watching the lease, and whether the package cancelled the task."""
+
+    def __init__(self, call, grant, lease: Lease, task: Optional[asyncio.Task]):
+        self.call, self.grant, self.lease, self.task = call, grant, lease, task
+        self.loop = asyncio.get_running_loop()
+        self.reader: Optional[asyncio.Task] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.cancelled_by_us = False
+        self.closing = False
+
+
 class Held:
-    """The async context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign`."""
+    """The async context manager of `Baton.lock`, `Baton.semaphore` and `Baton.campaign`.
+
+    Each entry is a hold of its own: the object may be entered again once its block is left,
+    and by several tasks at once (as an `asyncio.Lock` is shared), each task then waiting for a
+    hold of its own and leaving its own. Entries are kept per task: a task leaves the block it
+    entered last."""
 
     def __init__(self, client: Baton, kind: str, request, wait: Optional[float], try_only: bool,
                  cancel_on_lost: bool):
         self._client, self._kind, self._request = client, kind, request
         self._wait, self._try, self._cancel_on_lost = wait, try_only, cancel_on_lost
-        self._call = None
-        self._reader: Optional[asyncio.Task] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
-        self._task: Optional[asyncio.Task] = None
-        self._cancelled_by_us = False
-        self._closing = False
-        self.lease: Optional[Lease] = None
+        # Task -> the entries that task is inside of, innermost last.
+        self._entries: dict = {}
+        self._last: Optional[Lease] = None
+
+    @property
+    def lease(self) -> Optional[Lease]:
+        """The lease of the current task's innermost entry; otherwise the last one granted
+        (None before any)."""
+        try:
+            entries = self._entries.get(asyncio.current_task())
+        except RuntimeError:  # no running loop
+            entries = None
+        return entries[-1].lease if entries and entries[-1] else self._last
 
     async def __aenter__(self) -> Optional[Lease]:
-        # Entered again after a first block (whose reader and timer are cancelled): a new hold,
-        # watched afresh.
-        self._closing, self._cancelled_by_us = False, False
         try:
-            self._call, grant = await self._client._open(self._kind, self._request, self._wait)
+            call, grant = await self._client._open(self._kind, self._request, self._wait)
         except NotAcquired:
             if self._try:
+                # A place on the task's stack all the same: its exit leaves nothing.
+                self._entries.setdefault(asyncio.current_task(), []).append(None)
                 return None
             raise
-        self._grant = grant
         if self._kind == "election":
             client, name, token = self._client, grant.name, grant.token
-            self.lease = AsyncLeadership(grant, self._request.value, asyncio.Event(),
-                                         lambda value: client._proclaim(name, token, value))
+            lease: Lease = AsyncLeadership(grant, self._request.value, asyncio.Event(),
+                                           lambda value: client._proclaim(name, token, value))
         else:
-            self.lease = Lease(self._kind, grant, asyncio.Event())
-        self._task = asyncio.current_task()
-        self.lease.on_lost(self._on_lost)
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._arm()
-        return self.lease
+            lease = Lease(self._kind, grant, asyncio.Event())
+        task = asyncio.current_task()
+        entry = _Entry(call, grant, lease, task)
+        self._entries.setdefault(task, []).append(entry)
+        self._last = lease
+        lease.on_lost(lambda _lease: self._on_lost(entry))
+        entry.reader = entry.loop.create_task(self._read(entry))
+        self._arm(entry)
+        return lease
+
+    def _pop(self) -> Optional[_Entry]:
+        """The current task's innermost entry, taken off its stack (None for a try that found
+        it taken). An entry made by another task (`__aenter__` awaited as a task of its own) is
+        taken when it is the only one."""
+        key = asyncio.current_task()
+        entries = self._entries.get(key)
+        if not entries:
+            if len(self._entries) != 1:
+                return None
+            key, entries = next(iter(self._entries.items()))
+            if len(entries) != 1:
+                return None
+        entry = entries.pop()
+        if not entries:
+            del self._entries[key]
+        return entry
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:
-        if self.lease is None:
+        entry = self._pop()
+        if entry is None:
+            # try_lock found it taken (the block got None), or nothing was entered here.
             return False
-        self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
+        entry.closing = True
+        if entry.timer is not None:
+            entry.timer.cancel()
+        lease = entry.lease
+        if os.getpid() != self._client._pid:
+            # A child after fork: the hold (and its stream) is the parent's, left alone.
+            if exc_type is None:
+                raise UsedAfterFork()
+            return False
+        if self._client._closed:
+            # The channel's close ended the stream (Baton releases the hold): the block did not
+            # keep the lease to its end.
+            lease._lose("DISCONNECTED", "the client was closed while the lease was held")
         # The loop may not have run the expiry timer in time (blocking work, a frozen process):
         # the lease expired inside the block all the same, and the block's end says so below.
         # It may still be held (its renewals only went unread): it is released all the same.
-        expired = not self.lease.lost.is_set() and self.lease.remaining <= 0
+        expired = not lease.lost.is_set() and lease.remaining <= 0
         cancelled: Optional[asyncio.CancelledError] = None
-        if not self.lease.lost.is_set():
+        if not lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
             # stream releases it too, a moment later. A cancellation from outside while the
             # release is under way is not swallowed: the stream is closed (which releases) and
             # the cancellation goes on once the stream is closed.
             try:
-                await self._client._release(self._kind, self._grant)
-            except grpc.RpcError:
+                await self._client._release(self._kind, entry.grant)
+            except (grpc.RpcError, grpc.aio.UsageError, BatonError):
                 pass
             except asyncio.CancelledError as e:
                 cancelled = e
-        self._call.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
+        entry.call.cancel()
+        if entry.reader is not None:
+            entry.reader.cancel()
         if expired:
-            self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at")
+            lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at")
         if cancelled is not None:
             raise cancelled
-        lease = self.lease
-        if self._cancelled_by_us:
+        if entry.cancelled_by_us:
+            if exc_type is None or not issubclass(exc_type, asyncio.CancelledError):
+                # The cancellation the loss asked for may not have reached the block (it left
+                # first, or turned it into another exception): taken here, so that none is left
+                # pending for the task's next await. One from outside is counted, and goes on.
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    pass
             # The cancellation was ours (the lease was lost): turn it into LeaseLost, unless the
             # task was cancelled from outside too (in the same turn of the loop): that
             # cancellation goes on, never swallowed.
-            uncancel = getattr(self._task, "uncancel", None)
+            uncancel = getattr(entry.task, "uncancel", None)
             if uncancel is not None and uncancel() > 0:
                 if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                     return False
@@ -461,55 +582,81 @@ class Held:
             raise lease.error()
         return False
 
-    def _arm(self) -> None:
+    def _arm(self, entry: _Entry) -> None:
         """(Re)schedules the local expiry check at the lease's `expires_at`."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, self.lease.remaining),
-                                                            self._expired)
+        if entry.timer is not None:
+            entry.timer.cancel()
+        entry.timer = entry.loop.call_later(max(0.0, entry.lease.remaining),
+                                            self._expired, entry)
 
-    def _expired(self) -> None:
-        if self._closing or self.lease.lost.is_set():
+    def _expired(self, entry: _Entry) -> None:
+        if entry.closing or entry.lease.lost.is_set():
             return
-        if self.lease.remaining > 0:  # a renewal moved it meanwhile
-            self._arm()
+        if entry.lease.remaining > 0:  # a renewal moved it meanwhile
+            self._arm(entry)
             return
-        if self.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):
-            self._call.cancel()
+        if entry.lease._lose("EXPIRED", "no renewal arrived before the lease's expires_at"):
+            entry.call.cancel()
 
-    def _on_lost(self, _lease) -> None:
-        if self._closing or not self._cancel_on_lost or self._task is None:
+    def _on_lost(self, entry: _Entry) -> None:
+        """The lease's loss callback: cancels the block's task (`cancel_on_lost`). Called in
+        the loop's thread from another task or a callback, the task is cancelled at once. Called
+        from the block's own task (`lease.check()` found the loss, and raises `LeaseLost`), or
+        from another thread (`lease.run` through `asyncio.to_thread`), the cancellation is
+        scheduled on the loop instead: a task cancelled while it runs keeps the cancellation
+        pending past the block's end."""
+        if entry.closing or not self._cancel_on_lost or entry.task is None:
             return
-        if not self._task.done():
-            self._cancelled_by_us = True
-            self._task.cancel(msg="baton: lease lost")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        try:
+            if running is not entry.loop:
+                entry.loop.call_soon_threadsafe(self._cancel, entry)
+            elif asyncio.current_task() is entry.task:
+                entry.loop.call_soon(self._cancel, entry)
+            else:
+                self._cancel(entry)
+        except RuntimeError:  # the loop is closed
+            pass
 
-    async def _read(self) -> None:
-        lease = self.lease
+    @staticmethod
+    def _cancel(entry: _Entry) -> None:
+        if entry.closing or entry.task.done():
+            return
+        entry.cancelled_by_us = True
+        entry.task.cancel(msg="baton: lease lost")
+
+    async def _read(self, entry: _Entry) -> None:
+        lease, call = entry.lease, entry.call
         try:
             while True:
                 # read(), not `async for`: grpc.aio does not allow mixing the two on one call.
-                event = await self._call.read()
+                event = await call.read()
                 if event is grpc.aio.EOF:
                     break
                 kind = event.WhichOneof("event")
                 if kind == "renewed":
                     lease._renewed(event.renewed.expires_at)
-                    self._arm()
+                    self._arm(entry)
                 elif kind == "lost":
                     lease._lose(t.lost_reason(event.lost.reason), event.lost.message)
                     return
         except asyncio.CancelledError:
             return
-        except grpc.RpcError as e:
-            if not self._closing:
-                lease._lose("DISCONNECTED", f"the stream broke: {e.code().name}: {e.details()}")
+        except (grpc.RpcError, grpc.aio.UsageError) as e:
+            if not entry.closing:
+                why = ("the client was closed" if self._client._closed else
+                       f"the stream broke: {e.code().name}: {e.details()}"
+                       if isinstance(e, grpc.RpcError) else f"the stream broke: {e}")
+                lease._lose("DISCONNECTED", why)
             return
         except Exception as e:  # noqa: BLE001 - whatever stops the reader loses the lease
-            if not self._closing:
+            if not entry.closing:
                 lease._lose("DISCONNECTED", f"reading the stream failed: {e!r}")
             raise
-        if not self._closing:
+        if not entry.closing:
             lease._lose("DISCONNECTED", "the stream ended without a lost event")
 
 

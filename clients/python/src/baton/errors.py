@@ -92,6 +92,23 @@ class LeaseLost(BatonError):
         self.reason = reason
 
 
+class ClientClosed(BatonError):
+    """The client was closed (`close()`, or leaving its `with` block) before or during the call:
+    connect a new one. A lease held through it ends with the channel (Baton releases it)."""
+
+    def __init__(self, message: str = "the client is closed"):
+        super().__init__(message, None)
+
+
+class UsedAfterFork(BatonError):
+    """The client was created in another process: a gRPC channel does not survive `fork()`, so
+    a child process cannot use its parent's client (or leases); connect a new one there."""
+
+    def __init__(self, message: str = "a client cannot be used in a child process after fork; "
+                                      "connect a new one there"):
+        super().__init__(message, None)
+
+
 def _details(metadata) -> Optional[status_pb2.Status]:
     for key, value in metadata or ():
         if key == _DETAILS_KEY:
