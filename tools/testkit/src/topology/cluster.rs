@@ -506,9 +506,10 @@ impl RedisCluster {
         self.nodes.iter().filter_map(Process::pid).collect()
     }
 
-    /// A multiplexed connection to the node on `port` alone (no redirections followed).
+    /// A multiplexed connection to the node on `port` alone (no redirections followed), for a
+    /// test's assertions: its replies may take 30 s.
     pub async fn node_client(&self, port: u16) -> MultiplexedConnection {
-        connect(port)
+        connect_for(port, ASSERTION_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("node client: {e}"))
     }

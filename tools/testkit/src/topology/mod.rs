@@ -71,6 +71,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 const START_ATTEMPTS: usize = 5;
 /// Connect and response timeout of the helpers' own connections.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Response timeout of the connections tests make their assertions on: a node busy with a test's
+/// load on a loaded machine answers a `KEYS` over the shared cluster late, not never.
+const ASSERTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Interval between two looks at the state of a topology while waiting for it.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long Sentinels may take to see the master, the replica and each other. Sentinels find
@@ -284,10 +287,15 @@ fn url(port: u16) -> String {
 
 /// A multiplexed connection to the server on `port`, with bounded connect and response times.
 async fn connect(port: u16) -> Result<MultiplexedConnection, String> {
+    connect_for(port, COMMAND_TIMEOUT).await
+}
+
+/// A connection to the server on `port` whose replies may take up to `patience`.
+async fn connect_for(port: u16, patience: Duration) -> Result<MultiplexedConnection, String> {
     let client = redis::Client::open(url(port)).map_err(|e| e.to_string())?;
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(COMMAND_TIMEOUT))
-        .set_response_timeout(Some(COMMAND_TIMEOUT));
+        .set_response_timeout(Some(patience));
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
