@@ -466,8 +466,10 @@ class ChartRenders(unittest.TestCase):
             ({"redis": {"urll": "redis://x:6379"}}, "urll"),
             ({"demo": {"enabled": "yes"}}, "/demo/enabled"),
             ({"transport": "udp"}, "/transport"),
-            ({"redis": {"url": "redis://:secret@redis:6379"}}, "/redis/url"),
-            ({"redis": {"url": "rediss://:secret@redis:6380"}}, "/redis/url"),
+            # A password in the URL: refused when rendering, naming the Secret's value and
+            # without repeating the URL (tests/python/test_helm_chart_hostile.py).
+            ({"redis": {"url": "redis://:secret@redis:6379"}}, "redis.password.existingSecret"),
+            ({"redis": {"url": "rediss://:secret@redis:6380"}}, "redis.password.existingSecret"),
             ({"redis": {"username": "a b"}}, "/redis/username"),
             ({"redis": {"tls": {"insecure": "yes"}}}, "/redis/tls/insecure"),
             ({"redis": {"tls": {"existingSecret": "Not_A_Name"}}}, "/redis/tls/existingSecret"),

@@ -308,14 +308,25 @@ it). */}}
 baton-sidecar: {{ include "baton.fullname" . | quote }}
 {{- end -}}
 
-{{/* Prometheus scrape annotations for the pod (an empty map without metrics). */}}
+{{/* The pod's annotations Baton adds (an empty map when there are none): Prometheus scrape
+annotations with metrics, and with rate limit rules `checksum/baton-ratelimit`, the SHA-256 of the
+rules ConfigMap's content, so that a `helm upgrade` changing the rules rolls the pods. A running
+Baton rereads the mounted rules on its own, but keeps the ones in force when new ones do not load,
+while a Baton starting with rules it cannot load exits: the roll makes a bad change show at once
+(the Deployment's new pods fail, the old ones keep serving) rather than in whichever pod starts
+next. */}}
 {{- define "baton.podAnnotations" -}}
 {{- $v := .baton -}}
-{{- if and $v.metrics.enabled $v.metrics.annotations }}
+{{- $metrics := and $v.metrics.enabled $v.metrics.annotations -}}
+{{- if $metrics }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ $v.metrics.port | quote }}
 prometheus.io/path: "/metrics"
-{{- else }} {}
+{{- end }}
+{{- if $v.rateLimit.rules }}
+checksum/baton-ratelimit: {{ include "baton.rulesData" . | sha256sum | quote }}
+{{- end }}
+{{- if not (or $metrics $v.rateLimit.rules) }} {}
 {{- end }}
 {{- end -}}
 
