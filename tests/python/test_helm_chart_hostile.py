@@ -209,12 +209,14 @@ class HostileValues(unittest.TestCase):
         self.assertEqual(rules_problems(cm["data"]), [])
 
     def test_changing_the_rules_rolls_the_pods(self):
-        """The pod template carries the SHA-256 of the rules ConfigMap's content (the demo's and
-        a parent chart's pods, through "baton.podAnnotations"): the same rules give the same
-        annotation, other rules another, and no rules none."""
-        def annotation(rules, example=False):
+        """With `rateLimit.rollOnChange` the pod template carries the SHA-256 of the rules
+        ConfigMap's content (the demo's and a parent chart's pods, through
+        "baton.podAnnotations"): the same rules give the same annotation, other rules another,
+        and no rules none. Without it (the default), none: Baton rereads the rules."""
+        def annotation(rules, example=False, roll=True):
             objects = self.render(merge({"demo": {"enabled": not example}},
-                                        {"rateLimit": {"rules": rules}}), example)
+                                        {"rateLimit": {"rules": rules,
+                                                       "rollOnChange": roll}}), example)
             metadata, _ = self.baton_pod(objects)
             return (metadata.get("annotations") or {}).get("checksum/baton-ratelimit")
 
@@ -229,9 +231,10 @@ class HostileValues(unittest.TestCase):
                 self.assertEqual(annotation(one, example), first)
                 self.assertNotEqual(annotation(two, example), first)
                 self.assertIsNone(annotation([], example))
+                self.assertIsNone(annotation(one, example, roll=False))
         # Without metrics annotations the pod still gets the checksum, and valid YAML without.
         objects = self.render({"demo": {"enabled": True}, "metrics": {"annotations": False},
-                               "rateLimit": {"rules": one}})
+                               "rateLimit": {"rules": one, "rollOnChange": True}})
         metadata, _ = self.baton_pod(objects)
         self.assertEqual(list(metadata["annotations"]), ["checksum/baton-ratelimit"])
         objects = self.render({"demo": {"enabled": True}, "metrics": {"annotations": False}})

@@ -79,7 +79,8 @@ app.kubernetes.io/instance: {{ .context.Release.Name | quote }}
 {{- end -}}
 
 {{/* The data of the ConfigMap of rate limit rules: one file per domain, `NN-DOMAIN.yaml`. The pod
-annotation `checksum/baton-ratelimit` ("baton.podAnnotations") is the SHA-256 of this text. */}}
+annotation `checksum/baton-ratelimit` ("baton.podAnnotations", with `rateLimit.rollOnChange`) is
+the SHA-256 of this text. */}}
 {{- define "baton.rulesData" -}}
 {{- range $i, $rule := .baton.rateLimit.rules -}}
 {{ printf "%02d-%s.yaml" $i (toString $rule.domain) | quote }}: |

@@ -309,12 +309,10 @@ baton-sidecar: {{ include "baton.fullname" . | quote }}
 {{- end -}}
 
 {{/* The pod's annotations Baton adds (an empty map when there are none): Prometheus scrape
-annotations with metrics, and with rate limit rules `checksum/baton-ratelimit`, the SHA-256 of the
-rules ConfigMap's content, so that a `helm upgrade` changing the rules rolls the pods. A running
-Baton rereads the mounted rules on its own, but keeps the ones in force when new ones do not load,
-while a Baton starting with rules it cannot load exits: the roll makes a bad change show at once
-(the Deployment's new pods fail, the old ones keep serving) rather than in whichever pod starts
-next. */}}
+annotations with metrics, and with rate limit rules and `rateLimit.rollOnChange`
+`checksum/baton-ratelimit`, the SHA-256 of the rules ConfigMap's content, so that a `helm upgrade`
+changing the rules rolls the pods (by default a running Baton rereads the mounted rules on its
+own, and the app's pods are not restarted for a rules change). */}}
 {{- define "baton.podAnnotations" -}}
 {{- $v := .baton -}}
 {{- $metrics := and $v.metrics.enabled $v.metrics.annotations -}}
@@ -323,10 +321,11 @@ prometheus.io/scrape: "true"
 prometheus.io/port: {{ $v.metrics.port | quote }}
 prometheus.io/path: "/metrics"
 {{- end }}
-{{- if $v.rateLimit.rules }}
+{{- $roll := and $v.rateLimit.rules $v.rateLimit.rollOnChange -}}
+{{- if $roll }}
 checksum/baton-ratelimit: {{ include "baton.rulesData" . | sha256sum | quote }}
 {{- end }}
-{{- if not (or $metrics $v.rateLimit.rules) }} {}
+{{- if not (or $metrics $roll) }} {}
 {{- end }}
 {{- end -}}
 
