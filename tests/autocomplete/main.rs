@@ -502,7 +502,9 @@ async fn until_changed(
     dictionary: &str,
 ) -> (pb::AutocompleteServiceDescribeResponse, usize) {
     let mut building = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // A build of a few thousand terms takes seconds; a loaded machine (one CI run took more than
+    // a minute for 4,000 terms' grams) makes it minutes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     loop {
         let d = client
             .describe(pb::AutocompleteServiceDescribeRequest {
