@@ -27,6 +27,7 @@ import { RateLimitAlgorithm, RateLimitDecidedBy, RateLimitService } from "./gen/
 import { SemaphoreService, type SemaphorePermit } from "./gen/baton/v1/semaphore_pb.js";
 import {
   BatonError,
+  ClientClosedError,
   DeadlineExceededError,
   fromError,
   InvalidArgumentError,
@@ -39,6 +40,9 @@ import { Leadership, Lease, type Grant, type HoldEvent } from "./lease.js";
 export const DEFAULT_ADDR = "127.0.0.1:50051";
 /** Attempts of a call that fails UNAVAILABLE before giving up. */
 const RETRIES = 4;
+/** The connection's keepalive: a ping every PING_INTERVAL_MS, answered within PING_TIMEOUT_MS. */
+const PING_INTERVAL_MS = 30_000;
+const PING_TIMEOUT_MS = 10_000;
 /** Delay before retrying UNAVAILABLE when Baton suggested none, and the longest. */
 const DEFAULT_RETRY_DELAY_MS = 100;
 const MAX_RETRY_DELAY_MS = 2000;
@@ -53,6 +57,48 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
 // the wrong type throws TypeError; a value out of range InvalidArgumentError, whose `field` is
 // the option's name.
 
+/** What a value is, for a TypeError's message. */
+function typeOf(value: unknown): string {
+  return value === null ? "null" : Array.isArray(value) ? "an array" : typeof value;
+}
+
+/** An options argument: an object, or undefined (no options). */
+function optionsOf<T extends object>(value: T | undefined, field = "options"): Partial<T> {
+  if (value === undefined) return {};
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new TypeError(`${field}: an object of options, not ${typeOf(value)}`);
+  }
+  return value;
+}
+
+/** `value`, or `fallback` when it is undefined (null is not: it is refused as the wrong type). */
+function or<T>(value: T | undefined, fallback: T): T {
+  return value === undefined ? fallback : value;
+}
+
+/** A boolean option (default false); anything but true, false or undefined throws TypeError. */
+function flag(value: unknown, field: string): boolean {
+  if (value === undefined) return false;
+  if (typeof value !== "boolean") throw new TypeError(`${field}: true or false, not ${typeOf(value)}`);
+  return value;
+}
+
+/** A string option (default ""). */
+function optText(value: unknown, field: string): string {
+  return value === undefined ? "" : text(value, field);
+}
+
+/** The caller's `signal` option: an AbortSignal or undefined. */
+function signalOf(value: unknown): AbortSignal | undefined {
+  if (value === undefined || value instanceof AbortSignal) return value;
+  throw new TypeError(`signal: an AbortSignal, not ${typeOf(value)}`);
+}
+
+/** A function argument (the work of withLock, withSemaphore, withLeadership). */
+function fn(value: unknown, field: string): void {
+  if (typeof value !== "function") throw new TypeError(`${field}: a function, not ${typeOf(value)}`);
+}
+
 function describe(value: unknown): string {
   return typeof value === "string" ? JSON.stringify(value) : typeof value === "bigint" ? `${value}n` : String(value);
 }
@@ -63,7 +109,7 @@ function badValue(field: string, value: unknown, want: string): InvalidArgumentE
 
 /** A duration of `value` ms (a finite number from 0), rounded up to the millisecond as Python's is. */
 function msDuration(value: unknown, field: string): Duration {
-  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeof value}`);
+  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeOf(value)}`);
   if (!(value >= 0 && value <= MAX_DURATION_MS)) throw badValue(field, value, "a finite number of milliseconds from 0");
   // To the microsecond first (as Python does), so that 1000.0000001 stays 1000.
   return durationFromMs(Math.ceil(Math.round(value * 1000) / 1000) || 0);
@@ -75,7 +121,7 @@ function msDuration(value: unknown, field: string): Duration {
  */
 function checkWait(value: unknown, field = "waitMs"): number | undefined {
   if (value === undefined || value === Infinity) return undefined;
-  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeof value}`);
+  if (typeof value !== "number") throw new TypeError(`${field}: milliseconds as a number, not ${typeOf(value)}`);
   if (!(value >= 0)) throw badValue(field, value, "a number of milliseconds from 0 up (or Infinity: no end)");
   return value;
 }
@@ -83,7 +129,7 @@ function checkWait(value: unknown, field = "waitMs"): number | undefined {
 /** The wait of an Acquire (one call: Baton waits at most MAX_WAIT_MS), default 0. */
 function acquireWait(value: unknown): number {
   if (value === undefined) return 0;
-  if (typeof value !== "number") throw new TypeError(`waitMs: milliseconds as a number, not ${typeof value}`);
+  if (typeof value !== "number") throw new TypeError(`waitMs: milliseconds as a number, not ${typeOf(value)}`);
   if (!(value >= 0 && value < Infinity)) {
     throw badValue("waitMs", value, `a number of milliseconds from 0 (an Acquire waits at most ${MAX_WAIT_MS}; lock() and semaphore() wait longer)`);
   }
@@ -97,7 +143,7 @@ const UINT64_MAX = 2n ** 64n - 1n;
 
 /** A count: an integer from `min` to 2^32 - 1. */
 function count(value: unknown, field: string, min = 0): number {
-  if (typeof value !== "number") throw new TypeError(`${field}: a number, not ${typeof value}`);
+  if (typeof value !== "number") throw new TypeError(`${field}: a number, not ${typeOf(value)}`);
   if (!Number.isInteger(value) || value < min || value > UINT32_MAX) {
     throw badValue(field, value, `an integer from ${min} to ${UINT32_MAX}`);
   }
@@ -107,7 +153,7 @@ function count(value: unknown, field: string, min = 0): number {
 /** A 64-bit count: an integer (number or bigint) from 0 to 2^64 - 1. */
 function count64(value: unknown, field: string): bigint {
   if (typeof value !== "number" && typeof value !== "bigint") {
-    throw new TypeError(`${field}: a number or bigint, not ${typeof value}`);
+    throw new TypeError(`${field}: a number or bigint, not ${typeOf(value)}`);
   }
   if (typeof value === "number" && !Number.isSafeInteger(value)) {
     throw badValue(field, value, `an integer from 0 to ${UINT64_MAX} (a bigint past 2^53)`);
@@ -119,18 +165,19 @@ function count64(value: unknown, field: string): bigint {
 
 /** The enum value `name` stands for in `table`, like Python's ValueError for an unknown one. */
 function choice<T>(table: Record<string, T>, name: unknown, field: string): T {
-  if (typeof name === "string" && Object.hasOwn(table, name)) return table[name];
+  if (typeof name !== "string") throw new TypeError(`${field}: one of ${Object.keys(table).join(", ")}, not ${typeOf(name)}`);
+  if (Object.hasOwn(table, name)) return table[name];
   throw new InvalidArgumentError(`${field}: ${describe(name)} is not one of ${Object.keys(table).join(", ")}`, field);
 }
 
 function text(value: unknown, field: string): string {
-  if (typeof value !== "string") throw new TypeError(`${field}: a string, not ${typeof value}`);
+  if (typeof value !== "string") throw new TypeError(`${field}: a string, not ${typeOf(value)}`);
   return value;
 }
 
 function bytes(value: unknown, field: string, want = "bytes (a Uint8Array or Buffer; encode text with TextEncoder)"): Uint8Array {
   if (!(value instanceof Uint8Array)) {
-    throw new TypeError(`${field}: ${want}, not ${value === null ? "null" : typeof value}`);
+    throw new TypeError(`${field}: ${want}, not ${typeOf(value)}`);
   }
   return value;
 }
@@ -138,7 +185,7 @@ function bytes(value: unknown, field: string, want = "bytes (a Uint8Array or Buf
 /** A list of display texts: one string, or an array of strings. */
 function texts(value: unknown, field: string): string[] {
   if (typeof value === "string") return [value];
-  if (!Array.isArray(value)) throw new TypeError(`${field}: a string or an array of strings, not ${typeof value}`);
+  if (!Array.isArray(value)) throw new TypeError(`${field}: a string or an array of strings, not ${typeOf(value)}`);
   return value.map((v, i) => text(v, `${field}[${i}]`));
 }
 
@@ -169,6 +216,7 @@ export interface Address {
  * `:authority` is `localhost`.
  */
 export function resolveAddress(addr?: string): Address {
+  if (addr !== undefined) text(addr, "addr");
   const a = (addr || process.env.BATON_ADDR || DEFAULT_ADDR).trim();
   if (a.startsWith("unix:") || a.startsWith("/")) {
     let path = a.startsWith("unix:") ? a.slice("unix:".length) : a;
@@ -292,6 +340,8 @@ class TokenSource {
 }
 
 function tokenSource(options: ConnectOptions): TokenSource | undefined {
+  if (options.apiToken !== undefined) text(options.apiToken, "apiToken");
+  if (options.apiTokenFile !== undefined) text(options.apiTokenFile, "apiTokenFile");
   if (options.apiToken !== undefined && options.apiTokenFile !== undefined) {
     throw new TypeError("give apiToken or apiTokenFile, not both");
   }
@@ -302,6 +352,9 @@ function tokenSource(options: ConnectOptions): TokenSource | undefined {
 
 function pem(value: string | Uint8Array | undefined, what: string, marker: string): Buffer | undefined {
   if (value === undefined) return undefined;
+  if (typeof value !== "string" && !(value instanceof Uint8Array)) {
+    throw new TypeError(`${what}: a path or the PEM as bytes, not ${typeOf(value)}`);
+  }
   const data = typeof value === "string" ? readBounded(value, 1024 * 1024, what) : Buffer.from(value);
   if (!data.includes(marker)) throw new TypeError(`${what}: holds no PEM ${marker.includes("KEY") ? "private key" : "certificate"}`);
   return data;
@@ -326,7 +379,7 @@ function tlsOptions(address: Address, options: ConnectOptions): Record<string, u
   if (cert !== undefined) tls.cert = cert;
   const key = pem(options.tlsKey, "tlsKey", "PRIVATE KEY-----");
   if (key !== undefined) tls.key = key;
-  if (options.tlsServerName !== undefined) tls.servername = options.tlsServerName;
+  if (options.tlsServerName !== undefined) tls.servername = text(options.tlsServerName, "tlsServerName");
   return tls;
 }
 
@@ -527,13 +580,13 @@ function termFields(t: unknown, field: string): { display: string; score?: numbe
   if (t === null || typeof t !== "object") throw new TypeError(`${field}: a string or { display, score, increment, payload }, not ${t === null ? "null" : typeof t}`);
   const term = t as { display?: unknown; score?: unknown; increment?: unknown; payload?: unknown };
   if (term.score !== undefined) {
-    if (typeof term.score !== "number") throw new TypeError(`${field}.score: a number, not ${typeof term.score}`);
+    if (typeof term.score !== "number") throw new TypeError(`${field}.score: a number, not ${typeOf(term.score)}`);
     if (!Number.isFinite(term.score)) throw badValue(`${field}.score`, term.score, "a finite number");
   }
   return {
     display: text(term.display, `${field}.display`),
     score: term.score as number | undefined,
-    increment: term.increment === undefined ? undefined : Boolean(term.increment),
+    increment: term.increment === undefined ? undefined : flag(term.increment, `${field}.increment`),
     payload: term.payload === undefined ? undefined : bytes(term.payload, `${field}.payload`),
   };
 }
@@ -628,26 +681,33 @@ export class Baton {
   readonly #locks: Client<typeof LockService>;
   readonly #semaphores: Client<typeof SemaphoreService>;
   readonly #elections: Client<typeof ElectionService>;
+  /** Aborted by close(): calls under way give up, later ones throw ClientClosedError. */
+  readonly #closing = new AbortController();
 
   /** A client for `addr` (see resolveAddress); connects lazily on the first call. */
-  static connect(addr?: string, options: ConnectOptions = {}): Baton {
+  static connect(addr?: string, options?: ConnectOptions): Baton {
     return new Baton(addr, options);
   }
 
-  constructor(addr?: string, options: ConnectOptions = {}) {
+  constructor(addr?: string, options?: ConnectOptions) {
+    const o = optionsOf(options);
     let address = resolveAddress(addr);
-    const tls = tlsOptions(address, options);
+    const tls = tlsOptions(address, o);
     if (tls !== undefined) address = { baseUrl: address.baseUrl.replace(/^http:/, "https:") };
-    const token = tokenSource(options);
-    const timeoutMs = options.timeoutMs ?? 10_000;
-    if (typeof timeoutMs !== "number") throw new TypeError(`timeoutMs: milliseconds as a number, not ${typeof timeoutMs}`);
+    const token = tokenSource(o);
+    const timeoutMs = or<unknown>(o.timeoutMs, 10_000);
+    if (typeof timeoutMs !== "number") throw new TypeError(`timeoutMs: milliseconds as a number, not ${typeOf(timeoutMs)}`);
     // Finite and within setTimeout's longest delay: it is each call's deadline.
     if (!(timeoutMs > 0 && timeoutMs <= 2_147_483_647)) throw badValue("timeoutMs", timeoutMs, "a number of milliseconds above 0, at most 2147483647");
     this.#timeoutMs = timeoutMs;
-    // Pings an idle connection so a dead Baton is noticed; Node answers Baton's own pings.
+    // Pings a connection with streams open after 30 s without a byte read, and drops it when a
+    // ping is not answered within 10 s, as the Python package's channel does: a stream waiting on
+    // a dead or frozen Baton (which sends nothing) fails then. A connection left idle for longer
+    // is pinged before its next call (connect-node's pings of idle connections outlive a closed
+    // connection, so they stay off). Node answers Baton's own pings.
     this.#sessions = new Http2SessionManager(
       address.baseUrl,
-      { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 },
+      { pingIntervalMs: PING_INTERVAL_MS, pingTimeoutMs: PING_TIMEOUT_MS },
       address.socketPath !== undefined
         ? { createConnection: () => net.connect(address.socketPath as string) }
         : (tls ?? {}),
@@ -670,9 +730,24 @@ export class Baton {
     this.autocomplete = new Autocomplete(this, createClient(AutocompleteService, transport));
   }
 
-  /** Closes the connection; leases still held through it are released by Baton. */
+  /**
+   * Closes the connection; leases still held through it are released by Baton (and lost here,
+   * `DISCONNECTED`). Calls waiting then, and every call made afterwards, throw
+   * ClientClosedError.
+   */
   close(): void {
+    if (!this.#closing.signal.aborted) this.#closing.abort(new ClientClosedError());
     this.#sessions.abort();
+  }
+
+  /** @internal Throws ClientClosedError once close() was called. */
+  usable(): void {
+    if (this.#closing.signal.aborted) throw new ClientClosedError();
+  }
+
+  /** @internal The error to throw for a call's failure: ClientClosedError once closed. */
+  failure(e: unknown): BatonError {
+    return this.#closing.signal.aborted ? new ClientClosedError() : fromError(e);
   }
 
   /**
@@ -680,16 +755,16 @@ export class Baton {
    * (`await using lease = await client.lock(...)`, or `lease.release()`). Throws
    * NotAcquiredError when the wait ends first.
    */
-  async lock(name: string, options: LockOptions = {}): Promise<Lease> {
-    const lease = await this.#hold("lock", name, options);
+  async lock(name: string, options?: LockOptions): Promise<Lease> {
+    const lease = await this.#hold(holdSpec("lock", name, options));
     if (lease === undefined) throw new Error("unreachable: a waiting hold either grants or throws");
     return lease;
   }
 
   /** Like lock() without waiting: the lease, or undefined when the lock is taken. */
-  async tryLock(name: string, options: Omit<LockOptions, "waitMs"> = {}): Promise<Lease | undefined> {
+  async tryLock(name: string, options?: Omit<LockOptions, "waitMs">): Promise<Lease | undefined> {
     try {
-      return await this.#hold("lock", name, { ...options, waitMs: 0 });
+      return await this.#hold(holdSpec("lock", name, options, 0));
     } catch (e) {
       if (e instanceof NotAcquiredError) return undefined;
       throw e;
@@ -700,13 +775,14 @@ export class Baton {
    * Runs `work` while holding the lock; `lease.signal` aborts when the lease is lost. The lock
    * is released when `work` settles; a lease lost meanwhile throws LeaseLostError.
    */
-  async withLock<T>(name: string, work: (lease: Lease) => Promise<T>, options: LockOptions = {}): Promise<T> {
+  async withLock<T>(name: string, work: (lease: Lease) => Promise<T>, options?: LockOptions): Promise<T> {
+    fn(work, "work");
     return Baton.#run(await this.lock(name, options), work);
   }
 
   /** Takes `permits` of the semaphore `name` (at most `limit` in use), kept by a Hold stream. */
   async semaphore(name: string, options: SemaphoreOptions): Promise<Lease> {
-    const lease = await this.#hold("semaphore", name, options);
+    const lease = await this.#hold(holdSpec("semaphore", name, options));
     if (lease === undefined) throw new Error("unreachable: a waiting hold either grants or throws");
     return lease;
   }
@@ -714,7 +790,7 @@ export class Baton {
   /** Like semaphore() without waiting: the lease, or undefined. */
   async trySemaphore(name: string, options: Omit<SemaphoreOptions, "waitMs">): Promise<Lease | undefined> {
     try {
-      return await this.#hold("semaphore", name, { ...options, waitMs: 0 });
+      return await this.#hold(holdSpec("semaphore", name, options, 0));
     } catch (e) {
       if (e instanceof NotAcquiredError) return undefined;
       throw e;
@@ -723,30 +799,39 @@ export class Baton {
 
   /** Runs `work` while holding permits (see withLock). */
   async withSemaphore<T>(name: string, work: (lease: Lease) => Promise<T>, options: SemaphoreOptions): Promise<T> {
+    fn(work, "work");
     return Baton.#run(await this.semaphore(name, options), work);
   }
 
   /**
    * Joins the election `name` and resolves once elected, to the Leadership (kept alive by a
-   * Campaign stream until `release()` or `await using` ends it, which resigns at once; the next
-   * candidate is elected then). Candidates are elected one at a time, in the order they joined.
-   * Throws NotAcquiredError when `waitMs` passes first (the candidate leaves the queue; 0 gives
-   * up at once, as being elected takes a round trip), UnavailableError when Baton could not be
-   * reached within it.
+   * Campaign stream until `release()` or `await using` ends it, which resigns at once and
+   * resolves once Baton shows the term ended; the next candidate is elected then). Candidates
+   * are elected one at a time, in the order they joined. Throws NotAcquiredError when `waitMs`
+   * passes first (the candidate leaves the queue; 0 gives up at once, as being elected takes a
+   * round trip), UnavailableError when Baton could not be reached within it, and
+   * DeadlineExceededError when Baton does not open the stream within `timeoutMs` (frozen, or a
+   * listener that never answers).
    */
-  async campaign(name: string, options: CampaignOptions = {}): Promise<Leadership> {
-    const wait = checkWait(options.waitMs);
-    const value = options.value == null ? new Uint8Array()
-      : typeof options.value === "string" ? new TextEncoder().encode(options.value) : bytes(options.value, "value", "text or bytes (a string or a Uint8Array)");
-    const request = { name, value, ttl: msDuration(options.ttlMs ?? 10_000, "ttlMs") };
+  async campaign(name: string, options?: CampaignOptions): Promise<Leadership> {
+    text(name, "name");
+    const o = optionsOf(options);
+    const wait = checkWait(o.waitMs);
+    const signal = signalOf(o.signal);
+    const value = o.value === undefined ? new Uint8Array()
+      : typeof o.value === "string" ? new TextEncoder().encode(o.value) : bytes(o.value, "value", "text or bytes (a string or a Uint8Array)");
+    const request = { name, value, ttl: msDuration(or<unknown>(o.ttlMs, 10_000), "ttlMs") };
+    this.usable();
     const deadline = wait === undefined ? undefined : Date.now() + wait;
-    const notElected = () => new NotAcquiredError(`not elected in "${name}" within ${options.waitMs} ms`);
+    const notElected = () => new NotAcquiredError(`not elected in "${name}" within ${o.waitMs} ms`);
     let failures = 0;
     for (;;) {
-      options.signal?.throwIfAborted();
+      signal?.throwIfAborted();
+      this.usable();
       const stream = new AbortController();
-      const stop = () => stream.abort(options.signal?.reason);
-      options.signal?.addEventListener("abort", stop, { once: true });
+      const stop = () => stream.abort(signal?.reason);
+      signal?.addEventListener("abort", stop, { once: true });
+      this.#closing.signal.addEventListener("abort", stop, { once: true });
       // Campaign has no wait timeout: the client bounds the wait by closing the stream (a wait
       // longer than setTimeout's longest delay is a chain of timers).
       let timedOut = false;
@@ -754,32 +839,44 @@ export class Baton {
         timedOut = true;
         stream.abort();
       }, deadline - Date.now());
-      const events = mapEvents(this.#elections.campaign(request, { signal: stream.signal }), electionEvent);
+      const opening = this.#opening(stream);
+      const events = mapEvents(this.#elections.campaign(request, { signal: stream.signal, onHeader: opening.answered }), electionEvent);
       let err: BatonError;
       try {
         const first = await events.next();
         if (!timedOut && !first.done && first.value.case === "acquired") {
           const grant = first.value.value;
-          return new Leadership(grant, value, events, stream, async (v) => {
-            const reply = await this.call((o) => this.#elections.proclaim({ name, token: grant.token, value: v }, o));
-            return reply.valueRevision;
-          });
+          return new Leadership(
+            grant,
+            value,
+            events,
+            stream,
+            async (v) => {
+              const reply = await this.call((o) => this.#elections.proclaim({ name, token: grant.token, value: v }, o));
+              return reply.valueRevision;
+            },
+            () => this.#resign(name, grant.fencingToken, stream),
+          );
         }
         err = new UnavailableError("the Campaign stream ended before its election");
       } catch (e) {
-        if (options.signal?.aborted) throw options.signal.reason;
-        err = fromError(e);
+        if (signal?.aborted) throw signal.reason;
+        if (opening.silent()) throw opening.error(`the Campaign of election "${name}"`);
+        err = this.failure(e);
       } finally {
         cancelTimer?.();
-        options.signal?.removeEventListener("abort", stop);
+        opening.done();
+        signal?.removeEventListener("abort", stop);
+        this.#closing.signal.removeEventListener("abort", stop);
       }
       stream.abort();
+      if (err instanceof ClientClosedError) throw err;
       if (timedOut) throw notElected();
       failures++;
       // UNAVAILABLE (nothing joined) is retried within the wait, or RETRIES times without one.
       const over = deadline === undefined ? failures >= RETRIES : Date.now() >= deadline;
       if (!(err instanceof UnavailableError) || over) throw err;
-      await sleep(retryDelay(err), options.signal);
+      await sleep(retryDelay(err), signal);
       if (deadline !== undefined && Date.now() >= deadline) throw err; // no time left to be elected in
     }
   }
@@ -788,13 +885,15 @@ export class Baton {
    * Runs `work` once elected, as the leader; `leadership.signal` aborts when the leadership is
    * lost. Resigns when `work` settles; a leadership lost meanwhile throws LeaseLostError.
    */
-  async withLeadership<T>(name: string, work: (leadership: Leadership) => Promise<T>, options: CampaignOptions = {}): Promise<T> {
+  async withLeadership<T>(name: string, work: (leadership: Leadership) => Promise<T>, options?: CampaignOptions): Promise<T> {
+    fn(work, "work");
     const leadership = await this.campaign(name, options);
     return Baton.#run(leadership, work);
   }
 
   /** Who leads the election `name` now, and how many candidates wait (a snapshot). */
   async leader(name: string): Promise<ElectionState> {
+    text(name, "name");
     return electionState(await this.call((o) => this.#elections.leader({ name }, o)));
   }
 
@@ -802,24 +901,34 @@ export class Baton {
    * The election's state now, then every change (a new leader, a new value, no leader), as an
    * async iterable; leave the `for await` loop or abort `signal` to stop. States come in order;
    * a slow reader gets the newest. Throws UnavailableError when Baton can no longer follow the
-   * election (Redis unreachable, Baton shutting down): observe again.
+   * election (Redis unreachable, Baton shutting down, a connection whose pings go unanswered):
+   * observe again; DeadlineExceededError when Baton does not open the stream within `timeoutMs`.
    */
-  async *observe(name: string, options: { signal?: AbortSignal } = {}): AsyncGenerator<ElectionState, void, undefined> {
+  async *observe(name: string, options?: { signal?: AbortSignal }): AsyncGenerator<ElectionState, void, undefined> {
+    text(name, "name");
+    const signal = signalOf(optionsOf(options).signal);
+    this.usable();
     const stream = new AbortController();
-    const stop = () => stream.abort(options.signal?.reason);
-    options.signal?.throwIfAborted();
-    options.signal?.addEventListener("abort", stop, { once: true });
+    const stop = () => stream.abort(signal?.reason);
+    signal?.throwIfAborted();
+    signal?.addEventListener("abort", stop, { once: true });
+    this.#closing.signal.addEventListener("abort", stop, { once: true });
+    const opening = this.#opening(stream);
     try {
-      for await (const state of this.#elections.observe({ name }, { signal: stream.signal })) {
+      for await (const state of this.#elections.observe({ name }, { signal: stream.signal, onHeader: opening.answered })) {
         yield electionState(state);
       }
     } catch (e) {
-      if (options.signal?.aborted) return;
-      throw fromError(e);
+      if (signal?.aborted) return;
+      if (opening.silent()) throw opening.error(`the Observe of election "${name}"`);
+      throw this.failure(e);
     } finally {
-      options.signal?.removeEventListener("abort", stop);
+      opening.done();
+      signal?.removeEventListener("abort", stop);
+      this.#closing.signal.removeEventListener("abort", stop);
       stream.abort();
     }
+    this.usable();
     throw new UnavailableError("the Observe stream ended");
   }
 
@@ -831,14 +940,15 @@ export class Baton {
     name: string,
     options: { ttlMs: number; waitMs?: number; owner?: string; fair?: boolean; shared?: boolean },
   ): Promise<LockGrant | undefined> {
-    const waitMs = acquireWait(options.waitMs);
+    const o = optionsOf(options);
+    const waitMs = acquireWait(o.waitMs);
     const request = {
-      name,
-      ttl: msDuration(options.ttlMs, "ttlMs"),
+      name: text(name, "name"),
+      ttl: msDuration(o.ttlMs, "ttlMs"),
       waitTimeout: msDuration(waitMs, "waitMs"),
-      owner: options.owner ?? "",
-      fair: options.fair ?? false,
-      mode: options.shared ? LockMode.SHARED : LockMode.EXCLUSIVE,
+      owner: optText(o.owner, "owner"),
+      fair: flag(o.fair, "fair"),
+      mode: flag(o.shared, "shared") ? LockMode.SHARED : LockMode.EXCLUSIVE,
       idempotencyKey: randomUUID(),
     };
     const reply = await this.acquire((r, o) => this.#locks.acquire(r, o), request, waitMs);
@@ -847,19 +957,21 @@ export class Baton {
 
   /** Ends the hold; false when it had already expired or been released. */
   async releaseLock(grant: LockGrant): Promise<boolean> {
-    const reply = await this.call((o) => this.#locks.release({ name: grant.name, token: grant.token }, o));
+    const request = tokenRequest(grant);
+    const reply = await this.call((o) => this.#locks.release(request, o));
     return reply.wasHeld;
   }
 
   /** Sets the hold's remaining ttl; throws FailedPreconditionError when it is gone. */
   async refreshLock(grant: LockGrant, ttlMs?: number): Promise<number> {
-    const request = { name: grant.name, token: grant.token, ttl: ttlMs === undefined ? undefined : msDuration(ttlMs, "ttlMs") };
+    const request = { ...tokenRequest(grant), ttl: ttlMs === undefined ? undefined : msDuration(ttlMs, "ttlMs") };
     const reply = await this.call((o) => this.#locks.refresh(request, o));
     return ms(reply.remainingTtl) ?? 0;
   }
 
   /** A snapshot of the lock `name`. */
   async describeLock(name: string): Promise<LockState> {
+    text(name, "name");
     const r = await this.call((o) => this.#locks.describe({ name }, o));
     return {
       held: r.held,
@@ -879,15 +991,16 @@ export class Baton {
     name: string,
     options: { limit: number; permits?: number; ttlMs: number; waitMs?: number; owner?: string; fair?: boolean },
   ): Promise<PermitGrant | undefined> {
-    const waitMs = acquireWait(options.waitMs);
+    const o = optionsOf(options);
+    const waitMs = acquireWait(o.waitMs);
     const request = {
-      name,
-      limit: count(options.limit, "limit"),
-      permits: count(options.permits ?? 1, "permits"),
-      ttl: msDuration(options.ttlMs, "ttlMs"),
+      name: text(name, "name"),
+      limit: count(o.limit, "limit"),
+      permits: count(or<unknown>(o.permits, 1), "permits"),
+      ttl: msDuration(o.ttlMs, "ttlMs"),
       waitTimeout: msDuration(waitMs, "waitMs"),
-      owner: options.owner ?? "",
-      fair: options.fair ?? false,
+      owner: optText(o.owner, "owner"),
+      fair: flag(o.fair, "fair"),
       idempotencyKey: randomUUID(),
     };
     const reply = await this.acquire((r, o) => this.#semaphores.acquire(r, o), request, waitMs);
@@ -896,12 +1009,14 @@ export class Baton {
 
   /** Gives the permits back; false when the lease had already expired. */
   async releasePermits(grant: PermitGrant): Promise<boolean> {
-    const reply = await this.call((o) => this.#semaphores.release({ name: grant.name, token: grant.token }, o));
+    const request = tokenRequest(grant);
+    const reply = await this.call((o) => this.#semaphores.release(request, o));
     return reply.wasHeld;
   }
 
   /** A snapshot of the semaphore `name`. */
   async describeSemaphore(name: string): Promise<SemaphoreState> {
+    text(name, "name");
     const r = await this.call((o) => this.#semaphores.describe({ name }, o));
     return {
       limit: r.limit,
@@ -922,12 +1037,13 @@ export class Baton {
   /** @internal One unary call, retried after UNAVAILABLE (every call retried is idempotent). */
   async call<T>(fn: (options: CallOptions) => Promise<T>, timeoutMs = this.#timeoutMs): Promise<T> {
     for (let attempt = 1; ; attempt++) {
+      this.usable();
       try {
-        return await fn({ timeoutMs });
+        return await fn({ timeoutMs, signal: this.#closing.signal });
       } catch (e) {
-        const err = fromError(e);
+        const err = this.failure(e);
         if (!(err instanceof UnavailableError) || attempt >= RETRIES) throw err;
-        await sleep(retryDelay(err));
+        await sleep(retryDelay(err), this.#closing.signal).catch(() => undefined);
       }
     }
   }
@@ -941,13 +1057,14 @@ export class Baton {
   ): Promise<Res> {
     let timeoutMs = waitMs + this.#timeoutMs;
     for (let attempt = 1; ; attempt++) {
+      this.usable();
       try {
-        return await fn(request, { timeoutMs });
+        return await fn(request, { timeoutMs, signal: this.#closing.signal });
       } catch (e) {
-        const err = fromError(e);
+        const err = this.failure(e);
         const retriable = err instanceof UnavailableError || err instanceof DeadlineExceededError;
         if (!retriable || attempt >= RETRIES) throw err;
-        if (err instanceof UnavailableError) await sleep(retryDelay(err));
+        if (err instanceof UnavailableError) await sleep(retryDelay(err), this.#closing.signal).catch(() => undefined);
         // The retry only looks up what the key was granted (or tries once more).
         request = { ...request, waitTimeout: durationFromMs(0) };
         timeoutMs = this.#timeoutMs;
@@ -969,18 +1086,57 @@ export class Baton {
     return outcome.value;
   }
 
-  #open(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>, waitMs: number, signal: AbortSignal): AsyncIterator<HoldEvent> {
-    const common = {
-      name,
-      ttl: msDuration(options.ttlMs ?? 10_000, "ttlMs"),
-      waitTimeout: msDuration(waitMs, "waitMs"),
-      owner: options.owner ?? "",
-      fair: options.fair ?? false,
+  /**
+   * Bounds the opening of a stream: Baton sends a Hold's or a Campaign's response headers as soon
+   * as it has the call (before any wait), so headers missing `timeoutMs` after (a frozen Baton
+   * whose kernel still accepts connections, a listener that never answers) give the attempt up.
+   */
+  #opening(stream: AbortController) {
+    let answered = false;
+    let silent = false;
+    const timeoutMs = this.#timeoutMs;
+    const timer = setTimeout(() => {
+      if (answered) return;
+      silent = true;
+      stream.abort();
+    }, timeoutMs);
+    return {
+      answered: () => {
+        answered = true;
+        clearTimeout(timer);
+      },
+      silent: () => silent,
+      done: () => clearTimeout(timer),
+      error: (what: string) =>
+        new DeadlineExceededError(`Baton did not open ${what} within ${timeoutMs} ms (the client's timeout)`, Code.DeadlineExceeded),
     };
-    if (kind === "lock") {
+  }
+
+  /**
+   * Resigns the leadership of `term`: closes its Campaign stream (Baton resigns for it at once),
+   * then follows the election until Baton shows another term or nobody leading, at most
+   * `timeoutMs` (Election has no Resign call: the stream's close is the resignation).
+   */
+  async #resign(name: string, term: bigint, stream: AbortController): Promise<void> {
+    stream.abort();
+    const bound = AbortSignal.timeout(this.#timeoutMs);
+    for await (const state of this.observe(name, { signal: bound })) {
+      if (state.leader === undefined || state.leader.term !== term) return;
+    }
+  }
+
+  #open(spec: HoldSpec, waitMs: number, signal: AbortSignal, onHeader: () => void): AsyncIterator<HoldEvent> {
+    const common = {
+      name: spec.name,
+      ttl: spec.ttl,
+      waitTimeout: msDuration(waitMs, "waitMs"),
+      owner: spec.owner,
+      fair: spec.fair,
+    };
+    if (spec.kind === "lock") {
       const stream = this.#locks.hold(
-        { ...common, mode: options.shared ? LockMode.SHARED : LockMode.EXCLUSIVE },
-        { signal },
+        { ...common, mode: spec.shared ? LockMode.SHARED : LockMode.EXCLUSIVE },
+        { signal, onHeader },
       );
       return mapEvents(stream, (event): HoldEvent => {
         switch (event.event.case) {
@@ -1002,8 +1158,8 @@ export class Baton {
       });
     }
     const stream = this.#semaphores.hold(
-      { ...common, limit: options.limit ?? 0, permits: options.permits ?? 1 },
-      { signal },
+      { ...common, limit: spec.limit, permits: spec.permits },
+      { signal, onHeader },
     );
     return mapEvents(stream, (event): HoldEvent => {
       switch (event.event.case) {
@@ -1030,24 +1186,22 @@ export class Baton {
 
   /** Opens Hold streams until one grants the lease (a wait longer than Baton's longest is made
    * of several; UNAVAILABLE before the grant, when nothing is held, is retried). */
-  async #hold(kind: "lock" | "semaphore", name: string, options: LockOptions & Partial<SemaphoreOptions>): Promise<Lease | undefined> {
-    // Checked here, before any stream is opened (#open builds each attempt's request from them).
-    const wait = checkWait(options.waitMs);
-    msDuration(options.ttlMs ?? 10_000, "ttlMs");
-    if (kind === "semaphore") {
-      count(options.limit ?? 0, "limit");
-      count(options.permits ?? 1, "permits");
-    }
-    const deadline = wait === undefined ? undefined : Date.now() + wait;
+  async #hold(spec: HoldSpec): Promise<Lease | undefined> {
+    const { kind, name, signal } = spec;
+    this.usable();
+    const deadline = spec.wait === undefined ? undefined : Date.now() + spec.wait;
     let failures = 0;
     for (;;) {
-      options.signal?.throwIfAborted();
+      signal?.throwIfAborted();
+      this.usable();
       const left = deadline === undefined ? MAX_WAIT_MS : Math.max(0, deadline - Date.now());
       const stream = new AbortController();
-      const stop = () => stream.abort(options.signal?.reason);
-      options.signal?.addEventListener("abort", stop, { once: true });
+      const stop = () => stream.abort(signal?.reason);
+      signal?.addEventListener("abort", stop, { once: true });
+      this.#closing.signal.addEventListener("abort", stop, { once: true });
       const asked = Math.min(left, MAX_WAIT_MS);
-      const events = this.#open(kind, name, options, asked, stream.signal);
+      const opening = this.#opening(stream);
+      const events = this.#open(spec, asked, stream.signal, opening.answered);
       // Baton answers by the end of the wait; one that has not `timeoutMs` after (frozen) is
       // given up: closing the stream withdraws the request.
       let gaveUp = false;
@@ -1076,7 +1230,7 @@ export class Baton {
           stream.abort();
           if (deadline === undefined || left > MAX_WAIT_MS) continue;
           throw new NotAcquiredError(
-            `${kind} "${name}" not acquired within ${options.waitMs} ms`,
+            `${kind} "${name}" not acquired within ${spec.waitMs} ms`,
             first.value.value.holderRemainingMs,
             first.value.value.available,
           );
@@ -1085,28 +1239,75 @@ export class Baton {
         }
       } catch (e) {
         if (e instanceof NotAcquiredError || e instanceof DeadlineExceededError) throw e;
-        if (options.signal?.aborted) throw options.signal.reason;
+        if (signal?.aborted) throw signal.reason;
+        if (opening.silent()) throw opening.error(`the Hold of ${kind} "${name}"`);
         if (gaveUp) throw late();
-        err = fromError(e);
+        err = this.failure(e);
       } finally {
         clearTimeout(timer);
+        opening.done();
         // Every way out of this attempt (granted, retried, given up) drops the listener: the
         // caller's signal only ever bounds the wait.
-        options.signal?.removeEventListener("abort", stop);
+        signal?.removeEventListener("abort", stop);
+        this.#closing.signal.removeEventListener("abort", stop);
       }
       stream.abort();
+      if (err instanceof ClientClosedError) throw err;
       failures++;
       const over = deadline === undefined || Date.now() >= deadline;
       if (!(err instanceof UnavailableError) || (failures >= RETRIES && over)) throw err;
-      await sleep(retryDelay(err), options.signal);
+      await sleep(retryDelay(err), signal);
     }
   }
 
   async #releaseGrant(kind: "lock" | "semaphore", grant: Grant): Promise<void> {
+    this.usable();
     const request = { name: grant.name, token: grant.token };
     if (kind === "lock") await this.#locks.release(request, { timeoutMs: this.#timeoutMs });
     else await this.#semaphores.release(request, { timeoutMs: this.#timeoutMs });
   }
+}
+
+/** A Hold's request, its options checked. */
+interface HoldSpec {
+  kind: "lock" | "semaphore";
+  name: string;
+  ttl: Duration;
+  owner: string;
+  fair: boolean;
+  shared: boolean;
+  limit: number;
+  permits: number;
+  /** The wait in ms, undefined for no end; `waitMs` as given, for messages. */
+  wait: number | undefined;
+  waitMs: unknown;
+  signal?: AbortSignal;
+}
+
+/** Checks the arguments of lock() or semaphore() (`waitMs` forced by the try* forms). */
+function holdSpec(kind: "lock" | "semaphore", name: unknown, options: object | undefined, waitMs?: number): HoldSpec {
+  const o = optionsOf(options) as Partial<LockOptions & SemaphoreOptions>;
+  const given = waitMs === undefined ? o.waitMs : waitMs;
+  return {
+    kind,
+    name: text(name, "name"),
+    ttl: msDuration(or<unknown>(o.ttlMs, 10_000), "ttlMs"),
+    owner: optText(o.owner, "owner"),
+    fair: flag(o.fair, "fair"),
+    shared: kind === "lock" ? flag(o.shared, "shared") : false,
+    limit: kind === "semaphore" ? count(o.limit, "limit") : 0,
+    permits: kind === "semaphore" ? count(or<unknown>(o.permits, 1), "permits") : 0,
+    wait: checkWait(given),
+    waitMs: given,
+    signal: signalOf(o.signal),
+  };
+}
+
+/** The name and token of a grant, checked. */
+function tokenRequest(grant: unknown): { name: string; token: string } {
+  if (typeof grant !== "object" || grant === null) throw new TypeError(`grant: a grant (from acquireLock or acquirePermits), not ${typeOf(grant)}`);
+  const g = grant as { name?: unknown; token?: unknown };
+  return { name: text(g.name, "grant.name"), token: text(g.token, "grant.token") };
 }
 
 function mapEvents<T>(stream: AsyncIterable<T>, map: (event: T) => HoldEvent): AsyncIterator<HoldEvent> {
@@ -1129,13 +1330,14 @@ export class RateLimits {
     key: string,
     options: { limit: number | bigint; periodMs: number; cost?: number | bigint; algorithm?: keyof typeof ALGORITHMS; burst?: number | bigint },
   ): Promise<RateLimitDecision> {
+    const o = optionsOf(options);
     const request = {
-      key,
-      limit: count64(options.limit, "limit"),
-      period: msDuration(options.periodMs, "periodMs"),
-      cost: options.cost === undefined ? undefined : count64(options.cost, "cost"),
-      algorithm: choice(ALGORITHMS, options.algorithm ?? "gcra", "algorithm"),
-      burst: count64(options.burst ?? 0, "burst"),
+      key: text(key, "key"),
+      limit: count64(o.limit, "limit"),
+      period: msDuration(o.periodMs, "periodMs"),
+      cost: o.cost === undefined ? undefined : count64(o.cost, "cost"),
+      algorithm: choice(ALGORITHMS, or<unknown>(o.algorithm, "gcra"), "algorithm"),
+      burst: count64(or<unknown>(o.burst, 0), "burst"),
     };
     const r = await this.client.call((o) => this.stub.check(request, o));
     const decidedBy = r.decidedBy === RateLimitDecidedBy.FAIL_OPEN ? "fail_open"
@@ -1158,11 +1360,11 @@ export class Autocomplete {
 
   /** Adds or updates terms (one term, or an array of them); a request id (made up when not
    * given) makes retries apply once. */
-  async add(dictionary: string, terms: Term | Term[], requestId: string = randomUUID()) {
+  async add(dictionary: string, terms: Term | Term[], requestId?: string) {
     const list = Array.isArray(terms) ? terms : [terms];
     const request = {
-      dictionary,
-      requestId,
+      dictionary: text(dictionary, "dictionary"),
+      requestId: requestId === undefined ? randomUUID() : text(requestId, "requestId"),
       terms: list.map((t, i) => create(AutocompleteTermSchema, termFields(t, `terms[${i}]`))),
     };
     const r = await this.client.call((o) => this.stub.add(request, o));
@@ -1171,12 +1373,13 @@ export class Autocomplete {
 
   /** Removes terms by display text (one, or an array); returns how many were there. */
   async remove(dictionary: string, displays: string | string[]): Promise<number> {
-    const request = { dictionary, displays: texts(displays, "displays") };
+    const request = { dictionary: text(dictionary, "dictionary"), displays: texts(displays, "displays") };
     return (await this.client.call((o) => this.stub.remove(request, o))).removed;
   }
 
   /** How many terms the dictionary has. */
   async size(dictionary: string): Promise<bigint> {
+    text(dictionary, "dictionary");
     return (await this.client.call((o) => this.stub.describe({ dictionary }, o))).termCount;
   }
 
@@ -1186,13 +1389,15 @@ export class Autocomplete {
    * each served once built (FailedPrecondition while a change to other features is under way).
    * Returns the features it serves now. */
   async configure(dictionary: string, features: Feature[]): Promise<Feature[]> {
-    if (!Array.isArray(features)) throw new TypeError(`features: an array, not ${typeof features}`);
+    text(dictionary, "dictionary");
+    if (!Array.isArray(features)) throw new TypeError(`features: an array, not ${typeOf(features)}`);
     const request = { dictionary, features: features.map((f) => choice(FEATURES, f, "features")) };
     return featureNames((await this.client.call((o) => this.stub.configure(request, o))).features);
   }
 
   /** The dictionary's features (every one unless `configure` said otherwise). */
   async features(dictionary: string): Promise<Feature[]> {
+    text(dictionary, "dictionary");
     return featureNames((await this.client.call((o) => this.stub.describe({ dictionary }, o))).features);
   }
 
@@ -1201,21 +1406,22 @@ export class Autocomplete {
   async complete(
     dictionary: string,
     query: string,
-    options: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string; maxEdits?: number } = {},
+    options?: { limit?: number; mode?: MatchMode; order?: "lexicographic" | "score"; pageToken?: string; maxEdits?: number },
   ): Promise<Completions> {
-    const maxEdits = options.maxEdits;
+    const o = optionsOf(options);
+    const maxEdits: unknown = o.maxEdits;
     if (maxEdits !== undefined) {
-      if (typeof maxEdits !== "number") throw new TypeError(`maxEdits: a number, not ${typeof maxEdits}`);
+      if (typeof maxEdits !== "number") throw new TypeError(`maxEdits: a number, not ${typeOf(maxEdits)}`);
       if (!(Number.isInteger(maxEdits) && maxEdits >= 0 && maxEdits <= 2)) throw badValue("maxEdits", maxEdits, "0, 1 or 2");
     }
     const request = {
-      dictionary,
-      query,
-      limit: count(options.limit ?? 10, "limit"),
-      mode: choice(MODES, options.mode ?? "prefix", "mode"),
-      order: choice(ORDERS, options.order ?? "lexicographic", "order"),
-      pageToken: options.pageToken ?? "",
-      maxEdits,
+      dictionary: text(dictionary, "dictionary"),
+      query: text(query, "query"),
+      limit: count(or<unknown>(o.limit, 10), "limit"),
+      mode: choice(MODES, or<unknown>(o.mode, "prefix"), "mode"),
+      order: choice(ORDERS, or<unknown>(o.order, "lexicographic"), "order"),
+      pageToken: optText(o.pageToken, "pageToken"),
+      maxEdits: maxEdits as number | undefined,
     };
     const r = await this.client.call((o) => this.stub.complete(request, o));
     return {
@@ -1232,13 +1438,14 @@ export class Autocomplete {
   }
 
   /** Moves `display` to the front of the recent list `list`. */
-  async recordRecent(list: string, display: string, options: { payload?: Uint8Array; maxItems?: number; ttlMs?: number } = {}) {
+  async recordRecent(list: string, display: string, options?: { payload?: Uint8Array; maxItems?: number; ttlMs?: number }) {
+    const o = optionsOf(options);
     const request = {
-      list,
+      list: text(list, "list"),
       display: text(display, "display"),
-      payload: options.payload === undefined ? undefined : bytes(options.payload, "payload"),
-      maxItems: count(options.maxItems ?? 0, "maxItems"),
-      ttl: options.ttlMs === undefined ? undefined : msDuration(options.ttlMs, "ttlMs"),
+      payload: o.payload === undefined ? undefined : bytes(o.payload, "payload"),
+      maxItems: count(or<unknown>(o.maxItems, 0), "maxItems"),
+      ttl: o.ttlMs === undefined ? undefined : msDuration(o.ttlMs, "ttlMs"),
     };
     const r = await this.client.call((o) => this.stub.recordRecent(request, o));
     return { size: r.size, evicted: r.evicted, recordedAt: r.recordedAt ? timestampDate(r.recordedAt) : undefined };
@@ -1246,25 +1453,27 @@ export class Autocomplete {
 
   /** Removes items from a recent list (one display, or an array); returns how many were there. */
   async removeRecent(list: string, displays: string | string[]): Promise<number> {
-    const request = { list, displays: texts(displays, "displays") };
+    const request = { list: text(list, "list"), displays: texts(displays, "displays") };
     return (await this.client.call((o) => this.stub.removeRecent(request, o))).removed;
   }
 
   /** One page of the recent list, most recent first. */
-  async recent(list: string, options: { limit?: number; pageToken?: string } = {}) {
-    const request = { list, limit: count(options.limit ?? 0, "limit"), pageToken: options.pageToken ?? "" };
+  async recent(list: string, options?: { limit?: number; pageToken?: string }) {
+    const o = optionsOf(options);
+    const request = { list: text(list, "list"), limit: count(or<unknown>(o.limit, 0), "limit"), pageToken: optText(o.pageToken, "pageToken") };
     const r = await this.client.call((o) => this.stub.listRecent(request, o));
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };
   }
 
   /** One page of the recent list's items matching `query` (every mode but "fuzzy", which is for dictionaries). */
-  async completeRecent(list: string, query: string, options: { limit?: number; mode?: Exclude<MatchMode, "fuzzy">; pageToken?: string } = {}) {
+  async completeRecent(list: string, query: string, options?: { limit?: number; mode?: Exclude<MatchMode, "fuzzy">; pageToken?: string }) {
+    const o = optionsOf(options);
     const request = {
-      list,
-      query,
-      limit: count(options.limit ?? 10, "limit"),
-      mode: choice(MODES, options.mode ?? "prefix", "mode"),
-      pageToken: options.pageToken ?? "",
+      list: text(list, "list"),
+      query: text(query, "query"),
+      limit: count(or<unknown>(o.limit, 10), "limit"),
+      mode: choice(MODES, or<unknown>(o.mode, "prefix"), "mode"),
+      pageToken: optText(o.pageToken, "pageToken"),
     };
     const r = await this.client.call((o) => this.stub.completeRecent(request, o));
     return { items: r.items.map(recentItem), nextPageToken: r.nextPageToken };

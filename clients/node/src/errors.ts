@@ -72,12 +72,23 @@ export class NotAcquiredError extends BatonError {
  *
  * `reason` is Baton's LeaseLostReason without its prefix (`NOT_HELD`, `UNCONFIRMED`, `SHUTDOWN`,
  * `CLIENT_UNRESPONSIVE`), or the client's own `EXPIRED` (the lease's `expiresAt` passed on the
- * local clock with no newer renewal: Baton may be frozen or cut off) or `DISCONNECTED` (the
- * stream broke before Baton said anything).
+ * local clock with no newer renewal: Baton may be frozen or cut off), `DISCONNECTED` (the
+ * stream broke before Baton said anything) or `RELEASED` (the lease was released by its holder:
+ * what `check()` throws, and the lease's `signal` is aborted with, once `release()` was called).
  */
 export class LeaseLostError extends BatonError {
   constructor(message: string, override readonly reason: string, options?: ErrorOptions) {
     super(message, undefined, options);
+  }
+}
+
+/**
+ * The client was closed (`close()`) before or during the call: connect a new one. Leases still
+ * held through it end with the connection (Baton releases them).
+ */
+export class ClientClosedError extends BatonError {
+  constructor(message = "the client is closed") {
+    super(message);
   }
 }
 

@@ -32,6 +32,7 @@ export {
 } from "./client.js";
 export {
   BatonError,
+  ClientClosedError,
   DeadlineExceededError,
   FailedPreconditionError,
   InvalidArgumentError,

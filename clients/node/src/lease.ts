@@ -24,7 +24,8 @@ export interface Grant {
   shared?: boolean;
 }
 
-/** How a Lease ends its hold: Release by token (errors ignored by the caller). */
+/** How a Lease ends its hold: Release by token, or a leadership's resignation, confirmed by Baton
+ * (errors ignored by the caller). */
 export type Releaser = (grant: Grant) => Promise<void>;
 
 /**
@@ -34,7 +35,9 @@ export type Releaser = (grant: Grant) => Promise<void>;
  * the stream breaks, or when the newest `expiresAt` passes on the local clock with no newer
  * renewal: a frozen or partitioned Baton sends nothing at all. Pass it to the work the lease
  * protects. `release()` (or `await using`) ends the lease at once, and throws LeaseLostError if
- * it was lost meanwhile, so a loss is never silently ignored.
+ * it was lost meanwhile, so a loss is never silently ignored. Once `release()` was called the
+ * lease is no longer `held`, `signal` is aborted (reason `RELEASED`, unless it was lost before)
+ * and `check()` throws.
  */
 export class Lease implements AsyncDisposable {
   /** The lock's or semaphore's name. */
@@ -83,18 +86,20 @@ export class Lease implements AsyncDisposable {
     void this.#read(events);
   }
 
-  /** Aborted when the lease is lost; its reason is the LeaseLostError. Read after `expiresAt`
-   * passed, it is aborted already, even when the event loop was too busy to run the expiry timer
-   * (work that blocked it, a frozen process). */
+  /** Aborted when the lease is lost, or released (`release()` aborts it before Baton is told);
+   * its reason is the LeaseLostError. Read after `expiresAt` passed, it is aborted already, even
+   * when the event loop was too busy to run the expiry timer (work that blocked it, a frozen
+   * process). */
   get signal(): AbortSignal {
     this.#expireIfDue();
     return this.#lost.signal;
   }
 
-  /** True once the lease is lost (and from `expiresAt` on, as `signal` says). */
+  /** True once the lease is lost (and from `expiresAt` on, as `signal` says); a lease released
+   * while it was held is not lost (but no longer `held`). */
   get lost(): boolean {
     this.#expireIfDue();
-    return this.#lost.signal.aborted;
+    return this.lostReason !== undefined;
   }
 
   /** Until when the lease is held for certain (Baton's clock, less a safety margin). */
@@ -107,15 +112,20 @@ export class Lease implements AsyncDisposable {
     return this.#expiresAtMs - Date.now();
   }
 
-  /** True while the lease is neither lost nor past its `expiresAt` on the local clock. */
+  /** True while the lease is neither released, lost nor past its `expiresAt` on the local clock. */
   get held(): boolean {
-    return !this.lost && this.remainingMs > 0;
+    return !this.#closed && !this.lost && this.remainingMs > 0;
   }
 
-  /** Throws LeaseLostError unless the lease is still held: call it between steps of work that
-   * cannot take the `signal`. */
+  /** Throws LeaseLostError unless the lease is still held (reason `RELEASED` once `release()` was
+   * called): call it between steps of work that cannot take the `signal`. */
   check(): void {
     if (this.lost) throw this.error();
+    if (this.#closed) throw this.#releasedError();
+  }
+
+  #releasedError(): LeaseLostError {
+    return new LeaseLostError(`${this.describe()} was released`, "RELEASED");
   }
 
   /** The LeaseLostError describing the loss. */
@@ -143,7 +153,9 @@ export class Lease implements AsyncDisposable {
     await this.release();
   }
 
-  /** @internal Ends the lease without throwing: Release by token, then close the stream. */
+  /** @internal Ends the lease without throwing: aborts `signal` (work handed it stops before
+   * anyone else can hold the lease), Release by token (a leadership resigns), then closes the
+   * stream. */
   async close(): Promise<void> {
     if (this.#closed) return;
     // A loss no timer could tell (work that blocked the event loop past expiresAt) is told here,
@@ -151,7 +163,9 @@ export class Lease implements AsyncDisposable {
     this.#expireIfDue();
     this.#closed = true;
     clearTimeout(this.#timer);
-    if (!this.#lost.signal.aborted || this.#expiredUntold) {
+    const stillHeld = !this.#lost.signal.aborted || this.#expiredUntold;
+    if (!this.#lost.signal.aborted) this.#lost.abort(this.#releasedError());
+    if (stillHeld) {
       // Released before returning, so the next holder can go ahead; closing the stream would
       // release it too, a moment later. An expired lease may still be held (its renewals only
       // went unread): it is released all the same.
@@ -230,10 +244,17 @@ export class Leadership extends Lease {
   valueRevision = 0n;
   #proclaim: Proclaimer;
 
-  /** @internal Built by the client once the candidate was elected. */
-  constructor(grant: Grant, value: Uint8Array, events: AsyncIterator<HoldEvent>, stream: AbortController, proclaim: Proclaimer) {
-    // A leadership has no release call: closing the stream resigns.
-    super("election", grant, events, stream, async () => undefined);
+  /** @internal Built by the client once the candidate was elected; `resign` closes the stream
+   * (which resigns) and resolves once Baton shows the term ended. */
+  constructor(
+    grant: Grant,
+    value: Uint8Array,
+    events: AsyncIterator<HoldEvent>,
+    stream: AbortController,
+    proclaim: Proclaimer,
+    resign: Releaser,
+  ) {
+    super("election", grant, events, stream, resign);
     this.value = value;
     this.#proclaim = proclaim;
   }
@@ -251,6 +272,9 @@ export class Leadership extends Lease {
   /** Changes the value others see (same term): the value's revision. Throws
    * FailedPreconditionError when the leadership has ended. */
   async proclaim(value: string | Uint8Array): Promise<bigint> {
+    if (typeof value !== "string" && !(value instanceof Uint8Array)) {
+      throw new TypeError(`value: text or bytes (a string or a Uint8Array), not ${value === null ? "null" : typeof value}`);
+    }
     const bytes = typeof value === "string" ? new TextEncoder().encode(value) : value;
     const revision = await this.#proclaim(bytes);
     this.value = bytes;

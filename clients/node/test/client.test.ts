@@ -9,7 +9,9 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
   Baton,
+  ClientClosedError,
   DeadlineExceededError,
+  FailedPreconditionError,
   InvalidArgumentError,
   Leadership,
   LeaseLostError,
@@ -583,4 +585,161 @@ test("add and remove take one term or display as well as an array", async () => 
   await ac.recordRecent(name, "abc");
   assert.equal(await ac.removeRecent(name, "abc"), 1);
   client.close();
+});
+
+test("a released lease is no longer held: check() throws RELEASED and its signal is aborted", async () => {
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const lease = await client.lock(name, { ttlMs: 5000 });
+  const signal = lease.signal;
+  await lease.release();
+  const released = (e: unknown) => e instanceof LeaseLostError && e.reason === "RELEASED";
+  const check = () => {
+    assert.equal(lease.held, false);
+    assert.equal(lease.lost, false, "released, not lost");
+    assert.equal(signal.aborted, true);
+    assert.ok(released(signal.reason), String(signal.reason));
+    assert.throws(() => lease.check(), released);
+  };
+  check();
+  // Even while someone else holds the lock, and with the lease's ttl not yet over.
+  const other = await client.lock(name, { ttlMs: 5000, waitMs: 5000 });
+  check();
+  await other.release();
+  await lease.release(); // twice: nothing more to do
+  // A leadership too.
+  const leadership = await client.campaign(name, { ttlMs: 5000 });
+  await leadership.release();
+  assert.equal(leadership.held, false);
+  assert.equal(leadership.signal.aborted, true);
+  assert.throws(() => leadership.check(), released);
+  client.close();
+});
+
+test("a lease lost before release() keeps its loss as the reason", async () => {
+  const client = Baton.connect(server.unix);
+  const name = uniqueName();
+  const lease = await client.lock(name, { ttlMs: 3000 });
+  redis.deleteKeys(`${server.prefix}{lock:${name}}`);
+  await aborted(lease.signal, 5000);
+  await assert.rejects(lease.release(), (e: unknown) => e instanceof LeaseLostError && e.reason === "NOT_HELD");
+  assert.equal(lease.lost, true);
+  assert.throws(() => lease.check(), (e: unknown) => e instanceof LeaseLostError && e.reason === "NOT_HELD");
+  client.close();
+});
+
+test("Leadership.release() resolves once Baton has ended the term", async () => {
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  for (let i = 0; i < 10; i++) {
+    const leadership = await client.campaign(name, { value: "a", ttlMs: 10_000 });
+    await leadership.release();
+    const state = await client.leader(name);
+    assert.equal(state.leader, undefined, `round ${i}: term ${leadership.term} still leads`);
+    assert.equal(state.lastTerm, leadership.term);
+    await assert.rejects(leadership.proclaim("late"), FailedPreconditionError);
+  }
+  client.close();
+});
+
+test("after close() every call throws ClientClosedError, and a waiting lock() does too", async () => {
+  const holder = Baton.connect(server.tcp);
+  const client = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const held = await holder.lock(name, { ttlMs: 10_000 });
+  const leading = await holder.campaign(name, { ttlMs: 10_000 });
+  const waiting = client.lock(name, { ttlMs: 10_000 });
+  const waitingElection = client.campaign(name);
+  await waitUntil("the lock() and campaign() to wait", async () =>
+    (await holder.describeLock(name)).waiters === 1 && (await holder.leader(name)).candidates === 1);
+  client.close();
+  const closed = (e: unknown) => e instanceof ClientClosedError && e.message === "the client is closed";
+  await assert.rejects(waiting, closed);
+  await assert.rejects(waitingElection, closed);
+  const calls: [string, () => Promise<unknown>][] = [
+    ["lock", () => client.lock(name + "-2")],
+    ["tryLock", () => client.tryLock(name + "-2")],
+    ["withLock", () => client.withLock(name + "-2", async () => undefined)],
+    ["semaphore", () => client.semaphore(name + "-s", { limit: 1 })],
+    ["campaign", () => client.campaign(name + "-c")],
+    ["leader", () => client.leader(name)],
+    ["observe", () => client.observe(name).next()],
+    ["acquireLock", () => client.acquireLock(name + "-3", { ttlMs: 1000 })],
+    ["describeLock", () => client.describeLock(name)],
+    ["acquirePermits", () => client.acquirePermits(name + "-s", { limit: 1, ttlMs: 1000 })],
+    ["describeSemaphore", () => client.describeSemaphore(name)],
+    ["rateLimit.check", () => client.rateLimit.check(name, { limit: 5, periodMs: 1000 })],
+    ["autocomplete.size", () => client.autocomplete.size(name)],
+  ];
+  for (const [what, call] of calls) await assert.rejects(call(), closed, what);
+  // Nothing was taken through the closed client.
+  assert.equal((await holder.describeLock(name + "-2")).held, false);
+  assert.equal((await holder.describeLock(name + "-3")).held, false);
+  assert.equal((await holder.describeSemaphore(name + "-s")).permitsInUse, 0);
+  assert.equal((await holder.leader(name + "-c")).leader, undefined);
+  await held.release();
+  await leading.release();
+  holder.close();
+});
+
+test("arguments of the wrong type throw TypeError naming them, before any call", async () => {
+  // A client whose every call would fail UNAVAILABLE: each check must throw first.
+  const client = Baton.connect("127.0.0.1:1");
+  const typeError = (field: string) => (e: unknown) => {
+    assert.ok(e instanceof TypeError, `${field}: ${e}`);
+    assert.ok(e.message.startsWith(`${field}: `), e.message);
+    return true;
+  };
+  const never = <T>(v: unknown) => v as T;
+  await assert.rejects(client.lock(never(42)), typeError("name"));
+  await assert.rejects(client.lock(never({})), typeError("name"));
+  await assert.rejects(client.tryLock(never(undefined)), typeError("name"));
+  await assert.rejects(client.lock("L", { owner: never(7) }), typeError("owner"));
+  await assert.rejects(client.lock("L", { fair: never("no") }), typeError("fair"));
+  await assert.rejects(client.lock("L", { shared: never(1) }), typeError("shared"));
+  await assert.rejects(client.lock("L", { ttlMs: never(null) }), typeError("ttlMs"));
+  await assert.rejects(client.lock("L", { waitMs: never(null) }), typeError("waitMs"));
+  await assert.rejects(client.lock("L", { signal: never("stop") }), typeError("signal"));
+  await assert.rejects(client.lock("L", never(5000)), typeError("options"));
+  await assert.rejects(client.withLock("L", never(undefined)), typeError("work"));
+  await assert.rejects(client.semaphore("S", { limit: never(null) }), typeError("limit"));
+  await assert.rejects(client.semaphore("S", never(undefined)), typeError("limit"));
+  await assert.rejects(client.trySemaphore("S", { limit: 1, permits: never(null) }), typeError("permits"));
+  await assert.rejects(client.campaign(never(7)), typeError("name"));
+  await assert.rejects(client.campaign("E", { ttlMs: never(null) }), typeError("ttlMs"));
+  await assert.rejects(client.campaign("E", { value: never(null) }), typeError("value"));
+  await assert.rejects(client.leader(never(null)), typeError("name"));
+  await assert.rejects(client.observe(never(1)).next(), typeError("name"));
+  await assert.rejects(client.acquireLock("L", never(undefined)), typeError("ttlMs"));
+  await assert.rejects(client.acquireLock(never(42), { ttlMs: 1000 }), typeError("name"));
+  await assert.rejects(client.acquireLock("L", { ttlMs: 1000, fair: never("yes") }), typeError("fair"));
+  await assert.rejects(client.acquirePermits("S", never(undefined)), typeError("limit"));
+  await assert.rejects(client.acquirePermits("S", { limit: 1, ttlMs: 1000, owner: never(1) }), typeError("owner"));
+  await assert.rejects(client.releaseLock(never(undefined)), typeError("grant"));
+  await assert.rejects(client.describeLock(never(42)), typeError("name"));
+  await assert.rejects(client.describeSemaphore(never(42)), typeError("name"));
+  await assert.rejects(client.rateLimit.check(never(1), { limit: 5, periodMs: 1000 }), typeError("key"));
+  await assert.rejects(client.rateLimit.check("k", never(undefined)), typeError("limit"));
+  await assert.rejects(client.rateLimit.check("k", { limit: 5, periodMs: 1000, burst: never(null) }), typeError("burst"));
+  await assert.rejects(client.autocomplete.size(never(1)), typeError("dictionary"));
+  await assert.rejects(client.autocomplete.complete("D", never(1)), typeError("query"));
+  await assert.rejects(client.autocomplete.complete("D", "a", { limit: never(null) }), typeError("limit"));
+  await assert.rejects(client.autocomplete.add("D", { display: "x", increment: never("no") }), typeError("terms[0].increment"));
+  await assert.rejects(client.autocomplete.recent(never(1)), typeError("list"));
+  assert.throws(() => Baton.connect(never(5)), typeError("addr"));
+  assert.throws(() => Baton.connect("127.0.0.1:1", never(5)), typeError("options"));
+  assert.throws(() => Baton.connect("127.0.0.1:1", { timeoutMs: never(null) }), typeError("timeoutMs"));
+  client.close();
+  // Options left out altogether are the defaults.
+  const live = Baton.connect(server.tcp);
+  const name = uniqueName();
+  const lease = await live.lock(name);
+  assert.equal((await live.describeLock(name)).held, true);
+  await lease.release();
+  assert.deepEqual((await live.autocomplete.complete(name, "a")).suggestions, []);
+  assert.deepEqual((await live.autocomplete.recent(name)).items, []);
+  const leadership = await live.campaign(name);
+  await assert.rejects(leadership.proclaim(never(1)), typeError("value"));
+  await leadership.release();
+  live.close();
 });
