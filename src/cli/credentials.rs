@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use rustls_pki_types::{CertificateDer, pem::PemObject as _};
 use tonic::{
     Request, Status,
     metadata::{AsciiMetadataValue, MetadataValue},
@@ -143,16 +143,18 @@ pub fn tls_config(args: &ClientArgs) -> Result<ClientTlsConfig, String> {
                 Err(e) => return Err(format!("--tls-cert {}: {e}", cert_path.display())),
             }
             let key = read_pem(key_path, "--tls-key")?;
-            let parsed = PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
-                format!(
-                    "--tls-key {}: no PEM private key in it ({e})",
-                    key_path.display()
-                )
-            })?;
+            let parsed = crate::security::tls::private_key(&key)
+                .map_err(|e| format!("--tls-key {}: {e}", key_path.display()))?;
             // Checked now, as the handshake would, so that the error names the files.
             let chain = CertificateDer::pem_slice_iter(&cert)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("--tls-cert {}: {e}", cert_path.display()))?;
+                .map_err(|e| {
+                    format!(
+                        "--tls-cert {}: {}",
+                        cert_path.display(),
+                        crate::security::tls::pem_problem(&e)
+                    )
+                })?;
             crate::security::tls::certified_key(chain, parsed).map_err(|e| {
                 format!(
                     "--tls-key {} {e} (--tls-cert {})",
@@ -185,7 +187,12 @@ fn read_pem(path: &Path, flag: &str) -> Result<Vec<u8>, String> {
 fn certificates(pem: &[u8]) -> Result<usize, String> {
     let mut n = 0;
     for cert in CertificateDer::pem_slice_iter(pem) {
-        cert.map_err(|e| format!("not a PEM certificate bundle ({e})"))?;
+        cert.map_err(|e| {
+            format!(
+                "not a PEM certificate bundle ({})",
+                crate::security::tls::pem_problem(&e)
+            )
+        })?;
         n += 1;
     }
     Ok(n)

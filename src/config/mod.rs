@@ -103,7 +103,8 @@ pub struct ServeArgs {
     /// TCP address to serve gRPC on; an empty value disables TCP.
     #[arg(long, env = "BATON_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: String,
-    /// Unix socket path to serve gRPC on as well (created with --socket-mode, 0660 by default).
+    /// Unix socket path to serve gRPC on as well (created with --socket-mode, 0660 by default);
+    /// at most 107 bytes, the limit of a Unix socket address.
     #[arg(long, env = "BATON_SOCKET")]
     pub socket: Option<String>,
     /// TCP address serving only the gRPC health service (for probes that must reach the pod's
@@ -128,7 +129,8 @@ pub struct ServeArgs {
     pub redis_username: Option<String>,
     /// File holding the Redis password (one line), used for every connection as a password in
     /// the URL would be; the URLs must not carry one then. Re-read when it changes (a rotated
-    /// Kubernetes Secret): new connections use the new password, open ones keep theirs.
+    /// Kubernetes Secret): new connections use the new password, open ones keep theirs. Like
+    /// every `--redis-tls-*` file flag, an empty value is refused (exit 2).
     #[arg(long, env = "BATON_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<String>,
     /// CA bundle (PEM) that Redis servers' certificates must chain to (`rediss://` URLs), in
@@ -341,6 +343,12 @@ impl ServeConfig {
             .as_deref()
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
+        if let Some(Err(e)) = socket
+            .as_deref()
+            .map(crate::security::socket::check_path_length)
+        {
+            errors.push(format!("--socket / BATON_SOCKET: {e}"));
+        }
         if listen.is_none() && socket.is_none() && errors.is_empty() {
             errors.push("--listen / --socket: nothing to serve on; give at least one".to_owned());
         }
@@ -370,14 +378,29 @@ impl ServeConfig {
                 url: DEFAULT_REDIS_URL.to_owned(),
             }
         });
-        let path = |p: &Option<String>| p.as_deref().filter(|p| !p.is_empty()).map(PathBuf::from);
         let access = RedisAccess {
             username: args.redis_username.clone().filter(|u| !u.is_empty()),
-            password_file: path(&args.redis_password_file),
+            password_file: file_flag(
+                &mut errors,
+                "--redis-password-file / BATON_REDIS_PASSWORD_FILE",
+                &args.redis_password_file,
+            ),
             tls: RedisTls {
-                ca: path(&args.redis_tls_ca),
-                cert: path(&args.redis_tls_cert),
-                key: path(&args.redis_tls_key),
+                ca: file_flag(
+                    &mut errors,
+                    "--redis-tls-ca / BATON_REDIS_TLS_CA",
+                    &args.redis_tls_ca,
+                ),
+                cert: file_flag(
+                    &mut errors,
+                    "--redis-tls-cert / BATON_REDIS_TLS_CERT",
+                    &args.redis_tls_cert,
+                ),
+                key: file_flag(
+                    &mut errors,
+                    "--redis-tls-key / BATON_REDIS_TLS_KEY",
+                    &args.redis_tls_key,
+                ),
                 insecure: args.redis_tls_insecure,
             },
         };
@@ -690,6 +713,21 @@ pub fn masked(url: &str) -> String {
             }
         }
     }
+}
+
+/// The file a credential flag names, if the flag was given. An empty value (or only blanks) is
+/// refused, naming the flag: taking it as "no file" would turn authentication or TLS off without
+/// a word when a variable meant to hold a path is set but empty.
+fn file_flag(errors: &mut Vec<String>, what: &str, raw: &Option<String>) -> Option<PathBuf> {
+    let raw = raw.as_deref()?;
+    if raw.trim().is_empty() {
+        errors.push(format!(
+            "{what}: the value was empty; give a file path, or leave the flag and the variable \
+             unset"
+        ));
+        return None;
+    }
+    Some(PathBuf::from(raw.trim()))
 }
 
 /// Parses a human duration such as `300ms` within `[min, max]`, recording a problem otherwise.

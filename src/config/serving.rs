@@ -26,7 +26,8 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Args)]
 pub struct ServingArgs {
     /// TLS certificate chain (PEM, the server's certificate first) for the TCP listener; with
-    /// --tls-key. The health listener, the metrics endpoint and the socket stay plaintext.
+    /// --tls-key. The health listener, the metrics endpoint and the socket stay plaintext. Like
+    /// every file flag, an empty value is refused (exit 2): leave it unset for plaintext.
     #[arg(long, env = "BATON_TLS_CERT")]
     pub tls_cert: Option<String>,
     /// TLS private key (PEM) going with --tls-cert.
@@ -37,7 +38,8 @@ pub struct ServingArgs {
     #[arg(long, env = "BATON_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<String>,
     /// File holding the API token (one per line, to rotate without downtime): every call but
-    /// health's must carry `authorization: Bearer <token>` or fails UNAUTHENTICATED.
+    /// health's must carry `authorization: Bearer <token>` or fails UNAUTHENTICATED. An empty
+    /// value is refused (exit 2): leave it unset for no token.
     #[arg(long, env = "BATON_API_TOKEN_FILE")]
     pub api_token_file: Option<String>,
     /// How often the TLS and API token files are read again and changes put in force (10ms to
@@ -143,23 +145,25 @@ impl ServingConfig {
     /// Validates the raw arguments (reading the TLS and token files), recording every problem
     /// in `errors`; `tcp` says whether Baton listens on TCP (TLS needs it).
     pub fn from_args(args: &ServingArgs, tcp: bool, errors: &mut Vec<String>) -> Self {
-        let given = |v: &Option<String>| {
-            v.as_deref()
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from)
-        };
         let (cert, key, client_ca) = (
-            given(&args.tls_cert),
-            given(&args.tls_key),
-            given(&args.tls_client_ca),
+            file_flag(errors, "--tls-cert / BATON_TLS_CERT", &args.tls_cert),
+            file_flag(errors, "--tls-key / BATON_TLS_KEY", &args.tls_key),
+            file_flag(
+                errors,
+                "--tls-client-ca / BATON_TLS_CLIENT_CA",
+                &args.tls_client_ca,
+            ),
         );
+        // An empty TLS flag is reported above; it does not also count as a missing one.
+        let empty = |v: &Option<String>| v.as_deref().is_some_and(|v| v.trim().is_empty());
+        let any_empty = empty(&args.tls_cert) || empty(&args.tls_key) || empty(&args.tls_client_ca);
         let tls = match (cert, key) {
             (Some(cert), Some(key)) => Some(crate::security::tls::TlsFiles {
                 cert,
                 key,
                 client_ca,
             }),
+            _ if any_empty => None,
             (None, None) => {
                 if client_ca.is_some() {
                     errors.push(
@@ -186,7 +190,11 @@ impl ServingConfig {
                     .to_owned(),
             );
         }
-        let api_token_file = given(&args.api_token_file);
+        let api_token_file = file_flag(
+            errors,
+            "--api-token-file / BATON_API_TOKEN_FILE",
+            &args.api_token_file,
+        );
         errors.extend(crate::security::check_files(
             tls.as_ref(),
             api_token_file.as_deref(),

@@ -25,7 +25,7 @@ use std::{
 use bb8_redis::redis::{
     self, ClientTlsConfig, ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 use crate::{
     config::{MAX_PASSWORD_FILE_BYTES, MAX_TLS_FILE_BYTES, RedisAccess, RedisTls},
@@ -83,7 +83,13 @@ fn read_certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static
     let pem = read_bounded(path, MAX_TLS_FILE_BYTES)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{} is not a PEM certificate file: {e}", path.display()))?;
+        .map_err(|e| {
+            format!(
+                "{} is not a PEM certificate file: {}",
+                path.display(),
+                crate::security::tls::pem_problem(&e)
+            )
+        })?;
     if certs.is_empty() {
         return Err(format!(
             "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
@@ -153,9 +159,8 @@ fn read_tls(tls: &RedisTls) -> Result<Option<TlsMaterial>, Vec<String>> {
             });
             let key = read_bounded(key_path, MAX_TLS_FILE_BYTES)
                 .and_then(|pem| {
-                    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-                        format!("{} is not a PEM private key: {e}", key_path.display())
-                    })?;
+                    let key = crate::security::tls::private_key(&pem)
+                        .map_err(|e| format!("{}: {e}", key_path.display()))?;
                     Ok((pem, key))
                 })
                 .map_err(|e| problems.push(format!("--redis-tls-key / BATON_REDIS_TLS_KEY: {e}")));
@@ -648,7 +653,7 @@ mod tests {
                     key: good_cert.clone(),
                     ..RedisTls::default()
                 },
-                "is not a PEM private key",
+                "holds no private key",
             ),
             (
                 RedisTls {

@@ -21,6 +21,24 @@ use super::Refused;
 /// Default mode of the socket: owner and group may connect.
 pub const DEFAULT_MODE: u32 = 0o660;
 
+/// Longest socket path a client can connect to, in bytes: a Unix socket address holds 108
+/// bytes, the last of them the terminating NUL.
+pub const MAX_PATH_BYTES: usize = 107;
+
+/// Refuses a socket path longer than [`MAX_PATH_BYTES`]: no client could connect to it by that
+/// path (`connect` refuses it), and a stale socket left there could not be told stale.
+pub fn check_path_length(path: &Path) -> Result<(), String> {
+    let len = path.as_os_str().len();
+    if len > MAX_PATH_BYTES {
+        return Err(format!(
+            "{} is {len} bytes long, and a Unix socket path holds at most {MAX_PATH_BYTES} bytes \
+             (108 with the final NUL), so no client could connect to it; choose a shorter path",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// A group given by name or number (`--socket-group`), resolved to its id.
 pub fn group(spec: &str) -> Result<u32, String> {
     let spec = spec.trim();
@@ -48,6 +66,7 @@ pub fn mode(spec: &str) -> Result<u32, String> {
 /// Binds the socket at `path` with `mode` and, if given, group `gid` (see the module
 /// documentation). A path Baton must not take is a [`Refused`] error.
 pub async fn bind(path: &Path, mode: u32, gid: Option<u32>) -> anyhow::Result<UnixListener> {
+    check_path_length(path).map_err(|e| Refused(format!("--socket: {e}")))?;
     take_path(path).await?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -55,7 +74,26 @@ pub async fn bind(path: &Path, mode: u32, gid: Option<u32>) -> anyhow::Result<Un
     };
     let staging = Staging::create(&parent)?;
     let staged = staging.dir.join("s");
-    let listener = UnixListener::bind(&staged).map_err(|e| {
+    // The staging path is longer than the final one when the socket's name is short: it is
+    // bound through the directory's descriptor then, so a path that fits is never refused
+    // for the staging directory's name.
+    let dir = (staged.as_os_str().len() > MAX_PATH_BYTES)
+        .then(|| std::fs::File::open(&staging.dir))
+        .transpose()
+        .map_err(|e| {
+            Refused(format!(
+                "--socket: cannot open {} to make the socket in: {e}",
+                staging.dir.display()
+            ))
+        })?;
+    let bound = match &dir {
+        Some(dir) => PathBuf::from(format!(
+            "/proc/self/fd/{}/s",
+            std::os::fd::AsRawFd::as_raw_fd(dir)
+        )),
+        None => staged.clone(),
+    };
+    let listener = UnixListener::bind(&bound).map_err(|e| {
         Refused(format!(
             "--socket: cannot create a socket beside {}: {e}",
             path.display()

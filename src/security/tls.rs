@@ -52,10 +52,53 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// What is wrong with a PEM file, in words: the PEM parser shows the labels and lines it
+/// quotes as lists of byte values.
+pub fn pem_problem(error: &rustls_pki_types::pem::Error) -> String {
+    use rustls_pki_types::pem::Error;
+    match error {
+        Error::MissingSectionEnd { end_marker } => format!(
+            "a section has no \"-----END {}-----\" line (is the file cut off?)",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Error::IllegalSectionStart { line } => format!(
+            "a line that starts a section is malformed: {:?}",
+            String::from_utf8_lossy(line)
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Whether `pem` holds an encrypted private key: a PKCS#8 "ENCRYPTED PRIVATE KEY" block, or a
+/// legacy OpenSSL one with a `Proc-Type: 4,ENCRYPTED` header.
+fn encrypted_key(pem: &[u8]) -> bool {
+    let has = |needle: &[u8]| pem.windows(needle.len()).any(|w| w == needle);
+    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
+}
+
+/// The private key of a PEM key file, or why there is none, in words: an encrypted key is named
+/// as such (Baton cannot decrypt it), a malformed file says what is malformed.
+pub fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    if encrypted_key(pem) {
+        return Err(
+            "it holds an encrypted private key, which Baton does not support: give the key \
+             unencrypted (e.g. `openssl pkey -in encrypted.key -out tls.key`) and protect the \
+             file with its permissions"
+                .to_owned(),
+        );
+    }
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => "it holds no private key (a PEM \
+             \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \"EC PRIVATE KEY\" block)"
+            .to_owned(),
+        e => format!("it is not a valid PEM private key: {}", pem_problem(&e)),
+    })
+}
+
 fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let mut certs = Vec::new();
     for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| format!("{what} is not valid PEM: {e}"))?;
+        let cert = cert.map_err(|e| format!("{what} is not valid PEM: {}", pem_problem(&e)))?;
         if certs.len() == MAX_PEM_CERTIFICATES {
             return Err(format!(
                 "{what} holds more than {MAX_PEM_CERTIFICATES} certificates"
@@ -116,7 +159,13 @@ impl Verifier {
                         "its signature does not verify".to_owned()
                     }
                     rustls::Error::InvalidCertificate(why) => {
-                        rustls::Error::InvalidCertificate(why).to_string()
+                        match der::parse_certificate(end_entity.as_ref()).map(|c| c.version) {
+                            // webpki reads only X.509 v3 certificates.
+                            Some(version) if version != 3 => {
+                                format!("it is X.509 v{version}; v3 is required")
+                            }
+                            _ => rustls::Error::InvalidCertificate(why).to_string(),
+                        }
                     }
                     other => other.to_string(),
                 };
@@ -132,7 +181,80 @@ impl Verifier {
 /// certificate itself to [`Verifier::check`] once the handshake is done (see the module
 /// documentation).
 #[derive(Debug)]
-struct AskOnly(Arc<dyn ClientCertVerifier>);
+struct AskOnly {
+    /// The full check, whose hints and signature checks the handshake uses.
+    inner: Arc<dyn ClientCertVerifier>,
+    /// The signature algorithms, for a certificate the full check cannot parse.
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl AskOnly {
+    /// Checks that the client signed the handshake with the key of `cert` when the full check
+    /// could not parse the certificate as it requires (an X.509 v1 one: `failed`): the key is
+    /// taken from the certificate's DER, so that the handshake completes and the certificate is
+    /// refused after it with a reason the client can read ([`Verifier::check`] refuses every
+    /// certificate the full check cannot parse). Without a key to check, `failed` stands.
+    fn signed_with_raw_key(
+        &self,
+        failed: rustls::Error,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+        tls13: bool,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // A signature that does not verify, or any error but one about the certificate itself,
+        // stands.
+        if !matches!(&failed, rustls::Error::InvalidCertificate(why)
+            if *why != rustls::CertificateError::BadSignature)
+        {
+            return Err(failed);
+        }
+        let Some(spki) = der::parse_certificate(cert.as_ref()).map(|c| c.spki) else {
+            return Err(failed);
+        };
+        // The schemes TLS 1.3 allows for a handshake signature (no PKCS#1 v1.5, no SHA-1).
+        let tls13_scheme = matches!(
+            dss.scheme,
+            SignatureScheme::ECDSA_NISTP256_SHA256
+                | SignatureScheme::ECDSA_NISTP384_SHA384
+                | SignatureScheme::ECDSA_NISTP521_SHA512
+                | SignatureScheme::RSA_PSS_SHA256
+                | SignatureScheme::RSA_PSS_SHA384
+                | SignatureScheme::RSA_PSS_SHA512
+                | SignatureScheme::ED25519
+                | SignatureScheme::ED448
+        );
+        if tls13 && !tls13_scheme {
+            return Err(failed);
+        }
+        let Some((_, algorithms)) = self
+            .algorithms
+            .mapping
+            .iter()
+            .find(|(scheme, _)| *scheme == dss.scheme)
+        else {
+            return Err(failed);
+        };
+        // TLS 1.3 names the algorithm exactly (the first); TLS 1.2 may mean any of them.
+        let algorithms = if tls13 {
+            &algorithms[..algorithms.len().min(1)]
+        } else {
+            algorithms
+        };
+        let verified = algorithms
+            .iter()
+            .filter(|alg| alg.public_key_alg_id().as_ref() == spki.algorithm)
+            .any(|alg| {
+                alg.verify_signature(spki.key, message, dss.signature())
+                    .is_ok()
+            });
+        if verified {
+            Ok(HandshakeSignatureValid::assertion())
+        } else {
+            Err(failed)
+        }
+    }
+}
 
 impl ClientCertVerifier for AskOnly {
     fn offer_client_auth(&self) -> bool {
@@ -144,7 +266,7 @@ impl ClientCertVerifier for AskOnly {
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.0.root_hint_subjects()
+        self.inner.root_hint_subjects()
     }
 
     fn verify_client_cert(
@@ -163,7 +285,9 @@ impl ClientCertVerifier for AskOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.inner
+            .verify_tls12_signature(message, cert, dss)
+            .or_else(|e| self.signed_with_raw_key(e, message, cert, dss, false))
     }
 
     fn verify_tls13_signature(
@@ -172,11 +296,13 @@ impl ClientCertVerifier for AskOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.inner
+            .verify_tls13_signature(message, cert, dss)
+            .or_else(|e| self.signed_with_raw_key(e, message, cert, dss, true))
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -239,12 +365,7 @@ pub fn server_config(
     let cert_path = files.cert.display();
     let key_path = files.key.display();
     let chain = certificates(cert, &format!("the certificate file {cert_path}"))?;
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
-        format!(
-            "the key file {key_path} holds no private key (a PEM \"PRIVATE KEY\", \"RSA PRIVATE \
-             KEY\" or \"EC PRIVATE KEY\" block): {e}"
-        )
-    })?;
+    let key = private_key(key).map_err(|e| format!("the key file {key_path}: {e}"))?;
     let certified = certified_key(chain, key).map_err(|e| match e {
         KeyProblem::Mismatch(e) => format!(
             "the key file {key_path} does not go with the certificate file {cert_path}: {e}"
@@ -264,11 +385,15 @@ pub fn server_config(
                     .add(ca)
                     .map_err(|e| format!("{what} holds a certificate that is not a CA: {e}"))?;
             }
+            let algorithms = provider.signature_verification_algorithms;
             let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| format!("{what}: {e}"))?;
             let checking = verifier.insert(Verifier(inner)).0.clone();
-            builder.with_client_cert_verifier(Arc::new(AskOnly(checking)))
+            builder.with_client_cert_verifier(Arc::new(AskOnly {
+                inner: checking,
+                algorithms,
+            }))
         }
         _ => builder.with_no_client_auth(),
     };
@@ -368,5 +493,92 @@ pub fn handshake_failure(error: &std::io::Error) -> String {
     {
         Some(tls) => format!("TLS handshake failed: {tls}"),
         None => format!("the connection failed during the TLS handshake: {error}"),
+    }
+}
+
+/// Just enough DER to read a certificate the full check cannot parse (an X.509 v1 one): its
+/// version and its public key.
+mod der {
+    /// What is read of a certificate.
+    pub struct Certificate<'a> {
+        /// The X.509 version: 1, 2 or 3.
+        pub version: u64,
+        /// The subject's public key.
+        pub spki: Spki<'a>,
+    }
+
+    /// A SubjectPublicKeyInfo.
+    pub struct Spki<'a> {
+        /// The contents of its AlgorithmIdentifier (the OID and parameters, without the
+        /// SEQUENCE header), as signature algorithms name the key type they take.
+        pub algorithm: &'a [u8],
+        /// The key (the BIT STRING's bits).
+        pub key: &'a [u8],
+    }
+
+    /// One element: its tag, its contents and what follows it.
+    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = match first {
+            0..=0x7f => (usize::from(first), rest),
+            0x81..=0x84 => {
+                let n = usize::from(first & 0x7f);
+                let (bytes, rest) = (rest.get(..n)?, rest.get(n..)?);
+                (
+                    bytes
+                        .iter()
+                        .fold(0usize, |len, &b| (len << 8) | usize::from(b)),
+                    rest,
+                )
+            }
+            _ => return None,
+        };
+        Some((tag, rest.get(..len)?, rest.get(len..)?))
+    }
+
+    /// The contents of an element with tag `tag`, and what follows it.
+    fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+        let (found, contents, rest) = element(input)?;
+        (found == tag).then_some((contents, rest))
+    }
+
+    const SEQUENCE: u8 = 0x30;
+    const INTEGER: u8 = 0x02;
+    const BIT_STRING: u8 = 0x03;
+    const VERSION: u8 = 0xa0;
+
+    /// Reads a DER certificate, or `None` if it is not one.
+    pub fn parse_certificate(der: &[u8]) -> Option<Certificate<'_>> {
+        let (certificate, _) = expect(der, SEQUENCE)?;
+        let (tbs, _) = expect(certificate, SEQUENCE)?;
+        // The version is explicit only for v2 and v3 (0 means v1).
+        let (version, tbs) = match expect(tbs, VERSION) {
+            Some((explicit, rest)) => {
+                let (value, _) = expect(explicit, INTEGER)?;
+                let number = match value {
+                    [n @ 0..=2] => u64::from(*n) + 1,
+                    _ => return None,
+                };
+                (number, rest)
+            }
+            None => (1, tbs),
+        };
+        let (_serial, tbs) = expect(tbs, INTEGER)?;
+        let (_signature, tbs) = expect(tbs, SEQUENCE)?;
+        let (_issuer, tbs) = expect(tbs, SEQUENCE)?;
+        let (_validity, tbs) = expect(tbs, SEQUENCE)?;
+        let (_subject, tbs) = expect(tbs, SEQUENCE)?;
+        let (spki, _) = expect(tbs, SEQUENCE)?;
+        let (algorithm, spki) = expect(spki, SEQUENCE)?;
+        let (bits, _) = expect(spki, BIT_STRING)?;
+        let key = match bits.split_first()? {
+            (0, key) => key,
+            _ => return None,
+        };
+        Some(Certificate {
+            version,
+            spki: Spki { algorithm, key },
+        })
     }
 }

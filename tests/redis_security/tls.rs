@@ -281,7 +281,7 @@ async fn bad_tls_settings_are_configuration_errors() {
                 not_pem,
             ],
             "--redis-tls-key",
-            "is not a PEM private key",
+            "holds no private key",
         ),
         (
             vec!["--redis-tls-cert".into(), path("client.pem")],

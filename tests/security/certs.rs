@@ -91,6 +91,46 @@ impl Ca {
         self.leaf(name, ExtendedKeyUsagePurpose::ClientAuth, false)
     }
 
+    /// An X.509 v1 client certificate (no extensions) issued by this CA, made with `openssl`
+    /// (`openssl x509 -req` without extensions writes v1; rcgen writes only v3).
+    pub fn v1_client(&self, name: &str) -> Leaf {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = |n: &str| dir.path().join(n);
+        std::fs::write(path("ca.crt"), self.pem()).expect("writing the CA");
+        std::fs::write(path("ca.key"), self.issuer.key().serialize_pem()).expect("writing");
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .expect("openssl runs (it is installed on every machine of the project)");
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        openssl(&[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "v1.key",
+            "-subj",
+            &format!("/CN={name}"),
+            "-out",
+            "v1.csr",
+        ]);
+        openssl(&[
+            "x509", "-req", "-in", "v1.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "2",
+            "-out", "v1.crt",
+        ]);
+        Leaf {
+            cert: std::fs::read_to_string(path("v1.crt")).expect("the certificate"),
+            key: std::fs::read_to_string(path("v1.key")).expect("the key"),
+        }
+    }
+
     /// A client certificate that expired in 2020.
     pub fn expired_client(&self, name: &str) -> Leaf {
         self.leaf(name, ExtendedKeyUsagePurpose::ClientAuth, true)
@@ -112,15 +152,40 @@ fn client_config(roots: &[&Ca], identity: Option<&Leaf>) -> Arc<rustls::ClientCo
     .with_root_certificates(store);
     let mut config = match identity {
         None => builder.with_no_client_auth(),
-        Some(leaf) => builder
-            .with_client_auth_cert(
+        // Presented as it is, unchecked: rustls refuses to present a certificate it cannot
+        // parse (an X.509 v1 one) through `with_client_auth_cert`.
+        Some(leaf) => builder.with_client_cert_resolver(Arc::new(Presents(Arc::new(
+            rustls::sign::CertifiedKey::new(
                 vec![leaf.der()],
-                PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key PEM"),
-            )
-            .expect("a client identity"),
+                rustls::crypto::ring::default_provider()
+                    .key_provider
+                    .load_private_key(
+                        PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key PEM"),
+                    )
+                    .expect("a client key"),
+            ),
+        )))),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Arc::new(config)
+}
+
+/// A client identity presented to every server that asks for one.
+#[derive(Debug)]
+struct Presents(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for Presents {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 /// A TLS handshake with `addr` trusting `roots` (presenting `identity` if given), within 5 s.

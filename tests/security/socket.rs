@@ -122,3 +122,59 @@ async fn the_binary_exits_2_on_a_path_it_must_not_take() {
     assert!(stderr.contains("is a regular file"), "{stderr}");
     assert_eq!(std::fs::read(&path).expect("still there"), b"data");
 }
+
+/// A path of `len` bytes in `dir` (a folder of long names, then `name` at its end).
+fn path_of_length(dir: &Path, name: &str, len: usize) -> std::path::PathBuf {
+    let base = dir.display().to_string().len() + 1;
+    let folder = len
+        .checked_sub(base + name.len() + 1)
+        .expect("room for a folder");
+    let folder = dir.join("d".repeat(folder));
+    std::fs::create_dir(&folder).expect("a folder");
+    let path = folder.join(name);
+    assert_eq!(path.as_os_str().len(), len);
+    path
+}
+
+/// A socket path longer than a Unix socket address holds (107 bytes) exits 2 at start, saying
+/// its length and the limit: it was bound (in a staging directory, then renamed) and announced,
+/// but no client could connect to it, and after a crash the stale socket could not be told
+/// stale. A path of 107 bytes with a short name, whose staging path is longer than the limit,
+/// is served and reached.
+#[tokio::test]
+async fn a_socket_path_too_long_to_connect_to_exits_2() {
+    // A long name (a short staging path, which was bound and renamed into place) and a short
+    // one.
+    for name in ["q".repeat(60), "baton.sock".to_owned()] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let long = path_of_length(dir.path(), &name, 108);
+        let mut command = baton_command();
+        command
+            .args(["serve", "--listen", "", "--socket"])
+            .arg(&long)
+            .args(["--redis-url", "redis://127.0.0.1:1"]);
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--socket / BATON_SOCKET")
+                && stderr.contains("is 108 bytes long")
+                && stderr.contains("at most 107 bytes"),
+            "{stderr}"
+        );
+        assert!(!long.exists(), "nothing was bound");
+        let refused = bind(&config(&long)).await.expect_err("too long");
+        assert!(refused.contains("at most 107 bytes"), "{refused}");
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let longest = path_of_length(dir.path(), "b.sock", 107);
+    let _listeners = bind(&config(&longest)).await.expect("a path that fits");
+    tokio::net::UnixStream::connect(&longest)
+        .await
+        .expect("a client connects to the longest path");
+    let left: Vec<_> = std::fs::read_dir(longest.parent().expect("its folder"))
+        .expect("listing")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, ["b.sock"], "the staging directory was left behind");
+}

@@ -126,6 +126,129 @@ async fn bad_files_at_start_exit_2() {
     );
 }
 
+/// An empty credential path, given as a flag or as its variable, exits 2 naming the flag: it was
+/// taken as "not given", so an empty `BATON_API_TOKEN_FILE` served every call without a token
+/// and empty `--tls-cert` and `--tls-key` served plain text, without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_credential_paths_exit_2() {
+    let flags = [
+        ("--api-token-file", "BATON_API_TOKEN_FILE"),
+        ("--tls-cert", "BATON_TLS_CERT"),
+        ("--tls-key", "BATON_TLS_KEY"),
+        ("--tls-client-ca", "BATON_TLS_CLIENT_CA"),
+        ("--redis-password-file", "BATON_REDIS_PASSWORD_FILE"),
+        ("--redis-tls-ca", "BATON_REDIS_TLS_CA"),
+        ("--redis-tls-cert", "BATON_REDIS_TLS_CERT"),
+        ("--redis-tls-key", "BATON_REDIS_TLS_KEY"),
+    ];
+    for by_variable in [false, true] {
+        let mut command = baton_command();
+        command.args(["serve", "--listen", "127.0.0.1:0"]);
+        for (flag, variable) in flags {
+            if by_variable {
+                command.env(variable, "");
+            } else {
+                command.args([flag, ""]);
+            }
+        }
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        for (flag, variable) in flags {
+            assert!(
+                stderr.contains(&format!("{flag} / {variable}: the value was empty")),
+                "{flag} in {stderr}"
+            );
+        }
+        assert!(!stderr.contains("give both"), "{stderr}");
+    }
+    // A blank path too, and alone.
+    let mut command = baton_command();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("BATON_API_TOKEN_FILE", " ");
+    let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--api-token-file / BATON_API_TOKEN_FILE: the value was empty"),
+        "{stderr}"
+    );
+}
+
+/// A cut-off certificate says which end line is missing in words (it was a list of byte
+/// values), and an encrypted key says that encrypted keys are not supported (it said "no items
+/// found"), from `baton serve`, its Redis TLS files and the CLI alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_certificates_and_encrypted_keys_are_told_in_words() {
+    let ca = Ca::new("ca");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = ca.server("baton").write(dir.path(), "tls");
+    let pem = std::fs::read_to_string(&cert).expect("reading");
+    let cut = dir.path().join("cut.crt");
+    std::fs::write(&cut, &pem[..pem.len() / 2]).expect("writing");
+    let encrypted = dir.path().join("encrypted.key");
+    let out = std::process::Command::new("openssl")
+        .args(["pkcs8", "-topk8", "-passout", "pass:secret", "-in"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&encrypted)
+        .output()
+        .expect("openssl runs");
+    assert!(out.status.success(), "{out:?}");
+    let says_cut = "has no \"-----END CERTIFICATE-----\" line";
+    let says_encrypted = "encrypted private key, which Baton does not support";
+    for (args, says) in [
+        (
+            vec!["--tls-cert", path(&cut), "--tls-key", path(&key)],
+            says_cut,
+        ),
+        (
+            vec!["--tls-cert", path(&cert), "--tls-key", path(&encrypted)],
+            says_encrypted,
+        ),
+        (
+            vec![
+                "--redis-url",
+                "rediss://127.0.0.1:1",
+                "--redis-tls-ca",
+                path(&cut),
+                "--redis-tls-cert",
+                path(&cert),
+                "--redis-tls-key",
+                path(&encrypted),
+            ],
+            says_cut,
+        ),
+    ] {
+        let mut command = baton_command();
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args);
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{says} in {stderr}");
+        assert!(!stderr.contains("[67, 69"), "{stderr}");
+        assert!(!stderr.contains("no items found"), "{stderr}");
+        if args.contains(&"--redis-tls-key") {
+            assert!(stderr.contains(says_encrypted), "{stderr}");
+        }
+    }
+    for (cert, key, says) in [(&cut, &key, says_cut), (&cert, &encrypted, says_encrypted)] {
+        let mut command = baton_command();
+        command
+            .args(["health", "--addr", "https://127.0.0.1:1", "--tls-cert"])
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key);
+        let (status, stderr) = run_baton(command, Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{says} in {stderr}");
+    }
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
 /// A P-521 key, generated for this test alone: a key type the TLS implementation cannot sign
 /// with.
 const P521_KEY: &str = "-----BEGIN PRIVATE KEY-----
@@ -191,7 +314,8 @@ async fn unusable_and_mismatched_keys_are_told_apart() {
 }
 
 /// With mutual TLS, a client certificate from the client CA is served; a client presenting none,
-/// one from another CA or an expired one completes its handshake, but every call on its
+/// one from another CA, an expired one, one for servers only or an X.509 v1 one completes its
+/// handshake, but every call on its
 /// connection, health's too, fails UNAUTHENTICATED saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_refuses_every_call_of_a_client_without_a_valid_certificate() {
@@ -228,11 +352,15 @@ async fn mutual_tls_refuses_every_call_of_a_client_without_a_valid_certificate()
     let expired = client_ca.expired_client("expired");
     // Issued by the right CA, but for servers only.
     let server_only = client_ca.server("server-only");
+    // Issued by the right CA, but X.509 v1: it was refused inside the handshake, so the
+    // client saw only a TLS alert.
+    let v1 = client_ca.v1_client("v1");
     for (identity, says) in [
         (None, "presented none"),
         (Some(&stranger), "not issued by a CA this Baton trusts"),
         (Some(&expired), "has expired"),
         (Some(&server_only), "not for client authentication"),
+        (Some(&v1), "it is X.509 v1; v3 is required"),
     ] {
         let channel = tls_channel(addr, &[&server_ca], identity)
             .await
