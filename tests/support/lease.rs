@@ -206,7 +206,12 @@ pub async fn wait_for_state_within<C: Described>(
 /// Waits (bounded) until Describe reports `n` waiters on `name`.
 pub async fn wait_for_waiters<C: Described>(client: &C, name: &str, n: u32) {
     let what = format!("{n} waiter(s) on {name:?}");
-    wait_for_state(client, name, &what, |d| C::waiters(d) == n).await;
+    // Waiters register as fast as the machine lets them (32 took more than 5 s at a load of 10);
+    // nothing but registering makes them count.
+    wait_for_state_within(client, name, Duration::from_secs(30), &what, |d| {
+        C::waiters(d) == n
+    })
+    .await;
 }
 
 /// Like [`wait_for_waiters`], but fails at once with the waiter's outcome if `waiter` ends first.
