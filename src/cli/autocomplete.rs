@@ -12,7 +12,8 @@
 //! times, before the load gives up with exit code 69; Baton applies only what the earlier
 //! attempts did not, and answers as one application would, so the counts stay right. A batch
 //! holding a term that a batch still in flight holds waits for it: the last line naming a term
-//! wins, whatever `--parallel`.
+//! wins, whatever `--parallel`. A regular file truncated or replaced while it is read (checked
+//! once its end is read) fails the load with exit code 70, saying how many terms were loaded.
 
 use std::{
     collections::HashMap,
@@ -84,6 +85,65 @@ pub struct LoadArgs {
 pub async fn run(command: AutocompleteCommand) -> Result<u8, Failure> {
     match command {
         AutocompleteCommand::Load(args) => load(args).await,
+    }
+}
+
+/// Why the file's reading stopped before its end was read whole.
+enum Stop {
+    /// A line that cannot be loaded, or a read that failed: its `FILE:LINE: reason`.
+    Bad(Failure),
+    /// The file was truncated or replaced while it was read: what changed.
+    Changed(String),
+}
+
+/// A regular file being loaded, as it was opened: checked once its end was read, since a file
+/// truncated meanwhile ends early (its lines after that point never read, the load otherwise
+/// successful) and one replaced is no longer the file named.
+struct Watched {
+    file: std::fs::File,
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Watched {
+    /// Watches `file`, opened from `path`, when it is a regular file (a pipe or a device has no
+    /// size to check).
+    fn new(file: &std::fs::File, path: &std::path::Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        Some(Self {
+            file: file.try_clone().ok()?,
+            path: path.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// What changed, once `read` bytes were read to the file's end: it is shorter than what was
+    /// read (truncated), or its path names another file (replaced, or removed).
+    fn changed(&self, read: u64) -> Option<String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let name = self.path.display();
+        let size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        if size < read {
+            return Some(format!(
+                "{name} changed while it was read: truncated to {size} bytes after {read} were read"
+            ));
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(now) if (now.dev(), now.ino()) == (self.dev, self.ino) => None,
+            Ok(_) => Some(format!(
+                "{name} changed while it was read: replaced by another file after {read} bytes \
+                 of the first were read"
+            )),
+            Err(e) => Some(format!(
+                "{name} changed while it was read: {e} after {read} bytes were read"
+            )),
+        }
     }
 }
 
@@ -172,6 +232,7 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
         ));
     }
     let name = args.file.display().to_string();
+    let mut watched = None;
     let input: Box<dyn Read + Send> = if name == "-" {
         Box::new(std::io::stdin())
     } else {
@@ -184,6 +245,7 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
                 format!("{name}: a directory, not a file of terms"),
             ));
         }
+        watched = Watched::new(&file, &args.file);
         Box::new(file)
     };
     let channel = connect(&args.client).await?;
@@ -191,12 +253,12 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
     // The file is read on a thread of its own, a few batches ahead of the calls. Not a task of
     // the runtime: a load that failed must not wait for a read that may never end (standard
     // input from a producer still running), and the process exits without it.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Batch, Failure>>(args.parallel);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Batch, Stop>>(args.parallel);
     let batch_size = args.batch;
     let reader_name = name.clone();
     std::thread::Builder::new()
         .name("baton-load-reader".to_owned())
-        .spawn(move || read(input, &reader_name, batch_size, &tx))
+        .spawn(move || read(input, watched, &reader_name, batch_size, &tx))
         .map_err(|e| Failure::new(EXIT_SOFTWARE, format!("cannot start a thread: {e}")))?;
     let mut totals = Totals::default();
     let mut in_flight = FuturesUnordered::new();
@@ -206,7 +268,7 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
     let mut waiting: Option<Batch> = None;
     // The line the file is bad at (the load stops there, once the batches before it are
     // loaded), and the failure of a call (the load stops at once).
-    let mut bad_line: Option<Failure> = None;
+    let mut bad_line: Option<Stop> = None;
     let mut failed: Option<Failed> = None;
     // The first line and size of every batch loaded, to tell what loaded after a failed line.
     let mut loaded_batches: Vec<(usize, usize)> = Vec::new();
@@ -288,7 +350,17 @@ async fn load(args: LoadArgs) -> Result<u8, Failure> {
         }
         return Err(Failure::new(failure.code, message));
     }
-    if let Some(failure) = bad_line {
+    if let Some(Stop::Changed(why)) = bad_line {
+        return Err(Failure::new(
+            EXIT_SOFTWARE,
+            format!(
+                "{why}; the {loaded} terms read were loaded into {:?}: load it again once it is \
+                 written whole (write a new file and rename it over the old one)",
+                args.dictionary
+            ),
+        ));
+    }
+    if let Some(Stop::Bad(failure)) = bad_line {
         return Err(Failure::new(
             failure.code,
             format!(
@@ -522,14 +594,16 @@ async fn add(
 /// the receiver closing.
 fn read(
     input: Box<dyn Read + Send>,
+    watched: Option<Watched>,
     name: &str,
     batch_size: usize,
-    tx: &tokio::sync::mpsc::Sender<Result<Batch, Failure>>,
+    tx: &tokio::sync::mpsc::Sender<Result<Batch, Stop>>,
 ) {
     let mut lines = BufReader::new(input);
     let mut batch = Batch::default();
     let mut buf = Vec::new();
     let mut line_no = 0usize;
+    let mut bytes_read = 0u64;
     loop {
         buf.clear();
         line_no += 1;
@@ -538,21 +612,21 @@ fn read(
             .read_until(b'\n', &mut buf);
         match read {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(n) => bytes_read += n as u64,
             Err(e) => {
-                let _ = tx.blocking_send(Err(Failure::new(
+                let _ = tx.blocking_send(Err(Stop::Bad(Failure::new(
                     EXIT_SOFTWARE,
                     format!("{name}:{line_no}: {e}"),
-                )));
+                ))));
                 return;
             }
         }
         if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
-            let _ = tx.blocking_send(Err(bad(
+            let _ = tx.blocking_send(Err(Stop::Bad(bad(
                 name,
                 line_no,
                 &format!("longer than {MAX_LINE_BYTES} bytes"),
-            )));
+            ))));
             return;
         }
         let mut line = buf.strip_suffix(b"\n").unwrap_or(&buf);
@@ -575,7 +649,7 @@ fn read(
                 {
                     return;
                 }
-                let _ = tx.blocking_send(Err(bad(name, line_no, &why)));
+                let _ = tx.blocking_send(Err(Stop::Bad(bad(name, line_no, &why))));
                 return;
             }
         }
@@ -585,8 +659,11 @@ fn read(
             return;
         }
     }
-    if !batch.terms.is_empty() {
-        let _ = tx.blocking_send(Ok(batch));
+    if !batch.terms.is_empty() && tx.blocking_send(Ok(batch)).is_err() {
+        return;
+    }
+    if let Some(changed) = watched.and_then(|w| w.changed(bytes_read)) {
+        let _ = tx.blocking_send(Err(Stop::Changed(changed)));
     }
 }
 

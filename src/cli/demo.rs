@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{EXIT_SOFTWARE, Failure, HoldArgs, connect};
+use super::{EXIT_SOFTWARE, Failure, HoldArgs, connect, stdout_lost};
 use crate::proto::v1::{
     LockServiceHoldRequest, lock_service_client::LockServiceClient,
     lock_service_hold_response::Event,
 };
 
 /// Takes lock `args.name` through a `Hold` stream, keeps it for `args.hold_for`, releases it,
-/// pauses and starts again, until the stream or the connection fails.
+/// pauses and starts again, until the stream or the connection fails, or a step cannot be
+/// written to standard output.
 pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
     if args.owner.trim().is_empty() {
         args.owner = own_name();
@@ -53,6 +54,9 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
             ),
             Some(Event::NotAcquired(_)) => {
                 outln!("{}: {:?} is busy; asking again", args.owner, args.name);
+                if stdout_lost() {
+                    return Ok(0);
+                }
                 continue;
             }
             other => {
@@ -61,6 +65,11 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
                     format!("the Hold stream began with {other:?}, not a grant"),
                 ));
             }
+        }
+        // The steps are what `hold` is for: once they cannot be written (a closed pipe exits 0,
+        // another failure 74), it stops, and closing the stream releases the lock.
+        if stdout_lost() {
+            return Ok(0);
         }
         let turn_ends = Instant::now() + args.hold_for;
         loop {
@@ -78,6 +87,9 @@ pub async fn hold(mut args: HoldArgs) -> Result<u8, Failure> {
         // Closing the stream releases the lock at once.
         drop(stream);
         outln!("{}: released {:?}", args.owner, args.name);
+        if stdout_lost() {
+            return Ok(0);
+        }
         tokio::time::sleep_until(Instant::now() + args.pause).await;
     }
 }

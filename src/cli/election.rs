@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::{
     EXIT_NO, EXIT_UNAVAILABLE, Failure, LeaderArgs, ObserveArgs, connect,
     oneshot::{human, print, request, secs},
-    std_duration,
+    std_duration, stdout_gone, stdout_lost,
 };
 use crate::proto::v1::{
     ElectionLeader, ElectionServiceLeaderRequest, ElectionServiceObserveRequest,
@@ -73,21 +73,51 @@ pub async fn leader(args: LeaderArgs) -> Result<u8, Failure> {
 }
 
 /// Runs `baton observe`: one line per state, until `--count` states were printed, an interrupt,
-/// or the stream fails (then the view may be stale: exit 69 for `UNAVAILABLE`).
+/// standard output's reader is gone (exit 0, as for any closed pipe; 74 for a write that failed
+/// otherwise), or the stream fails (then the view may be stale: exit 69 for `UNAVAILABLE`).
+/// Opening the stream and its first state are bounded by `--timeout`, as any call; the stream
+/// then runs without a deadline.
 pub async fn observe(args: ObserveArgs) -> Result<u8, Failure> {
     let channel = connect(&args.client).await?;
     let addr = &args.client.addr;
-    // No deadline: the stream lasts as long as the observer.
-    let mut states = ElectionServiceClient::new(channel)
-        .observe(ElectionServiceObserveRequest {
-            name: args.name.clone(),
-        })
-        .await
-        .map_err(|s| Failure::from_status(&s, addr))?
-        .into_inner();
+    let timeout = args.client.timeout;
+    let opened = async {
+        let mut states = ElectionServiceClient::new(channel)
+            .observe(ElectionServiceObserveRequest {
+                name: args.name.clone(),
+            })
+            .await?
+            .into_inner();
+        let first = states.next().await;
+        Ok::<_, tonic::Status>((states, first))
+    };
+    let (mut states, first) = match tokio::time::timeout(timeout, opened).await {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(status)) => return Err(Failure::from_status(&status, addr)),
+        Err(_) => {
+            return Err(Failure::new(
+                EXIT_UNAVAILABLE,
+                format!(
+                    "Baton at {addr} sent no state of election {:?} within {} (--timeout)",
+                    args.name,
+                    humantime::format_duration(timeout)
+                ),
+            ));
+        }
+    };
+    let mut next = Some(first);
+    let gone = stdout_gone();
+    tokio::pin!(gone);
     let mut printed = 0;
     while args.count.is_none_or(|count| printed < count) {
-        let state = match states.next().await {
+        let state = match next.take() {
+            Some(state) => state,
+            None => tokio::select! {
+                state = states.next() => state,
+                () = &mut gone => return Ok(0),
+            },
+        };
+        let state = match state {
             Some(Ok(state)) => state,
             Some(Err(status)) => return Err(Failure::from_status(&status, addr)),
             None => {
@@ -107,6 +137,10 @@ pub async fn observe(args: ObserveArgs) -> Result<u8, Failure> {
             None => format!("no leader (last term {})", state.last_term),
         };
         print(args.json, &value, &text);
+        if stdout_lost() {
+            // Nobody reads what follows: a closed pipe exits 0, another failure 74.
+            return Ok(0);
+        }
         printed += 1;
     }
     Ok(0)

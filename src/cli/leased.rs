@@ -511,8 +511,9 @@ async fn acquire(target: &mut Target, spec: &Spec) -> Result<(Events, Grant), Fa
             let mut failure = Failure::from_status(&status, &spec.addr);
             if failure.code == EXIT_UNAVAILABLE {
                 failure.message = format!(
-                    "Baton at {} is unavailable: {}",
+                    "Baton at {} is unavailable after {failures} attempt{}: {}",
                     spec.addr,
+                    if failures == 1 { "" } else { "s" },
                     status.message()
                 );
             }

@@ -107,8 +107,19 @@ pub fn connection_broke(status: &Status) -> bool {
 }
 
 /// Parses a duration flag like `300ms` or `10s`, at most [`MAX_DURATION_ARG`] (a usage error
-/// past it, as any bad value).
+/// past it, as any bad value). The flags take values starting with `-` (`allow_hyphen_values`),
+/// so that `--ttl -1s` is refused here as negative, not taken for a flag.
 fn duration_arg(raw: &str) -> Result<Duration, String> {
+    if let Some(rest) = raw.trim_start().strip_prefix('-') {
+        return Err(
+            if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+                format!("{raw}: durations cannot be negative")
+            } else {
+                // `--ttl --wait 5s`: the value was left out.
+                format!("{raw:?} is not a duration (e.g. 10s)")
+            },
+        );
+    }
     let d = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
     if d > MAX_DURATION_ARG {
         return Err(format!(
@@ -136,8 +147,11 @@ pub struct ClientArgs {
     /// `unix:///path` (or just `/path`).
     #[arg(long, env = "BATON_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
-    /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top.
-    #[arg(long, default_value = "10s", value_parser = timeout_arg)]
+    /// Deadline of each call to Baton (e.g. 5s); waits for a lock come on top. `observe`: to
+    /// open the stream and get the first state. `lock`, `semaphore` and `campaign` retry a call
+    /// Baton answers UNAVAILABLE, or not at all, before the lease is granted: 4 attempts (more
+    /// while --wait lasts), each with this deadline, so they give up after about 4 times it.
+    #[arg(long, default_value = "10s", value_parser = timeout_arg, allow_hyphen_values = true)]
     pub timeout: Duration,
     /// File holding Baton's API token (its first non-empty line), sent on every call as
     /// `authorization: Bearer <token>`; read again for each call, so a rotated token is used.
@@ -170,10 +184,10 @@ pub struct LockArgs {
     pub name: String,
     /// The lease's ttl, renewed every third of it while the command runs: how soon the lock
     /// frees itself should this `baton` and its Baton both die (100ms to 1h).
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How long to wait for the lock; 0 tries once. Without it, waits as long as it takes.
-    #[arg(long, value_parser = duration_arg)]
+    #[arg(long, value_parser = duration_arg, allow_hyphen_values = true)]
     pub wait: Option<Duration>,
     /// Take the lock shared (readers), instead of exclusive.
     #[arg(long)]
@@ -186,7 +200,7 @@ pub struct LockArgs {
     pub owner: String,
     /// Time the command and the processes it started (its process group) get to exit after
     /// SIGTERM (lease lost) or a signal passed on to them, before SIGKILL to the group.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -208,10 +222,10 @@ pub struct SemaphoreArgs {
     #[arg(long, default_value_t = 1)]
     pub permits: u32,
     /// The lease's ttl, as for `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How long to wait for the permits; 0 tries once. Without it, as long as it takes.
-    #[arg(long, value_parser = duration_arg)]
+    #[arg(long, value_parser = duration_arg, allow_hyphen_values = true)]
     pub wait: Option<Duration>,
     /// Wait in arrival order (FIFO).
     #[arg(long)]
@@ -221,7 +235,7 @@ pub struct SemaphoreArgs {
     pub owner: String,
     /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
     /// `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -242,14 +256,14 @@ pub struct CampaignArgs {
     pub value: String,
     /// The leadership's ttl, renewed every third of it while the command runs: how soon another
     /// candidate takes over should this `baton` and its Baton both die (100ms to 1h).
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How long to wait to be elected; without it, as long as it takes.
-    #[arg(long, value_parser = duration_arg)]
+    #[arg(long, value_parser = duration_arg, allow_hyphen_values = true)]
     pub wait: Option<Duration>,
     /// Time the command's process group gets to exit after SIGTERM before SIGKILL, as for
     /// `baton lock`.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(required = true, last = true, num_args = 1..)]
@@ -278,7 +292,8 @@ pub struct ObserveArgs {
     /// The election's name.
     pub name: String,
     /// Exit 0 after printing this many states (the first is the current one); without it, runs
-    /// until interrupted or the stream fails.
+    /// until interrupted, the stream fails, or standard output's reader is gone (exit 0: `|
+    /// head -1` ends it at once).
     #[arg(long)]
     pub count: Option<u64>,
     /// Print one JSON object per line instead of text.
@@ -340,7 +355,7 @@ pub struct RateLimitCheckArgs {
     #[arg(long)]
     pub limit: u64,
     /// The period the limit applies to (e.g. 1m).
-    #[arg(long, value_parser = duration_arg)]
+    #[arg(long, value_parser = duration_arg, allow_hyphen_values = true)]
     pub period: Duration,
     /// Units this action spends; 0 peeks.
     #[arg(long)]
@@ -387,7 +402,7 @@ pub struct CompleteArgs {
     #[arg(long, value_enum, default_value = "prefix")]
     pub mode: MatchMode,
     /// Most results (1 to 1000).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: u32,
     /// Sort by score (highest first) instead of lexicographically.
     #[arg(long)]
@@ -436,18 +451,18 @@ pub struct HoldArgs {
     #[arg(long, env = "HOSTNAME", default_value = "")]
     pub owner: String,
     /// The lease's ttl, renewed while the lock is held (e.g. 10s).
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How long each turn holds the lock (e.g. 5s).
-    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    #[arg(long, default_value = "5s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub hold_for: Duration,
     /// Pause between releasing the lock and asking for it again (e.g. 2s).
-    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    #[arg(long, default_value = "2s", value_parser = duration_arg, allow_hyphen_values = true)]
     pub pause: Duration,
 }
 
 /// Runs `baton hold` until a signal (ending the process closes the stream, which releases the
-/// lock) or a failure.
+/// lock), standard output's reader is gone (exit 0), or a failure.
 pub fn hold(args: HoldArgs) -> ExitCode {
     block_on(async move {
         let interrupted = |e: std::io::Error| Failure::new(EXIT_SOFTWARE, format!("signals: {e}"));
@@ -456,6 +471,8 @@ pub fn hold(args: HoldArgs) -> ExitCode {
                 .map_err(interrupted)?;
         tokio::select! {
             r = demo::hold(args) => r,
+            // Nobody reads the steps any more (`| head -1`): stop, which releases the lock.
+            () = stdout_gone() => Ok(0),
             _ = terminate.recv() => Ok(0),
             r = tokio::signal::ctrl_c() => r.map(|()| 0).map_err(interrupted),
         }
@@ -517,14 +534,55 @@ pub fn health(args: HealthArgs) -> ExitCode {
 /// Why a write to standard output failed, other than a closed pipe: the first such failure.
 static STDOUT_FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
-/// Remembers a failed write to standard output, unless the pipe was closed (`| head -1`: the
-/// reader has what it wanted).
+/// Whether a write to standard output failed, a closed pipe included: a subcommand that prints as
+/// it goes (`observe`, `hold`) stops then, since nothing it prints can be read any more.
+static STDOUT_LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Remembers a failed write to standard output. A closed pipe (`| head -1`: the reader has what
+/// it wanted) is no failure of the exit code, but, as any failure, ends a subcommand that prints
+/// as it goes.
 pub(crate) fn stdout_failed(e: &std::io::Error) {
+    STDOUT_LOST.store(true, std::sync::atomic::Ordering::Relaxed);
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         return;
     }
     if let Ok(mut failure) = STDOUT_FAILURE.lock() {
         failure.get_or_insert_with(|| e.to_string());
+    }
+}
+
+/// Whether a write to standard output failed ([`stdout_failed`]), a closed pipe included.
+pub(crate) fn stdout_lost() -> bool {
+    STDOUT_LOST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Resolves once standard output's reader is gone, without writing to it: a pipe whose reader
+/// closed (poll reports `POLLERR` for its write end) or a terminal or socket hung up (`POLLHUP`),
+/// as `tail -f` notices it. A subcommand that prints only on a change (`observe`) would otherwise
+/// run on, unread, until the next change, or for ever. Standard output that cannot be watched
+/// (a regular file, `/dev/null`) never resolves.
+pub(crate) async fn stdout_gone() {
+    use tokio::io::{Interest, unix::AsyncFd};
+    // Errors and hang-ups are reported whatever the interest; the write end of a pipe never
+    // reports input. The descriptor is not made non-blocking and nothing is read from it. A
+    // failed registration (a regular file) watches nothing.
+    let interest = Interest::ERROR | Interest::READABLE;
+    // SAFETY: descriptor 1 stays open and names the same file description while the client runs
+    // (nothing in the client closes or replaces it), which outlives this registration.
+    let registered = unsafe { AsyncFd::register_with_interest(std::io::stdout(), interest) };
+    let Ok(stdout) = registered else {
+        return std::future::pending().await;
+    };
+    loop {
+        let Ok(mut guard) = stdout.ready(interest).await else {
+            return std::future::pending().await;
+        };
+        let ready = guard.ready();
+        if ready.is_error() || ready.is_read_closed() || ready.is_write_closed() {
+            return;
+        }
+        // Input on a terminal that is also standard output: nothing to do with it.
+        guard.clear_ready();
     }
 }
 

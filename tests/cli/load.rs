@@ -243,3 +243,69 @@ async fn a_resent_batch_counts_its_terms_once() {
     );
     assert_eq!(summary["term_count"], 1000, "{summary}");
 }
+
+/// A file truncated, or replaced, while it is read is not a load that succeeded: the load ends
+/// with 70, saying the file changed while it was read and how much was loaded. Before, it said
+/// "loaded N terms" and exited 0, N being whatever was read before the change.
+#[tokio::test]
+async fn a_file_changed_while_it_is_read_fails_the_load() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Sent a term a call, the file takes far longer to load than to change; replaced, it is
+    // read on whole, so it is smaller.
+    for (dictionary, replace, lines) in [("truncated", false, 200_000), ("replaced", true, 5_000)] {
+        let terms: String = (0..lines).map(|i| format!("term{i:06}\t{i}\n")).collect();
+        let file = dir.path().join(format!("{dictionary}.tsv"));
+        std::fs::write(&file, &terms).expect("writing the file");
+        let path = file.display().to_string();
+        let mut run = Run::start(
+            &addr,
+            &[
+                "autocomplete",
+                "load",
+                dictionary,
+                &path,
+                "--batch",
+                "1",
+                "--parallel",
+                "1",
+            ],
+        );
+        wait_until(Duration::from_secs(15), "the first terms loaded", || {
+            let addr = addr.clone();
+            async move {
+                match term_count(&addr, dictionary).await {
+                    0 => Err(0),
+                    _ => Ok(()),
+                }
+            }
+        })
+        .await;
+        if replace {
+            let other = dir.path().join("other.tsv");
+            std::fs::write(&other, "other\n").expect("writing the other file");
+            std::fs::rename(&other, &file).expect("renaming over the file");
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .expect("opening the file")
+                .set_len(0)
+                .expect("truncating the file");
+        }
+        let status = run.exit(Duration::from_secs(120)).await;
+        let stderr = run.stderr();
+        assert_eq!(status.code(), Some(70), "{dictionary}: {stderr}");
+        assert!(stderr.contains("changed while it was read"), "{stderr}");
+        let what = if replace { "replaced" } else { "truncated" };
+        assert!(stderr.contains(what), "{stderr}");
+        let loaded = term_count(&addr, dictionary).await;
+        assert!(
+            stderr.contains(&format!("the {loaded} terms read were loaded")),
+            "{loaded}: {stderr}"
+        );
+        assert!(run.stdout().is_empty(), "{}", run.stdout());
+    }
+}

@@ -203,6 +203,11 @@ async fn a_frozen_baton_bounds_the_wait_of_lock_and_semaphore() {
         let status = run.exit(Duration::from_secs(60)).await;
         assert_eq!(status.code(), Some(69), "stderr: {}", run.stderr());
         assert!(run.stderr().contains("--timeout"), "{}", run.stderr());
+        assert!(
+            run.stderr().contains("after 4 attempts"),
+            "{}",
+            run.stderr()
+        );
     }
     let took = frozen.elapsed();
     drop(frozen_baton);
@@ -934,4 +939,191 @@ async fn a_lost_leadership_stops_the_command() {
     assert_eq!(status.code(), Some(76), "stderr: {}", run_.stderr());
     assert!(run_.stderr().contains("leadership"), "{}", run_.stderr());
     wait_gone(grandchild, "the grandchild to die with the leadership").await;
+}
+
+/// Starts `baton ARGS...` with its standard output a pipe, reads its first line, closes the
+/// pipe's reading end (as `| head -1` does) and returns that line and the process.
+async fn first_line_then_close(addr: &str, args: &[&str]) -> (String, Child) {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    let child = support::baton_command()
+        .args(args)
+        .env("BATON_ADDR", addr)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning baton");
+    let line = within(
+        Duration::from_secs(15),
+        tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(reader), &mut line)
+                .expect("reading baton's first line");
+            // The reader is dropped here: the pipe has no reader any more.
+            line
+        }),
+        "baton's first line",
+    )
+    .await
+    .expect("the reading task");
+    (line, child)
+}
+
+/// Waits up to `limit` for `child` to exit (killing it past that) and returns its exit code.
+async fn exit_code_within(child: &mut Child, limit: Duration, what: &str) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for baton") {
+            return status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `baton observe X | head -1` and `baton hold | head -1` end (exit 0, a closed pipe being no
+/// error) once the reader is gone, though nothing changes and they write nothing more: they
+/// watch standard output for the closed pipe, as `tail -f` does. `hold` releases its lock as it
+/// ends. A pipe closed before the first line ends them at that line's write. Before, both ran
+/// on for ever, unread, and `hold` kept taking the lock.
+#[tokio::test]
+async fn observe_and_hold_end_once_their_reader_is_gone() {
+    let redis = RedisServer::start().await;
+    let baton = Baton::start(&redis).await;
+    let addr = baton.addr().to_string();
+
+    let (line, mut observer) = first_line_then_close(&addr, &["observe", "unread"]).await;
+    assert!(line.starts_with("no leader"), "{line:?}");
+    let code = exit_code_within(&mut observer, Duration::from_secs(15), "baton observe").await;
+    assert_eq!(code, Some(0));
+
+    let (line, mut holder) = first_line_then_close(
+        &addr,
+        &[
+            "hold",
+            "--name",
+            "unread",
+            "--owner",
+            "me",
+            "--hold-for",
+            "10m",
+        ],
+    )
+    .await;
+    // It held the lock (and may already have released it: the reader is gone).
+    assert!(line.starts_with("me: holds"), "{line:?}");
+    let code = exit_code_within(&mut holder, Duration::from_secs(15), "baton hold").await;
+    assert_eq!(code, Some(0));
+    wait_until(Duration::from_secs(10), "the lock released", || {
+        let baton = &baton;
+        async move {
+            if held(baton, "unread").await {
+                Err(())
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+
+    // The reader gone before the first line.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let mut observer = support::baton_command()
+        .args(["observe", "unread"])
+        .env("BATON_ADDR", &addr)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning baton");
+    let code = exit_code_within(&mut observer, Duration::from_secs(15), "baton observe").await;
+    assert_eq!(code, Some(0));
+}
+
+/// `baton observe --timeout 2s` through a frozen Baton gives up after `--timeout` (exit 69,
+/// naming it), as every other call does: opening the stream and its first state are one call.
+/// Before, it waited for the connection's pings to fail, 20 s.
+#[tokio::test]
+async fn observe_through_a_frozen_baton_keeps_to_the_timeout() {
+    let redis = RedisServer::start().await;
+    let mut args = redis.baton_args();
+    args.extend(["--key-prefix".to_owned(), support::unique_prefix()]);
+    let process = BatonProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let frozen_baton = support::freeze(process.pid());
+    let frozen = Instant::now();
+    let (code, out, stderr) = run(
+        &process.addr().to_string(),
+        &["observe", "frozen", "--timeout", "2s"],
+    )
+    .await;
+    let took = frozen.elapsed();
+    drop(frozen_baton);
+    assert_eq!(code, 69, "{stderr}");
+    assert!(out.is_empty(), "{out}");
+    assert!(stderr.contains("--timeout"), "{stderr}");
+    assert!(
+        took < Duration::from_secs(10),
+        "gave up {took:?} after the freeze; --timeout was 2 s"
+    );
+}
+
+/// A negative duration is bad usage (2) saying so, for every duration flag, written either way
+/// (`--ttl -1s`, `--ttl=-1s`): before, `-1s` was taken for a flag (with a tip to write `-- -1`,
+/// wrong for `lock`, whose `--` starts the command) or refused as "expected number at 0".
+#[tokio::test]
+async fn negative_durations_are_bad_usage() {
+    let cases: [&[&str]; 7] = [
+        &["lock", "x", "--ttl", "-1s", "--", "true"],
+        &["lock", "x", "--ttl=-1s", "--", "true"],
+        &["lock", "x", "--wait", "-5ms", "--", "true"],
+        &[
+            "semaphore",
+            "x",
+            "--limit",
+            "1",
+            "--grace",
+            "-1s",
+            "--",
+            "true",
+        ],
+        &["describe", "lock", "x", "--timeout", "-2s"],
+        &["ratelimit", "check", "k", "--limit", "1", "--period", "-1m"],
+        &["hold", "--pause", "-1s"],
+    ];
+    for args in cases {
+        let (code, _, stderr) = run("127.0.0.1:1", args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("durations cannot be negative"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// `--limit` of `baton complete` outside 1 to 1000 is bad usage (2), as its help says.
+#[tokio::test]
+async fn a_complete_limit_outside_its_range_is_bad_usage() {
+    for limit in ["0", "1001"] {
+        let (code, _, stderr) = run("127.0.0.1:1", &["complete", "d", "a", "--limit", limit]).await;
+        assert_eq!(code, 2, "--limit {limit}: {stderr}");
+        assert!(stderr.contains("1..=1000"), "--limit {limit}: {stderr}");
+    }
+}
+
+/// `--help` says that `--timeout` bounds each attempt and that `lock`, `semaphore` and
+/// `campaign` make 4 of them.
+#[tokio::test]
+async fn the_timeout_help_tells_of_the_retries() {
+    for command in ["lock", "semaphore", "campaign", "observe"] {
+        let (code, out, stderr) = run("127.0.0.1:1", &[command, "--help"]).await;
+        assert_eq!(code, 0, "{stderr}");
+        let help = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(help.contains("4 attempts"), "{command}: {out}");
+        assert!(help.contains("each with this deadline"), "{command}: {out}");
+    }
 }
