@@ -697,32 +697,69 @@ impl Autocomplete {
     /// the first call still runs) applies only what no call applied yet, and answers as one
     /// application would.
     ///
+    /// The terms are made by `make` (from what the client sent: checking and normalizing them),
+    /// and the batch is planned, in one task off the async runtime's workers, so that a batch of
+    /// many long terms does not hold a worker (and every call it serves) for long. `make` is
+    /// given a check to call before each entry, which fails once `stop_by` has passed; the
+    /// batch then fails `Unavailable` with nothing applied. `entries` is the number of terms
+    /// `make` makes, for that message.
+    ///
     /// Nothing is sent to Redis at or after `stop_by` (the caller's deadline, less a margin), nor
     /// is a step's answer awaited past it: the batch then fails `Unavailable` with its first
-    /// steps applied (the one in flight perhaps too), in time for the caller to hear it.
-    pub async fn add(
+    /// steps applied (the one in flight perhaps too), in time for the caller to hear it. A batch
+    /// not ready by `stop_by` fails so too, at `stop_by`, with nothing applied.
+    pub async fn add<F>(
         &self,
         dictionary: &str,
-        terms: &[NewTerm],
+        entries: usize,
+        make: F,
         record: Option<&Record>,
         stop_by: Option<Instant>,
-    ) -> Result<Added, Error> {
+    ) -> Result<Added, Error>
+    where
+        F: FnOnce(&dyn Fn() -> Result<(), Error>) -> Result<Vec<NewTerm>, Error> + Send + 'static,
+    {
         let keys = self.dictionary_keys(dictionary);
         let hint = self.write_features(&keys);
-        let mut batch = AddBatch::new(keys, terms, record, hint);
-        if terms
+        let not_ready = move || {
+            Error::Unavailable(format!(
+                "the batch was not ready before the caller's deadline (0 of {entries} entries \
+                 applied)"
+            ))
+        };
+        let ready_by = stop_by.map(Instant::into_std);
+        let owned_record = record.cloned();
+        let prepare = off_workers(move || {
+            let in_time = || match ready_by {
+                Some(t) if std::time::Instant::now() >= t => Err(not_ready()),
+                _ => Ok(()),
+            };
+            let terms = make(&in_time)?;
+            in_time()?;
+            Ok::<_, Error>(AddBatch::new(keys, terms, owned_record.as_ref(), hint))
+        });
+        let mut batch = match stop_by {
+            None => prepare.await??,
+            // The task is not waited for past `stop_by` (it sees the time too, and gives up).
+            Some(stop_by) => tokio::time::timeout_at(stop_by, prepare)
+                .await
+                .map_err(|_| not_ready())???,
+        };
+        if batch
+            .terms
             .iter()
             .any(|t| matches!(t.score, ScoreChange::Increment(_)))
         {
             self.check_scores(&batch, stop_by).await?;
         }
-        let mut outcomes: Vec<Option<(bool, f64)>> = vec![None; terms.len()];
+        let total = batch.terms.len();
+        let mut outcomes: Vec<Option<(bool, f64)>> = vec![None; total];
         let mut term_count = 0;
         // `cut`: after a step refused as too much work, the entry that brings the work (the
         // entries before it go without it) and the most entries the step it starts may take.
         let (mut at, mut cut, mut wide) = (0, None, false);
         let mut pace = self.inner.paces.get(&batch.keys.base).unwrap_or_default();
-        while at < terms.len() {
+        while at < total {
             let budget = pace.budget();
             let end = match cut {
                 Some((from, most)) if from == at => {
@@ -734,7 +771,7 @@ impl Autocomplete {
                 _ => next_step(&batch.planned[at..], STEP_ENTRIES, budget) + at,
             };
             let invocation = batch.step(&self.inner.add, at, end, wide);
-            let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, terms.len()).await?;
+            let reply: Vec<Value> = self.eval_by(&invocation, stop_by, at, total).await?;
             let [status, rest @ ..] = reply.as_slice() else {
                 return Err(unexpected("add reply"));
             };
@@ -751,13 +788,13 @@ impl Autocomplete {
                     (at, wide) = (end, false);
                     cut = cut.filter(|&(from, _)| from >= at);
                     let needs = self.note_write_features(dictionary, &batch.keys, needs)?;
-                    if needs != batch.features && at < terms.len() {
-                        batch.replan(at, needs);
+                    if needs != batch.features && at < total {
+                        batch = replanned(batch, at, needs).await?;
                     }
                 }
                 (6, [needs]) => {
                     let needs = self.note_write_features(dictionary, &batch.keys, needs)?;
-                    batch.replan(at, needs);
+                    batch = replanned(batch, at, needs).await?;
                 }
                 (1, [entry]) => {
                     let i =
@@ -780,7 +817,7 @@ impl Autocomplete {
                 }
                 (4, [done]) => {
                     at = usize::try_from(int(done)?).map_err(|_| unexpected("record"))?;
-                    at = at.min(terms.len());
+                    at = at.min(total);
                 }
                 (5, []) => {
                     return Err(Error::invalid(
@@ -798,7 +835,7 @@ impl Autocomplete {
         let mut added = Added {
             added: 0,
             updated: 0,
-            scores: Vec::with_capacity(terms.len()),
+            scores: Vec::with_capacity(total),
             term_count,
         };
         for o in outcomes {
@@ -840,12 +877,8 @@ impl Autocomplete {
 
     /// Checks, before the first step of a batch with increments, that no resulting score would
     /// be out of range.
-    async fn check_scores(
-        &self,
-        batch: &AddBatch<'_>,
-        stop_by: Option<Instant>,
-    ) -> Result<(), Error> {
-        let terms = batch.terms;
+    async fn check_scores(&self, batch: &AddBatch, stop_by: Option<Instant>) -> Result<(), Error> {
+        let terms = &batch.terms;
         let incremented: std::collections::HashSet<&str> = terms
             .iter()
             .filter(|t| matches!(t.score, ScoreChange::Increment(_)))
@@ -882,12 +915,31 @@ impl Autocomplete {
     /// Removes the terms with these texts' ids, in steps of a few terms ([`STEP_WORK`]), each one
     /// atomic script call; returns how many were there and the terms left. A batch cut short by
     /// an error leaves its first steps applied: removing the same terms again is harmless.
-    pub async fn remove(&self, dictionary: &str, texts: &[Text]) -> Result<(u32, u64), Error> {
+    ///
+    /// The texts are made by `make` (from what the client sent: checking and normalizing them),
+    /// and the batch is planned, in one task off the async runtime's workers, as for
+    /// [`Self::add`].
+    pub async fn remove<F>(&self, dictionary: &str, make: F) -> Result<(u32, u64), Error>
+    where
+        F: FnOnce() -> Result<Vec<Text>, Error> + Send + 'static,
+    {
         let keys = self.dictionary_keys(dictionary);
-        let words: Vec<Vec<&str>> = texts.iter().map(|t| text::words(&t.key)).collect();
-        let forms = || texts.iter().map(|t| t.key.as_str());
         let mut features = self.write_features(&keys);
-        let mut planned = plan(&keys, forms(), &words, features);
+        let (texts, words, mut planned) = {
+            let keys = keys.clone();
+            off_workers(move || {
+                let texts = make()?;
+                let words: Vec<Vec<String>> = texts.iter().map(|t| owned_words(&t.key)).collect();
+                let planned = plan(
+                    &keys,
+                    texts.iter().map(|t| t.key.as_str()),
+                    &words,
+                    features,
+                );
+                Ok::<_, Error>((texts, words, planned))
+            })
+            .await??
+        };
         let (mut removed, mut term_count) = (0, 0);
         let (mut at, mut wide) = (0, false);
         let mut pace = self.inner.paces.get(&keys.base).unwrap_or_default();
@@ -935,7 +987,21 @@ impl Autocomplete {
             if let Some(needs) = needs.filter(|n| *n != features) {
                 features = needs;
                 planned.truncate(at);
-                planned.extend(plan(&keys, forms().skip(at), &words[at..], features));
+                // Planning what is left is CPU work too (rare: the features changed).
+                let rest: Vec<(String, Vec<String>)> = texts[at..]
+                    .iter()
+                    .map(|t| t.key.clone())
+                    .zip(words[at..].iter().cloned())
+                    .collect();
+                let keys = keys.clone();
+                planned.extend(
+                    off_workers(move || {
+                        let (forms, words): (Vec<String>, Vec<Vec<String>>) =
+                            rest.into_iter().unzip();
+                        plan(&keys, forms.iter().map(String::as_str), &words, needs)
+                    })
+                    .await?,
+                );
             }
         }
         Ok((removed, term_count))
@@ -1177,6 +1243,28 @@ fn count_u32(v: &Value) -> Result<u32, Error> {
 
 fn count_u64(v: &Value) -> Result<u64, Error> {
     u64::try_from(int(v)?).map_err(|_| unexpected("count"))
+}
+
+/// Runs `work` (CPU work on a whole batch: normalizing, planning) on a thread of the blocking
+/// pool, off the async runtime's workers, and returns its result.
+pub(crate) async fn off_workers<T, F>(work: F) -> Result<T, Error>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Internal(format!("a batch's preparation failed: {e}")))
+}
+
+/// `batch` with its entries from `at` on planned again for `features`, off the async runtime's
+/// workers.
+async fn replanned(mut batch: AddBatch, at: usize, features: Features) -> Result<AddBatch, Error> {
+    off_workers(move || {
+        batch.replan(at, features);
+        batch
+    })
+    .await
 }
 
 #[cfg(test)]

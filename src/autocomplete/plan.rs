@@ -3,11 +3,13 @@
 
 use super::*;
 
-/// An `Add` batch, ready to be sent in steps.
-pub(super) struct AddBatch<'a> {
+/// An `Add` batch, ready to be sent in steps. It owns its terms, so that it can be made (and
+/// planned again) off the async runtime's workers: normalizing and planning a batch of many
+/// terms is CPU work ([`Autocomplete::add`]).
+pub(super) struct AddBatch {
     pub(super) keys: DictionaryKeys,
-    pub(super) terms: &'a [NewTerm],
-    pub(super) words: Vec<Vec<&'a str>>,
+    pub(super) terms: Vec<NewTerm>,
+    pub(super) words: Vec<Vec<String>>,
     /// The features the steps are planned for: their keys are declared, the rest not.
     pub(super) features: Features,
     pub(super) planned: Vec<Planned>,
@@ -16,14 +18,14 @@ pub(super) struct AddBatch<'a> {
     pub(super) memory_ms: u64,
 }
 
-impl<'a> AddBatch<'a> {
+impl AddBatch {
     pub(super) fn new(
         keys: DictionaryKeys,
-        terms: &'a [NewTerm],
+        terms: Vec<NewTerm>,
         record: Option<&Record>,
         features: Features,
     ) -> Self {
-        let words: Vec<Vec<&str>> = terms.iter().map(|t| text::words(&t.text.key)).collect();
+        let words: Vec<Vec<String>> = terms.iter().map(|t| owned_words(&t.text.key)).collect();
         let planned = plan(
             &keys,
             terms.iter().map(|t| t.text.key.as_str()),
@@ -32,7 +34,7 @@ impl<'a> AddBatch<'a> {
         );
         Self {
             record_key: record.map(|r| keys.record(&r.id)),
-            fingerprint: record.map(|_| batch_fingerprint(terms)),
+            fingerprint: record.map(|_| batch_fingerprint(&terms)),
             memory_ms: record.map_or(0, |r| {
                 u64::try_from(r.memory.as_millis()).unwrap_or(u64::MAX)
             }),
@@ -106,7 +108,7 @@ impl Planned {
     pub(super) fn new(
         keys: &DictionaryKeys,
         key: &str,
-        words: &[&str],
+        words: &[impl AsRef<str>],
         features: Features,
     ) -> Self {
         let mut planned = Vec::with_capacity(4 + 2 * words.len());
@@ -115,6 +117,7 @@ impl Planned {
         if features.words {
             word_count = words.len();
             for word in words {
+                let word = word.as_ref();
                 planned.push(keys.word(word));
                 if features.substring {
                     for gram in text::grams(word) {
@@ -137,11 +140,16 @@ impl Planned {
     }
 }
 
+/// The words of matching form `form` ([`text::words`]), owned.
+pub(super) fn owned_words(form: &str) -> Vec<String> {
+    text::words(form).into_iter().map(str::to_owned).collect()
+}
+
 /// The plans of the terms with matching forms `forms` and words `words` for `features`.
 pub(super) fn plan<'k>(
     keys: &DictionaryKeys,
     forms: impl Iterator<Item = &'k str>,
-    words: &[Vec<&str>],
+    words: &[Vec<String>],
     features: Features,
 ) -> Vec<Planned> {
     forms

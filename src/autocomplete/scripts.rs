@@ -180,7 +180,7 @@ pub struct AddEntry<'a> {
     /// The payload to set; `None` keeps the current one.
     pub payload: Option<&'a [u8]>,
     /// The words of its matching form.
-    pub words: &'a [&'a str],
+    pub words: &'a [String],
 }
 
 /// `add.lua`'s arguments for one step of a batch, whose entries [`Add::invocation`] takes.
@@ -287,7 +287,7 @@ pub struct RemoveEntry<'a> {
     /// Its matching form.
     pub key: &'a str,
     /// The words of its matching form.
-    pub words: &'a [&'a str],
+    pub words: &'a [String],
 }
 
 /// `remove.lua`'s arguments for one step of a batch, whose entries [`Remove::invocation`] takes.

@@ -16,7 +16,7 @@ use super::{
     MAX_FORM_BYTES, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_RECENT_ITEMS, MAX_RECENT_TTL,
     MAX_REQUEST_ID_BYTES, MAX_RESULTS, MAX_TERMS, MAX_TEXT_BYTES, MIN_RECENT_TTL, MatchKind,
     MatchMode, NewTerm, Order, REQUEST_MEMORY, RecentItem, Record, ScoreChange, Suggestion,
-    TermPart, Text, term_field, text,
+    TermPart, Text, off_workers, term_field, text,
 };
 use crate::{
     error::{Error, Field, UNAVAILABLE_RETRY_AFTER},
@@ -145,9 +145,10 @@ fn recent_ttl(value: Option<prost_types::Duration>) -> Result<Duration, Error> {
     wire::bounded(field, Some(d), MIN_RECENT_TTL, MAX_RECENT_TTL)
 }
 
-/// The record of an `Add`: under the client's request id, or for a batch with an increment,
-/// under one made up here (the client learns it from the status if the call fails).
-fn record(request_id: &str, terms: &[NewTerm]) -> Result<Option<Record>, Error> {
+/// The record of an `Add`: under the client's request id, or for a batch with an increment
+/// (`increments`), under one made up here (the client learns it from the status if the call
+/// fails).
+fn record(request_id: &str, increments: bool) -> Result<Option<Record>, Error> {
     wire::optional_text("request_id", request_id, MAX_REQUEST_ID_BYTES)?;
     if !request_id.is_empty() {
         return Ok(Some(Record {
@@ -155,9 +156,6 @@ fn record(request_id: &str, terms: &[NewTerm]) -> Result<Option<Record>, Error> 
             memory: REQUEST_MEMORY,
         }));
     }
-    let increments = terms
-        .iter()
-        .any(|t| matches!(t.score, ScoreChange::Increment(_)));
     Ok(increments.then(|| Record {
         id: format!("baton-{}", uuid::Uuid::new_v4()),
         memory: AUTO_REQUEST_MEMORY,
@@ -408,16 +406,26 @@ impl AutocompleteService for AutocompleteApi {
         let req = request.into_inner();
         let dictionary = name("dictionary", &req.dictionary)?;
         batch_size("terms", req.terms.len())?;
-        let terms = req
-            .terms
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| term(i, t))
-            .collect::<Result<Vec<_>, _>>()?;
-        let record = record(&req.request_id, &terms)?;
+        // An increment is a score with `increment` set (one without a score is refused with the
+        // terms, below).
+        let increments = req.terms.iter().any(|t| t.increment && t.score.is_some());
+        let record = record(&req.request_id, increments)?;
+        let entries = req.terms.len();
+        let sent = req.terms;
+        // Checking and normalizing the terms is CPU work: done off the async workers, with the
+        // planning, and given up once the caller's deadline is near.
+        let make = move |in_time: &dyn Fn() -> Result<(), Error>| {
+            sent.into_iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    in_time()?;
+                    term(i, t)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
         let added = self
             .autocomplete
-            .add(&dictionary, &terms, record.as_ref(), stop_by)
+            .add(&dictionary, entries, make, record.as_ref(), stop_by)
             .await
             .map_err(|e| add_failed(e, record.as_ref()))?;
         metrics::autocomplete_terms(u64::from(added.added), u64::from(added.updated), 0);
@@ -435,8 +443,11 @@ impl AutocompleteService for AutocompleteApi {
     ) -> Result<Response<pb::AutocompleteServiceRemoveResponse>, Status> {
         let req = request.into_inner();
         let dictionary = name("dictionary", &req.dictionary)?;
-        let texts = texts("displays", &req.displays)?;
-        let (removed, term_count) = self.autocomplete.remove(&dictionary, &texts).await?;
+        let displays = req.displays;
+        let (removed, term_count) = self
+            .autocomplete
+            .remove(&dictionary, move || texts("displays", &displays))
+            .await?;
         metrics::autocomplete_terms(0, 0, u64::from(removed));
         Ok(Response::new(pb::AutocompleteServiceRemoveResponse {
             removed,
@@ -540,7 +551,9 @@ impl AutocompleteService for AutocompleteApi {
     ) -> Result<Response<pb::AutocompleteServiceRemoveRecentResponse>, Status> {
         let req = request.into_inner();
         let list = name("list", &req.list)?;
-        let texts = texts("displays", &req.displays)?;
+        let displays = req.displays;
+        // Normalizing up to a batch of texts is CPU work: done off the async workers.
+        let texts = off_workers(move || texts("displays", &displays)).await??;
         let (removed, size) = self.autocomplete.remove_recent(&list, &texts).await?;
         Ok(Response::new(pb::AutocompleteServiceRemoveRecentResponse {
             removed,

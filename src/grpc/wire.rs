@@ -20,17 +20,22 @@ pub fn millis(
 ) -> Result<Option<Duration>, Error> {
     let field = field.into();
     let Some(d) = value else { return Ok(None) };
-    if d.nanos.unsigned_abs() >= 1_000_000_000
-        || (d.seconds > 0 && d.nanos < 0)
-        || (d.seconds < 0 && d.nanos > 0)
-    {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is not a well-formed Duration: nanos {} is outside -999999999 to 999999999 or \
-                 of another sign than seconds {}",
-                d.nanos, d.seconds
-            ),
+    let malformed = |why: String| {
+        Err(Error::invalid(
+            field.clone(),
+            format!("is not a well-formed Duration: {why}"),
+        ))
+    };
+    if d.nanos.unsigned_abs() >= 1_000_000_000 {
+        return malformed(format!(
+            "nanos {} is outside -999999999 to 999999999",
+            d.nanos
+        ));
+    }
+    if (d.seconds > 0 && d.nanos < 0) || (d.seconds < 0 && d.nanos > 0) {
+        return malformed(format!(
+            "seconds {} and nanos {} have opposite signs",
+            d.seconds, d.nanos
         ));
     }
     if d.seconds < 0 || d.nanos < 0 {
@@ -279,15 +284,22 @@ mod tests {
             let err = millis("ttl", negative).unwrap_err().to_string();
             assert_eq!(err, "ttl: must not be negative");
         }
-        // Nanos out of range, or of another sign than the seconds: malformed.
-        for malformed in [
-            pd(1, -1),
-            pd(-1, 1),
-            pd(0, 1_000_000_000),
-            pd(0, -1_000_000_000),
+        // Nanos out of range, or of another sign than the seconds: malformed, and the message
+        // says which.
+        for (malformed, why) in [
+            (pd(1, -5), "seconds 1 and nanos -5 have opposite signs"),
+            (pd(-1, 1), "seconds -1 and nanos 1 have opposite signs"),
+            (
+                pd(0, 1_000_000_000),
+                "nanos 1000000000 is outside -999999999 to 999999999",
+            ),
+            (
+                pd(1, -1_000_000_000),
+                "nanos -1000000000 is outside -999999999 to 999999999",
+            ),
         ] {
             let err = millis("ttl", malformed).unwrap_err().to_string();
-            assert!(err.contains("not a well-formed Duration"), "{err}");
+            assert_eq!(err, format!("ttl: is not a well-formed Duration: {why}"));
         }
     }
 

@@ -1059,3 +1059,50 @@ async fn adds_during_a_slot_migration_leave_every_term_indexed() {
     let status = half_removal.expect_err("a Remove across a half-migrated slot cannot run");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
 }
+
+/// An Add whose caller's deadline comes before Baton has even checked, normalized and planned
+/// its batch (1000 of the longest terms, upper case to fold, a deadline of a second) answers
+/// UNAVAILABLE a fifth of the deadline before it, naming its request id as a batch cut between
+/// steps does, rather than answer after the preparation, past the deadline (the client gives
+/// up at the deadline: `CANCELLED`); sent again with the id and no deadline, the whole batch is
+/// applied.
+#[tokio::test]
+async fn add_not_ready_by_the_callers_deadline_answers_in_time() {
+    // A fifth of it (200 ms) is left for the answer to reach the client on a busy machine. The
+    // preparation alone takes longer than the deadline in a debug build.
+    const DEADLINE: Duration = Duration::from_secs(1);
+    let (_redis, _baton, mut client) = setup().await;
+    let batch = pb::AutocompleteServiceAddRequest {
+        dictionary: "not-ready".into(),
+        terms: heaviest_displays(1000, 7)
+            .into_iter()
+            .map(|display| pb::AutocompleteTerm {
+                display: display.to_uppercase(),
+                score: Some(1.0),
+                ..Default::default()
+            })
+            .collect(),
+        request_id: "not-ready-1".into(),
+    };
+    let mut call = tonic::Request::new(batch.clone());
+    call.set_timeout(DEADLINE);
+    let status = within(Duration::from_secs(60), client.add(call), "the Add")
+        .await
+        .expect_err("a batch this large is not applied in a second");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("deadline"),
+        "stopped by the deadline: {status:?}"
+    );
+    assert_eq!(
+        request_id_of(&status).as_deref(),
+        Some("not-ready-1"),
+        "{status:?}"
+    );
+    let answer = within(Duration::from_secs(60), client.add(batch), "the retry")
+        .await
+        .expect("the batch sent again")
+        .into_inner();
+    assert_eq!(answer.added + answer.updated, 1000);
+    assert_eq!(answer.term_count, 1000);
+}
