@@ -727,7 +727,7 @@ fn file_flag(errors: &mut Vec<String>, what: &str, raw: &Option<String>) -> Opti
         ));
         return None;
     }
-    Some(PathBuf::from(raw.trim()))
+    Some(PathBuf::from(raw))
 }
 
 /// Parses a human duration such as `300ms` within `[min, max]`, recording a problem otherwise.
