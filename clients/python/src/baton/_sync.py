@@ -39,7 +39,46 @@ def retry_delay(err: Unavailable) -> float:
                MAX_RETRY_DELAY)
 
 
-class Baton:
+class _Owned:
+    """What every call of a client (blocking or asyncio) checks of it: it belongs to the process
+    that created it (`_pid`), until it is closed (`_closed`)."""
+
+    _pid: int
+    _closed: bool
+
+    def _usable(self) -> None:
+        """Raises `UsedAfterFork` in a child process after fork, `ClientClosed` once closed."""
+        if os.getpid() != self._pid:
+            raise UsedAfterFork()
+        if self._closed:
+            raise ClientClosed()
+
+    def _failure(self, e: Exception) -> BatonError:
+        """The error to raise for `e`, a call's failure: `ClientClosed` when the client was
+        closed meanwhile (gRPC raises `ValueError`, `UsageError` or `CANCELLED` then)."""
+        if os.getpid() != self._pid:
+            return UsedAfterFork()
+        if self._closed:
+            return ClientClosed()
+        if isinstance(e, grpc.RpcError):
+            return from_rpc_error(e)
+        raise e
+
+    def _leaving(self, lease: Lease, exc_type) -> bool:
+        """For a block's exit: whether to go on and release `lease`. Not in a child process after
+        fork (the hold and its stream are the parent's, left alone; a block ending normally
+        raises `UsedAfterFork`). A client closed inside the block ended the lease's stream
+        (Baton releases the hold): the lease is lost (`DISCONNECTED`) first."""
+        if os.getpid() != self._pid:
+            if exc_type is None:
+                raise UsedAfterFork()
+            return False
+        if self._closed:
+            lease._lose("DISCONNECTED", "the client was closed while the lease was held")
+        return True
+
+
+class Baton(_Owned):
     """A connection to Baton. Cheap to share between threads; close it (or use `with`) when done.
 
     `addr`: `host:port`, `https://host:port` or `unix:///path`; `BATON_ADDR` or
@@ -101,24 +140,6 @@ class Baton:
         self._closed = True
         if os.getpid() == self._pid:
             self._channel.close()
-
-    def _usable(self) -> None:
-        """Raises `UsedAfterFork` in a child process after fork, `ClientClosed` once closed."""
-        if os.getpid() != self._pid:
-            raise UsedAfterFork()
-        if self._closed:
-            raise ClientClosed()
-
-    def _failure(self, e: Exception) -> BatonError:
-        """The error to raise for `e`, a call's failure: `ClientClosed` when the client was
-        closed meanwhile (gRPC raises `ValueError` or `CANCELLED` then)."""
-        if os.getpid() != self._pid:
-            return UsedAfterFork()
-        if self._closed:
-            return ClientClosed()
-        if isinstance(e, grpc.RpcError):
-            return from_rpc_error(e)
-        raise e
 
     def __enter__(self) -> "Baton":
         return self
@@ -545,15 +566,8 @@ class Held:
         with entry.cond:
             entry.closing.set()
             entry.cond.notify_all()
-        if os.getpid() != self._client._pid:
-            # A child after fork: the hold (and its stream) is the parent's, left alone.
-            if exc_type is None:
-                raise UsedAfterFork()
+        if not self._client._leaving(lease, exc_type):
             return False
-        if self._client._closed:
-            # The channel's close ended the stream (Baton releases the hold): the block did not
-            # keep the lease to its end.
-            lease._lose("DISCONNECTED", "the client was closed while the lease was held")
         if not lease.lost.is_set():
             # Released before the block is left, so the next holder can go ahead; closing the
             # stream would release it too, a moment later.

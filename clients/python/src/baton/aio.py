@@ -35,9 +35,9 @@ from . import _types as t
 from ._address import parse
 from ._lease import Leadership, Lease
 from ._security import aio_interceptors, token_source, tls_credentials
-from ._sync import RETRIES, retry_delay
-from .errors import (BatonError, ClientClosed, DeadlineExceeded, LeaseLost, NotAcquired,
-                     Unavailable, UsedAfterFork, from_rpc_error)
+from ._sync import RETRIES, _Owned, retry_delay
+from .errors import (BatonError, DeadlineExceeded, LeaseLost, NotAcquired, Unavailable,
+                     from_rpc_error)
 from .v1 import autocomplete_pb2 as ac_pb
 from .v1 import autocomplete_pb2_grpc as ac_rpc
 from .v1 import election_pb2 as el_pb
@@ -83,7 +83,7 @@ async def _despite_cancellation(coro) -> None:
         pass
 
 
-class Baton:
+class Baton(_Owned):
     """An asyncio connection to Baton (see `baton.Baton` for `addr`, `timeout`, the API token
     and TLS arguments). Once closed, every call raises `ClientClosed`; in a child process after
     `fork()` every call raises `UsedAfterFork` (connect a new client there)."""
@@ -127,24 +127,6 @@ class Baton:
         self._closed = True
         if os.getpid() == self._pid:
             await self._channel.close()
-
-    def _usable(self) -> None:
-        """Raises `UsedAfterFork` in a child process after fork, `ClientClosed` once closed."""
-        if os.getpid() != self._pid:
-            raise UsedAfterFork()
-        if self._closed:
-            raise ClientClosed()
-
-    def _failure(self, e: Exception) -> BatonError:
-        """The error to raise for `e`, a call's failure: `ClientClosed` when the client was
-        closed meanwhile (gRPC raises `UsageError` or `CANCELLED` then)."""
-        if os.getpid() != self._pid:
-            return UsedAfterFork()
-        if self._closed:
-            return ClientClosed()
-        if isinstance(e, grpc.RpcError):
-            return from_rpc_error(e)
-        raise e
 
     async def __aenter__(self) -> "Baton":
         return self
@@ -526,15 +508,8 @@ class Held:
         if entry.timer is not None:
             entry.timer.cancel()
         lease = entry.lease
-        if os.getpid() != self._client._pid:
-            # A child after fork: the hold (and its stream) is the parent's, left alone.
-            if exc_type is None:
-                raise UsedAfterFork()
+        if not self._client._leaving(lease, exc_type):
             return False
-        if self._client._closed:
-            # The channel's close ended the stream (Baton releases the hold): the block did not
-            # keep the lease to its end.
-            lease._lose("DISCONNECTED", "the client was closed while the lease was held")
         # The loop may not have run the expiry timer in time (blocking work, a frozen process):
         # the lease expired inside the block all the same, and the block's end says so below.
         # It may still be held (its renewals only went unread): it is released all the same.
