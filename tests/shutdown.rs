@@ -524,6 +524,20 @@ async fn next_hold_event(
     tokio::time::timeout(limit, stream.message()).await.ok()
 }
 
+/// Every status a health `Watch` says until it ends, and how it ended.
+async fn watch_to_end(
+    watch: &mut Streaming<tonic_health::pb::HealthCheckResponse>,
+) -> (Vec<ServingStatus>, Result<(), tonic::Status>) {
+    let mut statuses = Vec::new();
+    loop {
+        match within(READY, watch.message(), "the watch's end").await {
+            Ok(Some(m)) => statuses.push(m.status()),
+            Ok(None) => return (statuses, Ok(())),
+            Err(e) => return (statuses, Err(e)),
+        }
+    }
+}
+
 /// With `--shutdown-delay 5s`, SIGTERM turns readiness NOT_SERVING at once while liveness stays
 /// SERVING, an open Hold stream keeps its lock and new connections and calls are served during
 /// the delay; then the drain ends the stream with `lost` SHUTDOWN, no sooner than 5 s after the
@@ -665,14 +679,7 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
         stderr.contains("signal received during the shutdown delay"),
         "{stderr}"
     );
-    let mut statuses = Vec::new();
-    let end = loop {
-        match within(READY, watch.message(), "the watch's end").await {
-            Ok(Some(m)) => statuses.push(m.status()),
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
-        }
-    };
+    let (statuses, end) = watch_to_end(&mut watch).await;
     assert_eq!(
         statuses,
         [ServingStatus::Serving, ServingStatus::NotServing],
@@ -829,14 +836,7 @@ async fn health_and_reflection_streams_do_not_hold_the_shutdown() {
     assert!(!stderr.contains("drain deadline passed"), "{stderr}");
 
     // The watch said NOT_SERVING, then ended with UNAVAILABLE.
-    let mut statuses = Vec::new();
-    let end = loop {
-        match within(READY, watch.message(), "the watch's end").await {
-            Ok(Some(m)) => statuses.push(m.status()),
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
-        }
-    };
+    let (statuses, end) = watch_to_end(&mut watch).await;
     assert_eq!(
         statuses.last(),
         Some(&ServingStatus::NotServing),
