@@ -268,6 +268,7 @@ impl RateLimiter {
 
     /// A limiter over `redis`, answering by `failure_mode` when Redis does not answer.
     pub fn new(redis: Redis, failure_mode: FailureMode) -> Self {
+        let clock = RedisClock::new(redis.is_cluster());
         Self {
             inner: Arc::new(Inner {
                 redis,
@@ -277,7 +278,7 @@ impl RateLimiter {
                 aligned_window: Script::new(scripts::ALIGNED_WINDOW),
                 sliding_window: Script::new(scripts::SLIDING_WINDOW),
                 last_warning: Mutex::new(None),
-                clock: RedisClock::new(),
+                clock,
                 read_clock: Script::new(scripts::CLOCK),
             }),
         }
@@ -345,9 +346,10 @@ impl RateLimiter {
     }
 
     /// Runs the algorithm's script: one Redis round trip. The script is told the Redis time at
-    /// which Baton stops waiting for it (the rate limit timeout after sending it): run later, the
-    /// caller was answered by the failure mode, so it changes nothing. Only a check that Redis
-    /// began in time but whose answer came back after the timeout still counts.
+    /// which Baton stops waiting for it (the rate limit timeout after sending it, mapped to
+    /// Redis's clock never later than the truth): run later, the caller was answered by the
+    /// failure mode, so it changes nothing. Only a check that Redis began in time but whose
+    /// answer came back after the timeout still counts.
     pub async fn try_check(&self, key: &str, rate: &Rate, cost: u64) -> Result<Decision, Error> {
         let inner = &self.inner;
         let script = match rate.algorithm {
@@ -356,43 +358,79 @@ impl RateLimiter {
             Algorithm::AlignedWindow => &inner.aligned_window,
             Algorithm::SlidingWindow => &inner.sliding_window,
         };
-        if !inner.clock.knows() {
-            // Nothing tells Redis's clock yet: read it first (once), so that even the first
+        let timeout = inner.redis.command_timeout();
+        let timeout_us = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
+        if !inner.clock.knows(key) {
+            // Nothing tells this key's clock yet: read it first (once), so that even the first
             // checks carry their time limit. Redis not answering is the failure mode's to answer,
             // and nothing was sent that counts.
             let sent = RedisClock::local_now_us();
             let now: i64 = inner.redis.eval(&inner.read_clock.key(key)).await?;
-            inner.clock.observe(key, sent, now, false);
+            inner
+                .clock
+                .observe(key, sent, RedisClock::local_now_us(), now);
         }
-        let sent = RedisClock::local_now_us();
-        let timeout = i64::try_from(inner.redis.command_timeout().as_micros()).unwrap_or(i64::MAX);
-        let not_after = inner
-            .clock
-            .to_redis(key, sent.saturating_add(timeout))
-            .unwrap_or(0);
-        let invocation = scripts::Check {
-            key,
-            rate,
-            cost,
-            not_after,
-        }
-        .invocation(script);
-        let reply: Vec<i64> = inner.redis.eval(&invocation).await?;
-        match scripts::reply(rate, &reply) {
-            Some(Reply::Decided { decision, now }) => {
-                inner.clock.observe(key, sent, now, false);
-                Ok(decision)
+        let started = Instant::now();
+        let first_sent = RedisClock::local_now_us();
+        let deadline = first_sent.saturating_add(timeout_us);
+        let mut sent = first_sent;
+        for attempt in 0..2 {
+            let not_after = inner.clock.to_redis(key, deadline).unwrap_or(0);
+            let invocation = scripts::Check {
+                key,
+                rate,
+                cost,
+                not_after,
             }
-            Some(Reply::TooLate { now }) => {
-                inner.clock.observe(key, sent, now, true);
-                Err(Error::Unavailable(
-                    "redis ran the check after the rate limit timeout".to_owned(),
-                ))
+            .invocation(script);
+            let reply: Vec<i64> = if attempt == 0 {
+                inner.redis.eval(&invocation).await?
+            } else {
+                // Within what is left of the first attempt's timeout.
+                let left = timeout.saturating_sub(started.elapsed());
+                match tokio::time::timeout(left, inner.redis.eval(&invocation)).await {
+                    Ok(reply) => reply?,
+                    Err(_) => {
+                        return Err(Error::Unavailable(format!(
+                            "no answer within {}",
+                            humantime::format_duration(timeout)
+                        )));
+                    }
+                }
+            };
+            let answered = RedisClock::local_now_us();
+            match scripts::reply(rate, &reply) {
+                Some(Reply::Decided { decision, now }) => {
+                    inner.clock.observe(key, sent, answered, now);
+                    return Ok(decision);
+                }
+                Some(Reply::TooLate { now }) => {
+                    inner.clock.observe(key, sent, answered, now);
+                    // Judged late by a bound this very answer shows too loose (Baton's own
+                    // reading of the clock was slow to come back): the check changed nothing,
+                    // so it is sent once more with the tighter bound, if time is left.
+                    let in_time = inner
+                        .clock
+                        .to_redis(key, deadline)
+                        .is_some_and(|limit| now <= limit);
+                    if attempt == 0 && in_time && answered < deadline {
+                        sent = RedisClock::local_now_us();
+                        continue;
+                    }
+                    return Err(Error::Unavailable(
+                        "redis ran the check after the rate limit timeout".to_owned(),
+                    ));
+                }
+                None => {
+                    return Err(Error::Internal(
+                        "unexpected rate limit reply from Redis".to_owned(),
+                    ));
+                }
             }
-            None => Err(Error::Internal(
-                "unexpected rate limit reply from Redis".to_owned(),
-            )),
         }
+        Err(Error::Unavailable(
+            "redis ran the check after the rate limit timeout".to_owned(),
+        ))
     }
 }
 

@@ -1,17 +1,17 @@
-//! Redis's clock as seen from this process, per hash slot (in a Cluster each master has its own
-//! clock): an upper bound of the offset between Redis's `TIME` and this process's wall clock,
-//! learnt from scripts that return the `TIME` they read. It lets Baton give a script the last
-//! moment, by Redis's own clock, at which it may still act: one that runs later (Redis was frozen
-//! or busy, and the caller was answered without it) changes nothing.
+//! Redis's clock as seen from this process: a lower bound of the offset between Redis's `TIME`
+//! and this process's wall clock, learnt from scripts that return the `TIME` they read (per hash
+//! slot on a Cluster, where each master has its own clock). It lets Baton give a script the last
+//! moment, by Redis's own clock, at which it may still act: one that runs later (Redis was
+//! frozen, busy or slow to reach, and the caller was answered without it) changes nothing.
 //!
-//! A script sent at local time `s` that read Redis time `r` proves the offset is at most `r - s`
-//! (Redis read its clock after the script was sent); the bound is loose by the time the script
-//! took to reach Redis. The smallest bound seen is kept, per slot and over every slot: a slot
-//! uses the smaller of the two, so that one slow answer on a slot does not loosen it. Only a
-//! script that says it came too late replaces a bound by a larger one, since the clock moved
-//! (another master after a failover, a clock stepped or drifting): its slot then uses its own
-//! bound for [`PIN_US`], so that a master whose clock is ahead of the others' is not judged by
-//! theirs.
+//! A script sent at local time `s` whose answer was read at local time `a` and that read Redis
+//! time `r` proves the offset is at least `r - a` (Redis read its clock before the answer came
+//! back) and at most `r - s`. The largest lower bound seen is kept: a moment mapped with it is
+//! never later than the truth, however slow the way to Redis was, so a check told to change
+//! nothing past it cannot change anything after Baton stopped waiting. The bound is loose by the
+//! time the answer took to come back; the tightest answer seen sets it. An answer whose upper
+//! bound is below the kept bound proves the clock moved back (another master after a failover, a
+//! clock stepped): its own lower bound then replaces the kept one.
 
 use std::{
     sync::atomic::{AtomicI64, Ordering},
@@ -20,60 +20,30 @@ use std::{
 
 use super::slot;
 
-/// How long a slot whose script came too late uses its own bound alone.
-pub const PIN_US: i64 = 10_000_000;
-
 /// Unknown offset.
 const UNKNOWN: i64 = i64::MIN;
 
-/// A slot's bound, and until when it is used alone (local µs).
-struct Bound {
-    offset: AtomicI64,
-    pinned_until: AtomicI64,
-}
-
-impl Bound {
-    fn new() -> Self {
-        Self {
-            offset: AtomicI64::new(UNKNOWN),
-            pinned_until: AtomicI64::new(0),
-        }
-    }
-
-    /// Keeps `bound` if it is tighter, or whatever it is if `late`.
-    fn learn(&self, bound: i64, late: bool) {
-        let kept = self.offset.load(Ordering::Relaxed);
-        if kept == UNKNOWN || bound < kept || late {
-            self.offset.store(bound, Ordering::Relaxed);
-        }
-    }
-
-    fn get(&self) -> Option<i64> {
-        let offset = self.offset.load(Ordering::Relaxed);
-        (offset != UNKNOWN).then_some(offset)
-    }
-}
-
-/// The offsets of every hash slot. Lock-free: races between observations only lose a sample.
+/// The offsets of every hash slot, or one for all of them. Lock-free.
 pub struct RedisClock {
-    /// Per slot.
-    slots: Box<[Bound]>,
-    /// Over every slot: for a slot not used yet, and to tighten a slot's own.
-    any: Bound,
-}
-
-impl Default for RedisClock {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// Per slot on a Cluster; one entry otherwise.
+    bounds: Box<[AtomicI64]>,
 }
 
 impl RedisClock {
-    /// Knows nothing yet.
-    pub fn new() -> Self {
+    /// Knows nothing yet. `per_slot` keeps a bound per hash slot (a Cluster, whose masters'
+    /// clocks differ); otherwise every key shares one.
+    pub fn new(per_slot: bool) -> Self {
+        let n = if per_slot { 16_384 } else { 1 };
         Self {
-            slots: (0..16_384).map(|_| Bound::new()).collect(),
-            any: Bound::new(),
+            bounds: (0..n).map(|_| AtomicI64::new(UNKNOWN)).collect(),
+        }
+    }
+
+    fn bound(&self, key: &str) -> &AtomicI64 {
+        if self.bounds.len() == 1 {
+            &self.bounds[0]
+        } else {
+            &self.bounds[usize::from(slot(key))]
         }
     }
 
@@ -85,42 +55,36 @@ impl RedisClock {
         i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// Whether any offset was learnt yet.
-    pub fn knows(&self) -> bool {
-        self.any.get().is_some()
+    /// Whether an offset was learnt for `key`'s clock.
+    pub fn knows(&self, key: &str) -> bool {
+        self.bound(key).load(Ordering::Relaxed) != UNKNOWN
     }
 
-    /// Records that a script on `key`, sent at local time `sent_us`, read Redis time
-    /// `redis_us`. With `late`, the script said it came too late: its bound is taken even if
-    /// larger than the one kept, and its slot uses its own for [`PIN_US`].
-    pub fn observe(&self, key: &str, sent_us: i64, redis_us: i64, late: bool) {
-        let bound = redis_us.saturating_sub(sent_us);
-        let own = &self.slots[usize::from(slot(key))];
-        own.learn(bound, late);
-        self.any.learn(bound, late);
-        if late {
-            own.pinned_until.store(
-                Self::local_now_us().saturating_add(PIN_US),
-                Ordering::Relaxed,
-            );
+    /// Records that a script on `key`, sent at local time `sent_us` and answered at local time
+    /// `answered_us`, read Redis time `redis_us`.
+    pub fn observe(&self, key: &str, sent_us: i64, answered_us: i64, redis_us: i64) {
+        let lower = redis_us.saturating_sub(answered_us);
+        let upper = redis_us.saturating_sub(sent_us);
+        let bound = self.bound(key);
+        let mut kept = bound.load(Ordering::Relaxed);
+        loop {
+            let moved_back = kept != UNKNOWN && upper < kept;
+            if !(kept == UNKNOWN || lower > kept || moved_back) {
+                return;
+            }
+            match bound.compare_exchange_weak(kept, lower, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => kept = now,
+            }
         }
     }
 
-    /// The Redis time of local time `local_us` on `key`'s slot, if an offset was learnt: never
-    /// earlier than the truth, unless a master's clock moved ahead since (then one script
-    /// says it came too late, and its slot learns).
+    /// The Redis time of local time `local_us` on `key`'s clock, if an offset was learnt: never
+    /// later than the truth, unless that clock moved back since (then the next answer from it
+    /// teaches Baton).
     pub fn to_redis(&self, key: &str, local_us: i64) -> Option<i64> {
-        let own = &self.slots[usize::from(slot(key))];
-        let offset = match (own.get(), self.any.get()) {
-            (Some(own_offset), _)
-                if Self::local_now_us() < own.pinned_until.load(Ordering::Relaxed) =>
-            {
-                own_offset
-            }
-            (Some(a), Some(b)) => a.min(b),
-            (one, other) => one.or(other)?,
-        };
-        Some(local_us.saturating_add(offset))
+        let offset = self.bound(key).load(Ordering::Relaxed);
+        (offset != UNKNOWN).then(|| local_us.saturating_add(offset))
     }
 }
 
@@ -128,32 +92,39 @@ impl RedisClock {
 mod tests {
     use super::*;
 
-    /// The tightest bound is kept and shared: a slot uses the smaller of its own and every
-    /// slot's; a larger one replaces it only when a script came too late, and that slot then
-    /// uses its own alone.
+    /// The largest lower bound is kept, whatever the way there took; a slow way to Redis does
+    /// not move the moment later; a clock that moved back is learnt from its next answer.
     #[test]
-    fn tightest_bound_and_late_scripts() {
-        let clock = RedisClock::new();
-        assert!(!clock.knows());
+    fn largest_lower_bound_and_a_clock_moved_back() {
+        let clock = RedisClock::new(false);
+        assert!(!clock.knows("{a}"));
         assert_eq!(clock.to_redis("{a}", 100), None);
-        clock.observe("{a}", 1_000, 6_000, false);
-        assert_eq!(clock.to_redis("{a}", 100), Some(5_100));
-        // Another slot, never used, borrows it; a slow answer there does not loosen it.
-        assert_eq!(clock.to_redis("{b}", 100), Some(5_100));
-        clock.observe("{b}", 1_000, 40_000, false);
-        assert_eq!(clock.to_redis("{b}", 100), Some(5_100));
-        clock.observe("{a}", 1_000, 4_000, false);
+        // Sent at 1,000, answered at 3,000, Redis read 6,000: the offset is 3,000 to 5,000.
+        clock.observe("{a}", 1_000, 3_000, 6_000);
+        assert!(clock.knows("{b}"), "one clock for every key off a Cluster");
         assert_eq!(clock.to_redis("{a}", 100), Some(3_100));
-        assert_eq!(clock.to_redis("{b}", 100), Some(3_100));
-        clock.observe("{a}", 1_000, 9_000, false);
+        // The way to Redis took 50,000 (Redis read 56,000 and answered at once): no looser.
+        clock.observe("{a}", 1_000, 53_000, 56_000);
         assert_eq!(clock.to_redis("{a}", 100), Some(3_100));
-        // Too late on {c}: its master's clock is ahead; {c} uses its own, the others the least.
-        clock.observe("{c}", 1_000, 90_000, true);
-        assert_eq!(clock.to_redis("{c}", 100), Some(89_100));
-        clock.observe("{c}", 1_000, 80_000, false);
-        assert_eq!(clock.to_redis("{c}", 100), Some(79_100));
-        clock.observe("{a}", 1_000, 2_000, false);
-        assert_eq!(clock.to_redis("{a}", 100), Some(1_100));
-        assert_eq!(clock.to_redis("{c}", 100), Some(79_100));
+        // A quick answer tightens it.
+        clock.observe("{a}", 10_000, 10_100, 14_900);
+        assert_eq!(clock.to_redis("{a}", 100), Some(4_900));
+        // A slower one does not loosen it.
+        clock.observe("{a}", 20_000, 29_000, 25_000);
+        assert_eq!(clock.to_redis("{a}", 100), Some(4_900));
+        // The clock moved back (at most 1,000 ahead now): its lower bound replaces the kept one.
+        clock.observe("{a}", 30_000, 30_500, 31_000);
+        assert_eq!(clock.to_redis("{a}", 100), Some(600));
+    }
+
+    /// On a Cluster each slot learns its own clock, and a slot never read knows nothing.
+    #[test]
+    fn per_slot_clocks() {
+        let clock = RedisClock::new(true);
+        clock.observe("{a}", 1_000, 1_100, 9_000);
+        assert!(clock.knows("{a}"));
+        assert!(!clock.knows("{b}"));
+        assert_eq!(clock.to_redis("{b}", 100), None);
+        assert_eq!(clock.to_redis("{a}", 100), Some(8_000));
     }
 }
