@@ -71,14 +71,17 @@ pub struct Conn {
     broken: Arc<AtomicBool>,
     /// When it was last handed out, in milliseconds from [`EPOCH`].
     handed_out: Arc<AtomicU64>,
+    /// The generation of the master it was opened to (see [`Endpoint::is_current`]).
+    generation: u64,
 }
 
 impl Conn {
-    fn new(conn: MultiplexedConnection) -> Self {
+    fn new(conn: MultiplexedConnection, generation: u64) -> Self {
         Self {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
             handed_out: Arc::new(AtomicU64::new(now_millis())),
+            generation,
         }
     }
 
@@ -114,8 +117,6 @@ pub struct Manager {
     connect_timeout: Duration,
     command_timeout: Duration,
     config: AsyncConnectionConfig,
-    /// The node the last connection went to, to notice when the Sentinels name a new master.
-    last_node: std::sync::Mutex<Option<String>>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -123,21 +124,20 @@ impl bb8::ManageConnection for Manager {
     type Error = Error;
 
     async fn connect(&self) -> Result<Conn, Error> {
-        // With Sentinel this asks for the current master, so a failover is followed by the next
-        // connection opened after the old one broke.
-        let client = self
-            .endpoint
-            .client(self.connect_timeout)
-            .await
-            .map_err(connect_error)?;
+        // With Sentinel this asks for the current master; connections to an older one are
+        // dropped as soon as the Sentinels name another (see `has_broken`).
+        let (client, generation) = self.endpoint.client(self.connect_timeout).await?;
+        let addr = client.get_connection_info().addr().to_string();
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(connect_error)?;
-        let addr = client.get_connection_info().addr().to_string();
-        if matches!(self.endpoint, Endpoint::Sentinel(_)) {
-            self.note_master(&addr);
-        }
+            .map_err(|e| match (&self.endpoint, connect_error(e)) {
+                (Endpoint::Sentinel(_), Error::Unavailable(cause)) => {
+                    // The cause first: its code sorts the error (see `error_kind`).
+                    Error::Unavailable(format!("{cause} (master {addr})"))
+                }
+                (_, e) => e,
+            })?;
         let info = tokio::time::timeout(
             self.command_timeout,
             redis::cmd("INFO")
@@ -162,7 +162,7 @@ impl bb8::ManageConnection for Manager {
             Err(e) if e.code() == Some("NOPERM") => {}
             Err(e) => return Err(e.into()),
         }
-        Ok(Conn::new(conn))
+        Ok(Conn::new(conn, generation))
     }
 
     async fn is_valid(&self, conn: &mut Conn) -> Result<(), Error> {
@@ -173,22 +173,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.is_broken()
-    }
-}
-
-impl Manager {
-    /// Counts and logs a failover when the Sentinels name another master than the last one.
-    fn note_master(&self, addr: &str) {
-        // Only the last address lives under this lock: a panic leaves nothing half done.
-        let mut last = self.last_node.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = last.replace(addr.to_owned());
-        if let Some(previous) = previous
-            && previous != addr
-        {
-            metrics::topology_change("sentinel", true);
-            tracing::warn!(from = %previous, to = %addr, "the Sentinels name a new master (failover); connecting to it");
-        }
+        conn.is_broken() || !self.endpoint.is_current(conn.generation)
     }
 }
 
@@ -236,6 +221,8 @@ struct PoolSettings {
 #[derive(Clone)]
 struct NodePool {
     pool: bb8::Pool<Manager>,
+    /// Where the pool connects: tells whether a connection still goes to the current master.
+    endpoint: Endpoint,
     connect_failures: ConnectFailures,
     command_timeout: Duration,
     /// Reports the pool's connections to the metrics for as long as the pool lives.
@@ -246,13 +233,12 @@ impl NodePool {
     /// A pool for `endpoint` that connects only when asked for a connection.
     fn new(endpoint: Endpoint, settings: PoolSettings) -> Self {
         let manager = Manager {
-            endpoint,
+            endpoint: endpoint.clone(),
             connect_timeout: settings.connect_timeout,
             command_timeout: settings.command_timeout,
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(Some(settings.command_timeout)),
-            last_node: std::sync::Mutex::new(None),
         };
         let connect_failures = ConnectFailures(tokio::sync::broadcast::channel(16).0);
         let pool = bb8::Pool::builder()
@@ -272,6 +258,7 @@ impl NodePool {
         metrics::watch_pool(settings.role, &watched);
         Self {
             pool,
+            endpoint,
             connect_failures,
             command_timeout: settings.command_timeout,
             _watched: watched,
@@ -286,6 +273,10 @@ impl NodePool {
     async fn checkout(&self, deadline: Instant) -> Result<Conn, Error> {
         loop {
             let mut conn = self.checkout_any(deadline).await?;
+            if !self.endpoint.is_current(conn.generation) {
+                // To a master the Sentinels no longer name: dropped by the pool when given back.
+                conn.mark_broken();
+            }
             if conn.is_broken() {
                 // Broken since the pool took it back: dropped by the pool when given back now.
                 continue;
@@ -396,7 +387,7 @@ fn connect_error(e: RedisError) -> Error {
 }
 
 /// How the cause of a failed TLS handshake with Redis starts.
-const TLS_FAILED: &str = "TLS handshake with Redis failed";
+pub(crate) const TLS_FAILED: &str = "TLS handshake with Redis failed";
 
 /// What makes Baton exit at start (code 2) rather than serve unready: Redis answered but refused
 /// Baton's credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`), or the TLS handshake failed (a
@@ -887,7 +878,21 @@ impl Redis {
         outcome: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
     ) -> Result<T, Error> {
         match outcome {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                // An answer read after the Sentinels named another master came from the old one,
+                // which no longer counts: what it granted or renewed may be gone from the new
+                // master. It is taken as the connection failing, so the caller does not trust it.
+                if let Backend::Node { pool } = &self.backend
+                    && !pool.endpoint.is_current(conn.generation)
+                {
+                    conn.mark_broken();
+                    return Err(Error::Unanswered(
+                        "the Sentinels named a new master before the old one's answer was read"
+                            .into(),
+                    ));
+                }
+                Ok(value)
+            }
             Ok(Err(e)) => {
                 if breaks_connection(&e) {
                     conn.mark_broken();

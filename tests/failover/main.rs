@@ -2,8 +2,9 @@
 //! (`tests/support/topology.rs`). Every figure is printed; run with
 //! `cargo test --test failover -- --nocapture` to see them.
 //!
-//! - [`sentinel`]: a Sentinel failover during contention, fencing with `--min-replicas-ack`, and
-//!   a leader election through a Sentinel failover;
+//! - [`sentinel`]: a Sentinel failover during contention, fencing with `--min-replicas-ack`, a
+//!   leader election through a Sentinel failover, a manual failover that leaves the old master
+//!   running, a frozen first Sentinel, and errors that name the address;
 //! - [`cluster`]: a live slot migration while locks are held and waited for, a Cluster master
 //!   failover, and a dead master without a replica;
 //! - [`keepalive`]: the keepalive cost per Cluster node.

@@ -1,5 +1,6 @@
-//! Redis Sentinel: a failover during contention, fencing with `--min-replicas-ack`, and a
-//! leader election through a failover.
+//! Redis Sentinel: a failover during contention, fencing with `--min-replicas-ack`, a leader
+//! election through a failover, a manual failover that leaves the old master running, a frozen
+//! first Sentinel, and errors that name the address.
 
 use super::*;
 
@@ -593,4 +594,187 @@ async fn sentinel_failover_elects_again_with_a_higher_term() {
 /// A proto duration as a std one.
 fn ms_of(d: &Option<prost_types::Duration>) -> Duration {
     std_duration(d.as_ref().expect("a duration"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manual failover: the old master keeps running
+// ---------------------------------------------------------------------------------------------
+
+/// How long after the promotion the second Baton keeps trying to take the lock: past the moment
+/// the Sentinels turn the old master into a replica (their next `INFO` of it, up to 10 s later),
+/// so that a Baton still talking to the old master is caught.
+const MANUAL_FAILOVER_WATCH: Duration = Duration::from_secs(12);
+
+/// Sentinel: `SENTINEL FAILOVER` while a Hold stream (ttl 2 s) is open on Baton A. The old master
+/// keeps running and says it is the master until the Sentinels reconfigure it, up to 10 s later;
+/// A must move to the promoted replica meanwhile. Its stream either keeps the lease there (the
+/// key is on the new master) or reports `lost` before the lease could expire, and Baton C,
+/// started after the failover, never acquires the lock while A's stream vouches for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_manual_failover_leaves_the_old_master() {
+    const NAME: &str = "manual";
+    let mut sentinels = SentinelDeployment::start().await;
+    let a = Baton::start_on(sentinel_config(&sentinels), |_| {}).await;
+    let hold = hold_lock(&mut a.client().await, NAME, FAILOVER_TTL_MS).await;
+    let granted_at = hold.granted.0;
+    wait_until(Duration::from_secs(5), "a first renewal", || {
+        let renewed = hold.renewed_after(granted_at);
+        async move { if renewed { Ok(()) } else { Err("none") } }
+    })
+    .await;
+
+    let failover_at = Instant::now();
+    let old = sentinels.manual_failover().await;
+    let new = sentinels.wait_for_failover(Duration::from_secs(20)).await;
+    let promoted_at = Instant::now();
+    println!(
+        "manual failover {old} -> {new}: seen {:?} after SENTINEL FAILOVER",
+        promoted_at - failover_at
+    );
+
+    let c = Baton::start_on(sentinel_config(&sentinels), |tweak| {
+        tweak.redis.key_prefix = a.prefix().to_owned();
+    })
+    .await;
+    let mut other = c.client().await;
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let mut attempts = 0;
+    let mut taken = None;
+    while promoted_at.elapsed() < MANUAL_FAILOVER_WATCH {
+        pace.tick().await;
+        let sent = Instant::now();
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(3),
+            other.acquire(lock_request(NAME, 1_000, 0)),
+        )
+        .await;
+        attempts += 1;
+        if let Ok(Ok(r)) = attempt
+            && r.get_ref().acquired
+        {
+            taken = Some((sent, Instant::now()));
+            break;
+        }
+    }
+    let events = hold.events();
+    let lost_at = events.iter().find_map(|e| match e {
+        Seen::Lost { at, .. } | Seen::Failed { at, .. } | Seen::Ended { at } => Some(*at),
+        Seen::Renewed { .. } => None,
+    });
+    println!("A's stream: {events:?}; C's attempts: {attempts}, taken: {taken:?}");
+
+    match taken {
+        Some((sent, answered)) => {
+            // A's stream must no longer vouch for its lease when C was granted it.
+            let vouched = hold.expiry_vouched_before(sent);
+            assert!(
+                lost_at.is_some_and(|lost| lost < answered) || vouched < answered,
+                "Baton C acquired {NAME} {:?} after the promotion while Baton A's stream still \
+                 held it ({:?} of its lease left, no `lost` before): two holders of one lock \
+                 (A's events: {events:?})",
+                answered - promoted_at,
+                vouched - answered,
+            );
+        }
+        None => {
+            // A kept the lease: on the new master, where its renewals went.
+            hold.assert_kept();
+            assert!(
+                hold.renewed_after(promoted_at + Duration::from_secs(3)),
+                "A's stream stopped renewing: {events:?}"
+            );
+            let mut conn = redis::Client::open(format!("redis://{new}"))
+                .expect("a client")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection to the new master");
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(a.lock_key(NAME))
+                .query_async(&mut conn)
+                .await
+                .expect("PTTL");
+            assert!(
+                pttl > 0,
+                "A's stream says it holds {NAME}, but its key is not on the new master {new} \
+                 (PTTL {pttl})"
+            );
+        }
+    }
+    // Any `lost` came before the lease could have expired.
+    if let Some(Seen::Lost { at, .. }) = events.iter().find(|e| matches!(e, Seen::Lost { .. })) {
+        assert!(
+            *at < hold.expiry_vouched_before(*at),
+            "A reported `lost` only after its lease could have expired: {events:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A frozen Sentinel
+// ---------------------------------------------------------------------------------------------
+
+/// How soon a Baton whose first Sentinel is frozen must serve: it asks every Sentinel at once,
+/// so the frozen one costs nothing but its own answer. Generous for a loaded machine.
+const FROZEN_SENTINEL_BOUND: Duration = Duration::from_secs(4);
+
+/// Sentinel: the first-listed Sentinel frozen (SIGSTOP: its port accepts connections and never
+/// answers). A fresh Baton still finds the master through the two others and serves within a
+/// couple of seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_frozen_first_sentinel_does_not_hide_the_others() {
+    let sentinels = SentinelDeployment::start().await;
+    let first = sentinels.sentinel_pids()[0];
+    let _frozen = support::freeze(first);
+    let started = Instant::now();
+    let baton = Baton::start_on(sentinel_config(&sentinels), |_| {}).await;
+    let probes: Vec<String> = (0..200).map(|i| format!("frozen-probe-{i}")).collect();
+    let served = first_acquire(&baton.client().await, &probes, Duration::from_secs(10)).await;
+    let took = served - started;
+    println!("with the first Sentinel frozen, Baton served {took:?} after it started");
+    assert!(
+        took < FROZEN_SENTINEL_BOUND,
+        "Baton served only {took:?} after it started"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors that say what is wrong
+// ---------------------------------------------------------------------------------------------
+
+/// Sentinel mode's failures name the address and what was expected there: a plain Redis given
+/// as a Sentinel, and Sentinels that are all down, each answer UNAVAILABLE saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_errors_name_the_address() {
+    let plain = support::RedisServer::start_standalone().await;
+    let Topology::Standalone { url } = plain.topology() else {
+        panic!("a standalone server")
+    };
+    let down = format!("127.0.0.1:{}", support::free_port());
+    for (sentinels, expected) in [
+        (vec![url.clone()], "is not a Sentinel"),
+        (vec![format!("redis://{down}")], "Sentinel 127.0.0.1:"),
+    ] {
+        let baton = Baton::start_unready(&plain, |config| {
+            config.redis.topology = Topology::Sentinel {
+                sentinels: sentinels.clone(),
+                master: "baton".into(),
+                node_url: None,
+            };
+        })
+        .await;
+        let status = baton
+            .client()
+            .await
+            .acquire(lock_request("misconfigured", 1_000, 0))
+            .await
+            .expect_err("no master to serve from");
+        println!("{sentinels:?}: {:?} {}", status.code(), status.message());
+        let address = sentinels[0].trim_start_matches("redis://");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains(expected) && status.message().contains(address),
+            "{sentinels:?}: {}",
+            status.message()
+        );
+    }
 }

@@ -72,6 +72,9 @@ pub(super) enum Connection {
         /// Set when a command found the connection broken (killed, reset), which its stream
         /// may not have noticed yet.
         broken: Arc<AtomicBool>,
+        /// Resolves when the Sentinels name another master than the one this connection went
+        /// to: the connection is then given up as if it had dropped.
+        superseded: BoxFuture<'static, ()>,
     },
     /// A Redis Cluster: the connections to its masters, and the pushes they all send.
     Cluster {
@@ -125,7 +128,9 @@ impl Connection {
     pub(super) async fn open(source: &Source, timeout: Duration) -> Result<Self, String> {
         match source {
             Source::Node(endpoint) => {
-                let client = endpoint.client(timeout).await.map_err(|e| e.to_string())?;
+                let (client, generation) =
+                    endpoint.client(timeout).await.map_err(|e| e.to_string())?;
+                let superseded = endpoint.superseded(generation).boxed();
                 let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
                     .await
                     .map_err(|_| "timed out".to_owned())?
@@ -136,6 +141,7 @@ impl Connection {
                     stream,
                     timeout,
                     broken: Arc::default(),
+                    superseded,
                 })
             }
             Source::Cluster(cluster) => {
@@ -191,10 +197,16 @@ impl Connection {
     /// The next event; `None` when the connection is gone.
     pub(super) async fn next(&mut self) -> Option<Event> {
         match self {
-            Self::Node { stream, .. } => stream
-                .next()
-                .await
-                .map(|m| Event::Message(Message::Node(m))),
+            Self::Node {
+                stream, superseded, ..
+            } => tokio::select! {
+                message = stream.next() => message.map(|m| Event::Message(Message::Node(m))),
+                () = superseded => {
+                    tracing::warn!("the Sentinels name a new master: the pub/sub connection \
+                                    moves to it");
+                    None
+                }
+            },
             Self::Cluster { pushes, .. } => loop {
                 let push = pushes.recv().await?;
                 match push.kind {

@@ -314,6 +314,23 @@ impl SentinelDeployment {
         addr
     }
 
+    /// Asks the first Sentinel for a manual failover (`SENTINEL FAILOVER`): the replica is
+    /// promoted while the old master keeps running, and still says it is the master until the
+    /// Sentinels turn it into a replica (at their next `INFO` of it, up to 10 s later). Returns
+    /// the old master's address; [`Self::wait_for_failover`] then waits for the promotion.
+    pub async fn manual_failover(&self) -> SocketAddr {
+        let port = self.sentinels[0].port;
+        let _: String = query(
+            port,
+            redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(&self.master_name),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("SENTINEL FAILOVER on {port}: {e}"));
+        SocketAddr::from(([127, 0, 0, 1], self.data[self.master].port))
+    }
+
     /// Restarts the killed data node on its old port as a replica of the current master (with
     /// no data: nothing is saved), and waits until it has synced and every Sentinel lists it as
     /// a replica that is not down.
