@@ -202,8 +202,10 @@ impl Connection {
             } => tokio::select! {
                 message = stream.next() => message.map(|m| Event::Message(Message::Node(m))),
                 () = superseded => {
-                    tracing::warn!("the Sentinels name a new master: the pub/sub connection \
-                                    moves to it");
+                    tracing::warn!(
+                        "the pub/sub connection's master is no longer current (a Sentinel \
+                         failover); reconnecting"
+                    );
                     None
                 }
             },
