@@ -340,7 +340,7 @@ impl RateLimiter {
             tracing::warn!(
                 error = %error,
                 failure_mode = ?self.inner.failure_mode,
-                "rate limit decided by the failure mode: redis did not answer"
+                "rate limit decided by the failure mode: redis gave no decision"
             );
         }
     }
