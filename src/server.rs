@@ -291,7 +291,8 @@ pub async fn serve_until(
         api
     });
 
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let reporter = HealthReporter::new();
+    let health = crate::grpc::health::Health::server(reporter.clone());
     for name in LIVE_NAMES {
         reporter
             .set_service_status(name, ServingStatus::Serving)

@@ -10,6 +10,7 @@ pub mod authority;
 pub mod conn;
 pub mod deadline;
 pub mod drain;
+pub mod health;
 pub mod leases;
 pub mod unary;
 pub mod wire;

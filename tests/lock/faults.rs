@@ -337,6 +337,30 @@ async fn health_follows_redis() {
     }
     let unknown = health_status(&mut health, "no.such.Service").await;
     assert_code(unknown, Code::NotFound, "an unknown service");
+    // Watch of an unknown service: SERVICE_UNKNOWN, and the call stays open (grpc.health.v1),
+    // not a NOT_FOUND failure.
+    let mut unknown = health
+        .watch(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .expect("Watch of an unknown service opens")
+        .into_inner();
+    let first = within(
+        Duration::from_secs(10),
+        unknown.message(),
+        "the first status of an unknown service",
+    )
+    .await
+    .expect("a status")
+    .expect("the first status");
+    assert_eq!(first.status(), ServingStatus::ServiceUnknown);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), unknown.message())
+            .await
+            .is_err(),
+        "the watch of an unknown service stays open"
+    );
 
     let mut readiness = health
         .watch(HealthCheckRequest {
