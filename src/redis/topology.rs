@@ -52,6 +52,10 @@ const POLL_LIMIT: Duration = Duration::from_secs(1);
 /// subscribes to it again (the periodic question goes on meanwhile).
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a Sentinel that refused Baton's subscription (its ACL rule lacks it) is left before
+/// Baton subscribes again.
+const REFUSED_RETRY: Duration = Duration::from_secs(60);
+
 /// The Sentinel events that announce a failover: the Sentinel leading it publishes
 /// `+selected-slave` when it has chosen the replica to promote (just before it sends it
 /// `REPLICAOF NO ONE`), `+failover-state-wait-promotion` once it has sent it, and
@@ -399,12 +403,25 @@ impl Sentinels {
                 ));
                 continue;
             }
-            if named.promoting || (known.fenced.is_some() && known.addr == Some(named.addr())) {
-                failures.push(format!(
-                    "a failover is under way: Sentinel {} is promoting a replica of {}",
-                    named.sentinel,
+            let fenced_by = known
+                .fenced
+                .as_ref()
+                .filter(|_| known.addr == Some(named.addr()))
+                .map(|(sentinel, _)| sentinel.clone());
+            if named.promoting || fenced_by.is_some() {
+                // Named after the Sentinel that said it is promoting, not the one asked.
+                let promoter = if named.promoting {
+                    named.sentinel.clone()
+                } else {
+                    fenced_by.unwrap_or_default()
+                };
+                let failure = format!(
+                    "a failover is under way: Sentinel {promoter} is promoting a replica of {}",
                     named.addr()
-                ));
+                );
+                if !failures.contains(&failure) {
+                    failures.push(failure);
+                }
                 continue;
             }
             if !tried.insert(named.addr()) {
@@ -621,6 +638,7 @@ async fn listen(
     wake: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let mut refused = false;
     loop {
         let Some(strong) = sentinels.upgrade() else {
             return;
@@ -650,15 +668,23 @@ async fn listen(
                 tracing::debug!(index, "a Sentinel's pub/sub connection dropped");
             }
             Err(e) if e.contains("NOPERM") => {
-                // Subscribing again would only fill the Sentinel's ACL LOG: the periodic
-                // question stands in for the announcements.
-                tracing::warn!(
-                    error = %e,
-                    "the Sentinel refuses Baton's subscription to its failover announcements \
-                     (see the ACL rules in docs/security.md); failovers are noticed by asking it \
-                     every 300 ms instead"
-                );
-                return;
+                // The periodic question stands in for the announcements meanwhile. Asked again
+                // only every REFUSED_RETRY, so as not to fill the Sentinel's ACL LOG, and warned
+                // of once: a fixed ACL rule takes effect without restarting Baton.
+                if !refused {
+                    tracing::warn!(
+                        error = %e,
+                        "the Sentinel refuses Baton's subscription to its failover announcements \
+                         (see the ACL rules in docs/security.md); failovers are noticed by asking \
+                         it every 300 ms instead, and the subscription is tried again every minute"
+                    );
+                }
+                refused = true;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(REFUSED_RETRY) => {}
+                }
+                continue;
             }
             Err(e) => tracing::debug!(error = %e, "cannot subscribe to a Sentinel's announcements"),
         }
