@@ -254,6 +254,10 @@ pub struct Options {
     /// Failovers per Sentinel timing in [`Scenario::RedisFailover`] (and Cluster failovers: at
     /// most 3).
     pub failovers: usize,
+    /// The nice value the Redis of each repeat runs at (`None`: the load generator's own). A
+    /// negative one keeps the load generator and Baton, which share Redis's cores here, from
+    /// taking a core from it in the middle of a script, as they could not on a host of its own.
+    pub redis_nice: Option<i32>,
     /// The Baton binaries.
     pub builds: Vec<BuildSpec>,
 }
@@ -281,6 +285,7 @@ impl Options {
             autocomplete_cases: Vec::new(),
             autocomplete_build_ranked: false,
             failovers: 5,
+            redis_nice: None,
             builds: Vec::new(),
         }
     }
@@ -310,6 +315,7 @@ impl Options {
             autocomplete_cases: Vec::new(),
             autocomplete_build_ranked: false,
             failovers: 1,
+            redis_nice: None,
             builds: Vec::new(),
         }
     }
@@ -405,6 +411,9 @@ impl Options {
             put("autocomplete_build_ranked", "true".to_owned());
         }
         put("failovers", self.failovers.to_string());
+        if let Some(nice) = self.redis_nice {
+            put("redis_nice", nice.to_string());
+        }
         m
     }
 }
@@ -421,10 +430,23 @@ pub struct Stage {
 }
 
 impl Stage {
-    /// Starts `redis-server` and the `baton` binary `binary` on it (Redis pool of `pool`, a
-    /// generous rate limit timeout so that no decision falls to the failure mode).
-    pub async fn start(binary: &Path, pool: usize) -> Self {
+    /// Starts `redis-server` (at the nice value `redis_nice`, if given) and the `baton` binary
+    /// `binary` on it (Redis pool of `pool`, a generous rate limit timeout so that no decision
+    /// falls to the failure mode).
+    pub async fn start(binary: &Path, pool: usize, redis_nice: Option<i32>) -> Self {
         let redis = RedisServer::start_standalone().await;
+        if let Some(nice) = redis_nice {
+            let pid = redis.pid().expect("a single Redis has a pid");
+            let status = std::process::Command::new("renice")
+                .args(["-n", &nice.to_string(), "-p", &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .expect("run renice");
+            assert!(
+                status.success(),
+                "renice -n {nice} of Redis failed: {status}"
+            );
+        }
         let url = redis.url();
         let pool = pool.to_string();
         let baton = BatonProcess::spawn_binary(
@@ -514,7 +536,7 @@ pub async fn run(options: &Options, command: &str) -> Run {
             let load_before = probe::load_average();
             let mut records = Vec::new();
             if options.scenarios.iter().any(|s| s.needs_baton()) {
-                let stage = Stage::start(&build.path, options.pool).await;
+                let stage = Stage::start(&build.path, options.pool, options.redis_nice).await;
                 let mut baton_records = Vec::new();
                 primitives::run(options, &stage, &mut baton_records).await;
                 if wants(Scenario::Leases) {

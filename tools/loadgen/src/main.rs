@@ -128,6 +128,10 @@ struct RunArgs {
     /// One repeat, 1 s windows, at most 2000 leases, 100,000 terms, 500 handoffs, 1 failover.
     #[arg(long)]
     quick: bool,
+    /// Runs each repeat's Redis at this nice value (a negative one needs privileges): keeps the
+    /// load generator and Baton from preempting Redis on the cores they share.
+    #[arg(long, allow_hyphen_values = true)]
+    redis_nice: Option<i32>,
     /// A Baton binary to measure, `NAME=PATH` (repeat to compare builds in one run; the last is
     /// the current one). Default: the `baton` beside this executable.
     #[arg(long)]
@@ -194,6 +198,12 @@ fn options(args: &RunArgs) -> Result<Options, String> {
     }
     if let Some(n) = args.pool {
         o.pool = n.max(1);
+    }
+    if let Some(nice) = args.redis_nice {
+        if !(-20..=19).contains(&nice) {
+            return Err("--redis-nice must be from -20 to 19".to_owned());
+        }
+        o.redis_nice = Some(nice);
     }
     if let Some(n) = args.handoffs {
         o.handoffs = n.max(1);
