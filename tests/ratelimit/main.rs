@@ -84,6 +84,28 @@ async fn check(
         .into_inner()
 }
 
+/// A peek (cost 0) decided by Redis, sent again while the failure mode answers it: a peek counts
+/// nothing, and on a busy machine a short rate limit timeout can pass before Redis answers.
+async fn peek_decided_by_redis(
+    client: &mut Client,
+    req: pb::RateLimitServiceCheckRequest,
+) -> pb::RateLimitServiceCheckResponse {
+    assert_eq!(req.cost, Some(0), "only a peek may be sent again");
+    wait_until(Duration::from_secs(20), "a peek decided by Redis", || {
+        let mut client = client.clone();
+        let req = req.clone();
+        async move {
+            let got = check(&mut client, req).await;
+            if got.decided_by() == pb::RateLimitDecidedBy::Redis {
+                Ok(got)
+            } else {
+                Err(got)
+            }
+        }
+    })
+    .await
+}
+
 fn micros(d: Option<&prost_types::Duration>) -> u64 {
     d.map(|d| u64::try_from(std_duration(d).as_micros()).expect("fits"))
         .unwrap_or_else(|| panic!("a duration was expected"))
