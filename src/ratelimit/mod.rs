@@ -236,15 +236,6 @@ pub fn rate_key(prefix: &str, namespace: &str, name: &str, rate: &Rate) -> Strin
     }
 }
 
-/// Readings of Redis's clock a limiter takes when it starts ([`RateLimiter::connect`]).
-const CLOCK_READS: usize = 3;
-
-/// The pause between those readings.
-const CLOCK_READ_PACE: Duration = Duration::from_millis(100);
-
-/// The key whose node the start-up readings of the clock go to (any key: one clock).
-const CLOCK_KEY: &str = "{rl:clock}";
-
 /// The rate limiter. Cheap to clone.
 #[derive(Clone)]
 pub struct RateLimiter {
@@ -272,40 +263,7 @@ impl RateLimiter {
         let mut redis = redis.clone();
         redis.command_timeout = config.timeout;
         let redis = Redis::with_role(&redis, crate::metrics::PoolRole::RateLimit)?;
-        let limiter = Self::new(redis, config.failure_mode);
-        limiter.learn_clock();
-        Ok(limiter)
-    }
-
-    /// Reads Redis's clock a few times in the background (a single Redis or a Sentinel master:
-    /// one clock), so that the first checks carry a tight bound. The bound errs early by the way
-    /// back of the quickest answer seen, and a check judged late by it is answered by the failure
-    /// mode (sent once more only if time is left): a fresh Baton whose only reading came back
-    /// slowly would refuse or admit by its failure mode until a quicker answer came.
-    fn learn_clock(&self) {
-        if self.inner.redis.is_cluster() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let limiter = self.clone();
-        runtime.spawn(async move {
-            let inner = &limiter.inner;
-            for _ in 0..CLOCK_READS {
-                let sent = RedisClock::local_now_us();
-                let read = inner
-                    .redis
-                    .eval::<i64>(&inner.read_clock.key(CLOCK_KEY))
-                    .await;
-                if let Ok(now) = read {
-                    inner
-                        .clock
-                        .observe(CLOCK_KEY, sent, RedisClock::local_now_us(), now);
-                }
-                tokio::time::sleep(CLOCK_READ_PACE).await;
-            }
-        });
+        Ok(Self::new(redis, config.failure_mode))
     }
 
     /// A limiter over `redis`, answering by `failure_mode` when Redis does not answer.
