@@ -697,6 +697,19 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
 /// starts shutting down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_granted_as_shutdown_begins_is_given_back_unheard() {
+    granted_as_shutdown_begins(true).await;
+}
+
+/// As above, for a waiting unary `Acquire`: it fails UNAVAILABLE and the grant is given back.
+/// (It once returned the grant: a Baton's waiter could take what that Baton's own holds released
+/// at shutdown, and hold it through a Baton going away.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_granted_as_shutdown_begins_is_given_back_unheard() {
+    granted_as_shutdown_begins(false).await;
+}
+
+/// The two tests above: the waiter waits in a `Hold` stream (`hold`) or a unary `Acquire`.
+async fn granted_as_shutdown_begins(hold: bool) {
     let redis = RedisServer::start().await;
     // Commands may wait out the pause below instead of timing out.
     let mut baton = Baton::start_with(&redis, |c| {
@@ -717,17 +730,33 @@ async fn a_hold_granted_as_shutdown_begins_is_given_back_unheard() {
         .into_inner();
     let held_at = Instant::now();
     assert!(acquired.lease.is_some(), "{acquired:?}");
-    let mut waiter = client
-        .hold(pb::LockServiceHoldRequest {
-            name: "contended".into(),
-            ttl: Some(ms(10_000)),
-            wait_timeout: Some(ms(30_000)),
-            owner: String::new(),
-            ..Default::default()
-        })
-        .await
-        .expect("Hold")
-        .into_inner();
+    let mut waiting = client.clone();
+    let waiter = tokio::spawn(async move {
+        if hold {
+            let mut stream = waiting
+                .hold(pb::LockServiceHoldRequest {
+                    name: "contended".into(),
+                    ttl: Some(ms(10_000)),
+                    wait_timeout: Some(ms(30_000)),
+                    owner: String::new(),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            stream.message().await.map(|m| format!("{m:?}"))
+        } else {
+            waiting
+                .acquire(pb::LockServiceAcquireRequest {
+                    name: "contended".into(),
+                    ttl: Some(ms(10_000)),
+                    wait_timeout: Some(ms(30_000)),
+                    owner: String::new(),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| format!("{:?}", r.into_inner()))
+        }
+    });
     // Redis answers nothing from 1.2 s to 2.0 s after the grant: the waiter's try at the
     // lease's expiry (1.5 s) waits in Redis, and shutdown begins at 1.7 s.
     tokio::time::sleep_until(held_at + Duration::from_millis(1_200)).await;
@@ -741,15 +770,12 @@ async fn a_hold_granted_as_shutdown_begins_is_given_back_unheard() {
         .expect("CLIENT PAUSE");
     tokio::time::sleep_until(held_at + Duration::from_millis(1_700)).await;
     baton.begin_shutdown();
-    let first = within(
-        Duration::from_secs(10),
-        waiter.message(),
-        "the waiter's answer",
-    )
-    .await;
+    let first = within(Duration::from_secs(10), waiter, "the waiter's answer")
+        .await
+        .expect("the waiter's task");
     match first {
         Err(s) => assert_eq!(s.code(), Code::Unavailable, "{s:?}"),
-        Ok(m) => panic!("a waiter granted as shutdown began must get UNAVAILABLE, got {m:?}"),
+        Ok(m) => panic!("a waiter granted as shutdown began must get UNAVAILABLE, got {m}"),
     }
     let key = baton.lock_key("contended");
     support::wait_until(Duration::from_secs(5), "the grant to be given back", || {

@@ -164,7 +164,8 @@ impl<P: Primitive> Leases<P> {
 
     /// A unary `Acquire` that `arrived` with the caller's `deadline`: a grant whose caller left
     /// is released, and so is one ready less than a margin before the deadline (the caller would
-    /// not see it), which fails `DEADLINE_EXCEEDED`.
+    /// not see it), which fails `DEADLINE_EXCEEDED`, and one made after shutdown began, which
+    /// fails `UNAVAILABLE`.
     pub async fn acquire(
         &self,
         request: P::Request,
@@ -197,6 +198,13 @@ impl<P: Primitive> Leases<P> {
                     P::KIND
                 ))
                 .into())
+            }
+            Acquired::Granted(grant) if self.shutdown.is_cancelled() => {
+                // Granted as shutdown began (often what this Baton's own holds released at
+                // shutdown): passed on in Redis rather than to a caller of a Baton going away.
+                self.engine
+                    .release_in_background(grant.name(), grant.call_token(), ttl, None);
+                Err(Error::ShuttingDown.into())
             }
             outcome => Ok(outcome),
         }
