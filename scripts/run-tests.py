@@ -40,7 +40,7 @@ EXPECTED_SECONDS = {
     "lock (cluster)": 52,
     "soak": 41,
     "lock": 33,
-    "failover": 27,
+    "failover": 30,
     "smoke": 25,
     "semaphore (cluster)": 23,
     "metrics": 20,
@@ -79,6 +79,8 @@ class Part:
         self.name, self.argv, self.cwd, self.env = name, argv, cwd, env or {}
         self.expected = EXPECTED_SECONDS.get(name, 10) if expected is None else expected
         self.seconds = self.code = None
+        # A part that runs one test by name fails if that name matched none.
+        self.one_test = False
 
     def run(self):
         """Runs the part to its end (stopping it past PART_TIMEOUT); returns its output."""
@@ -95,7 +97,11 @@ class Part:
                 log.write(f"\n{self.name}: stopped after {PART_TIMEOUT} s\n".encode())
             self.seconds = time.monotonic() - started
             log.seek(0)
-            return log.read().decode(errors="replace")
+            output = log.read().decode(errors="replace")
+            if self.one_test and self.code == 0 and "\nrunning 1 test\n" not in output:
+                self.code = 1
+                output += f"\n{self.name}: no test of that name ran\n"
+            return output
 
 
 def test_executables(messages):
@@ -129,11 +135,15 @@ def main():
     parser.add_argument("--cluster", nargs="*", default=[],
                         help="integration tests of the root package to run again with "
                              "BATON_TEST_TOPOLOGY=cluster")
+    parser.add_argument("--not-on-cluster", action="append", default=[], metavar="PART=TEST",
+                        help="a test (its full name) that the Cluster run of PART leaves out")
     parser.add_argument("--script", action="append", default=[], metavar="NAME=COMMAND",
                         help="a shell command to run as one part")
     parser.add_argument("--alone", nargs="*", default=[],
                         help="parts to run with no other part beside them, after the others "
-                             "(tests that load the machine on purpose and time what it does)")
+                             "(tests that load the machine on purpose and time what it does); "
+                             "PART=TEST runs only that test (its full name) of PART alone, and "
+                             "the rest of PART beside the others")
     args = parser.parse_args()
 
     root = os.getcwd()
@@ -142,6 +152,10 @@ def main():
     if not executables:
         sys.exit("run-tests: no test executable in cargo's messages on standard input")
     names = set()
+    off_cluster = {}
+    for spec in args.not_on_cluster:
+        name, _, test = spec.partition("=")
+        off_cluster.setdefault(name, []).extend(["--skip", test])
     for name, exe, directory in executables:
         if name in names:
             name = f"{name} ({os.path.relpath(directory, root)})"
@@ -149,20 +163,33 @@ def main():
         env = {"CARGO_MANIFEST_DIR": directory}
         parts.append(Part(name, [exe], directory, env))
         if name in args.cluster and directory == root:
-            parts.append(Part(f"{name} (cluster)", [exe], directory,
+            parts.append(Part(f"{name} (cluster)", [exe, *off_cluster.get(name, [])], directory,
                               dict(env, BATON_TEST_TOPOLOGY="cluster")))
-    missing = set(args.cluster) - names
+    missing = (set(args.cluster) | set(off_cluster)) - names
     if missing:
         sys.exit(f"run-tests: --cluster names no integration test: {sorted(missing)}")
     for spec in args.script:
         name, _, command = spec.partition("=")
         parts.append(Part(name, ["bash", "-c", command], root, expected=1000))
 
-    unknown = set(args.alone) - {p.name for p in parts}
-    if unknown:
-        sys.exit(f"run-tests: --alone names no part: {sorted(unknown)}")
-    waiting = sorted((p for p in parts if p.name not in args.alone), key=lambda p: -p.expected)
-    alone = [p for p in parts if p.name in args.alone]
+    alone_names = set()
+    for spec in args.alone:
+        name, _, test = spec.partition("=")
+        part = next((p for p in parts if p.name == name), None)
+        if part is None:
+            sys.exit(f"run-tests: --alone names no part: {name}")
+        if not test:
+            alone_names.add(name)
+            continue
+        # The one test alone; the part runs the others beside the rest, as usual.
+        single = Part(f"{name}: {test}", [part.argv[0], "--exact", test], part.cwd, part.env,
+                      expected=part.expected)
+        single.one_test = True
+        part.argv = [*part.argv, "--skip", test]
+        parts.append(single)
+        alone_names.add(single.name)
+    waiting = sorted((p for p in parts if p.name not in alone_names), key=lambda p: -p.expected)
+    alone = [p for p in parts if p.name in alone_names]
     lock = threading.Lock()
     begun = time.monotonic()
 
