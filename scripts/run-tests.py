@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs the test suite's parts side by side: every test executable `cargo test --no-run` built
 (read from its JSON messages on standard input), the service suites again against a Redis
-Cluster, and whole scripts, at most LANES at a time, longest first; then the parts named by
---alone, one after another with nothing beside them.
+Cluster, and whole scripts, at most LANES at a time, longest first, with the parts named by
+--beside (which mostly wait) in one more lane of their own; then the parts named by --alone, one
+after another with nothing beside them.
 
 Many parts wait (on leases, timeouts, Redis restarts) more than they compute, so on a 2-core
 machine two at a time finish sooner than one after another (this suite's: about 400 s against
@@ -139,6 +140,10 @@ def main():
                         help="a test (its full name) that the Cluster run of PART leaves out")
     parser.add_argument("--script", action="append", default=[], metavar="NAME=COMMAND",
                         help="a shell command to run as one part")
+    parser.add_argument("--beside", nargs="*", default=[],
+                        help="parts that mostly wait (on other processes, timeouts) to run in a "
+                             "lane of their own beside the others, when there are two lanes or "
+                             "more")
     parser.add_argument("--alone", nargs="*", default=[],
                         help="parts to run with no other part beside them, after the others "
                              "(tests that load the machine on purpose and time what it does); "
@@ -188,17 +193,20 @@ def main():
         part.argv = [*part.argv, "--skip", test]
         parts.append(single)
         alone_names.add(single.name)
+    unknown = set(args.beside) - {p.name for p in parts}
+    if unknown:
+        sys.exit(f"run-tests: --beside names no part: {sorted(unknown)}")
     waiting = sorted((p for p in parts if p.name not in alone_names), key=lambda p: -p.expected)
     alone = [p for p in parts if p.name in alone_names]
     lock = threading.Lock()
     begun = time.monotonic()
 
-    def lane():
+    def lane(queue):
         while True:
             with lock:
-                if not waiting:
+                if not queue:
                     return
-                part = waiting.pop(0)
+                part = queue.pop(0)
             output = part.run()
             verdict = "passed" if part.code == 0 else f"FAILED (exit {part.code})"
             with lock:
@@ -211,14 +219,21 @@ def main():
         print(f"==> the CPUs were {idle:.0%} idle over {IDLE_SAMPLE} s", flush=True)
     else:
         count = int(args.lanes)
-    print(f"==> {len(waiting)} parts, {count} at a time, then {len(alone)} alone", flush=True)
-    lanes = [threading.Thread(target=lane) for _ in range(count)]
+    beside = []
+    if count >= 2:
+        beside = [p for p in waiting if p.name in args.beside]
+        waiting = [p for p in waiting if p.name not in args.beside]
+    print(f"==> {len(waiting)} parts, {count} at a time"
+          f"{f', {len(beside)} more in a lane of their own' if beside else ''}, "
+          f"then {len(alone)} alone", flush=True)
+    lanes = [threading.Thread(target=lane, args=(waiting,)) for _ in range(count)]
+    if beside:
+        lanes.append(threading.Thread(target=lane, args=(beside,)))
     for t in lanes:
         t.start()
     for t in lanes:
         t.join()
-    waiting.extend(alone)
-    lane()
+    lane(alone)
     done = parts
 
     failed = [p for p in done if p.code != 0]

@@ -67,10 +67,13 @@ installed
 step "buf lint"
 .tools/node_modules/.bin/buf lint
 step "the tests, side by side (scripts/run-tests.py)"
+scripts="Python contract tests, Helm chart, client packages, image"
 # Two parts at a time on the 2-core CI machine, one at a time when other work keeps its CPUs
 # busy; the load tests of failover/ (3,000 leases renewed on a Cluster) and soak.rs (1,000
 # streams) run alone, the rest of failover/ (which mostly waits on failovers) beside the others.
-# BATON_TEST_LANES sets the count. The two autocomplete tests that count each write script's work
+# BATON_TEST_LANES sets the count. The script part (Python, Helm, Envoy, the client packages)
+# mostly waits on the processes it starts (half a CPU over its 280 s): it runs in a lane of its
+# own beside the two. The two autocomplete tests that count each write script's work
 # and read Redis's slow log (a minute together) run on one Redis only: their figures do not depend
 # on the topology, and the Cluster run covers the same scripts.
 .tools/py/bin/python scripts/run-tests.py --lanes "${BATON_TEST_LANES:-auto}" \
@@ -78,6 +81,7 @@ step "the tests, side by side (scripts/run-tests.py)"
   --not-on-cluster autocomplete=writes::write_steps_stay_within_their_work_budget \
   --not-on-cluster autocomplete=writes::steps_of_fresh_words_hold_redis_as_briefly_as_others \
   --alone failover=keepalive::cluster_keepalive_cost_per_node soak \
-  --script "Python contract tests, Helm chart, client packages, image=scripts/python-tests.sh --no-image && scripts/client-tests.sh && $image" \
+  --beside "$scripts" \
+  --script "$scripts=scripts/python-tests.sh --no-image && scripts/client-tests.sh && $image" \
   <target/test-executables.json
 step "done"

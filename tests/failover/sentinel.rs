@@ -208,11 +208,13 @@ fn grant_loop(
                             .push((at, "not acquired".into())),
                     }
                 }
-                Ok(Err(s)) => log
-                    .lock()
-                    .unwrap()
-                    .refused
-                    .push((at, format!("{:?}", s.code()))),
+                Ok(Err(s)) => {
+                    println!("{name}: Acquire failed: {s:?}");
+                    log.lock()
+                        .unwrap()
+                        .refused
+                        .push((at, format!("{:?}", s.code())));
+                }
                 Err(_) => log.lock().unwrap().refused.push((at, "no answer".into())),
             }
         }
@@ -372,25 +374,30 @@ async fn sentinel_fencing_with_replica_acks() {
         kept_now.holder_count, 2,
         "acknowledged leases lost: {kept_now:?}"
     );
-    // Who holds "fenced" on the new master: grants whose release the kill cut off, and at most
-    // the last grant before the kill, whose release Redis answered before the replica had it
-    // (a release is not waited for; every earlier release reached the replica before the next
-    // grant's acknowledgement did). That one is held until its ttl: safe, never over the limit.
+    // Who holds "fenced" on the new master: grants whose release the kill cut off, at most the
+    // last grant before the kill, whose release Redis answered before the replica had it (a
+    // release is not waited for; every earlier release reached the replica before the next
+    // grant's acknowledgement did), and at most the grant in flight at the kill, acknowledged
+    // but unanswered (Baton releases it in the background). Those are held until their ttl at
+    // worst: safe, never over the limit.
     let allowed: Vec<u64> = before
         .unreleased
         .iter()
         .map(|(_, fencing)| *fencing)
         .chain([last_before])
         .collect();
+    let unanswered = !before.refused.is_empty();
     for holder in &fenced.holders {
         assert!(
-            allowed.contains(&holder.fencing_token),
+            allowed.contains(&holder.fencing_token)
+                || (unanswered && holder.fencing_token > last_before),
             "a holder that was never granted, or whose release was acknowledged by the replica: \
-             {holder:?} (allowed {allowed:?})"
+             {holder:?} (allowed {allowed:?}, or a later token after an attempt without an \
+             answer: {unanswered})"
         );
     }
     assert!(
-        fenced.holder_count as usize <= before.unreleased.len() + 1,
+        fenced.holder_count as usize <= before.unreleased.len() + 1 + usize::from(unanswered),
         "{fenced:?}"
     );
     let mut still_held = 0;
@@ -416,14 +423,23 @@ async fn sentinel_fencing_with_replica_acks() {
         "a release found a different set of holders than Describe"
     );
 
-    // The new master has no replica: grants cannot be acknowledged, so they are rolled back.
+    // The new master has no replica: grants cannot be acknowledged, so they are rolled back and
+    // reported as not acquired. On a loaded machine an attempt may also fail UNAVAILABLE (the
+    // Sentinels still settling, a command timeout; the grant loop prints each one): never
+    // granted, and at least five rollbacks are seen.
     stop.store(false, Ordering::Relaxed);
     let (task, log) = grant_loop(&client, "fenced", stop.clone());
     wait_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         "attempts on the new master without a replica",
         || {
-            let n = log.lock().unwrap().refused.len();
+            let n = log
+                .lock()
+                .unwrap()
+                .refused
+                .iter()
+                .filter(|(_, r)| r == "not acquired")
+                .count();
             async move { if n >= 5 { Ok(()) } else { Err(n) } }
         },
     )
@@ -435,7 +451,10 @@ async fn sentinel_fencing_with_replica_acks() {
         alone.granted
     );
     assert!(
-        alone.refused.iter().all(|(_, r)| r == "not acquired"),
+        alone
+            .refused
+            .iter()
+            .all(|(_, r)| r == "not acquired" || r == "Unavailable"),
         "{:?}",
         count_by_reason(&alone.refused)
     );
