@@ -4,7 +4,9 @@
 //!
 //! With `--shutdown-delay`, the first signal turns readiness NOT_SERVING and Baton goes on serving
 //! every call for that long before it drains; another signal during the delay starts the drain at
-//! once.
+//! once. A signal that comes within [`REPEATED_SIGNAL`] of the one before is taken as the same
+//! request: a terminal's Ctrl-C reaches the whole process group, and an init such as tini
+//! forwards it again.
 //!
 //! Exit codes of `serve`: 0 after a drain, 2 for a configuration Baton cannot run with (invalid
 //! flags, files or a socket path, or found at start: a Redis older than 7.0, refusing Baton's credentials, or a
@@ -124,6 +126,7 @@ async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> 
     // Act first, log after: a log line that cannot be written must not stop the drain.
     tokio::spawn(async move {
         let name = signals.next().await;
+        let mut last = tokio::time::Instant::now();
         trigger.unready.cancel();
         if delay.is_zero() {
             trigger.drain.cancel();
@@ -136,22 +139,28 @@ async fn serve(config: ServeConfig, rules: Option<Rules>) -> anyhow::Result<()> 
                     trigger.drain.cancel();
                     tracing::info!("shutdown delay over; draining");
                 }
-                name = signals.next() => {
+                name = signals.next_after(&mut last) => {
                     trigger.drain.cancel();
                     tracing::info!(signal = name, "signal received during the shutdown delay; draining now");
                 }
             }
         }
         // A signal during the drain means the operator does not want to wait for it.
-        signals.next().await;
+        signals.next_after(&mut last).await;
         // Logging cannot fail or block a task (see `telemetry`), so this line cannot keep Baton
         // alive; the process exits without waiting for the log queue (its writer may be stuck on
         // a full pipe), so the line may be lost.
-        tracing::warn!("second signal received; exiting without draining");
+        tracing::warn!(
+            "another signal received during the drain; exiting now: leases not yet released end \
+             at their ttl"
+        );
         std::process::exit(130);
     });
     server::serve_until(config, rules, listeners, stop).await
 }
+
+/// How soon after a signal another one is taken as the same request rather than a new one.
+const REPEATED_SIGNAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The signals that stop Baton.
 struct Signals {
@@ -165,6 +174,23 @@ impl Signals {
         tokio::select! {
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT that comes at least [`REPEATED_SIGNAL`] after the
+    /// last one acted on (`last`, moved to it), and names it.
+    async fn next_after(&mut self, last: &mut tokio::time::Instant) -> &'static str {
+        loop {
+            let name = self.next().await;
+            let now = tokio::time::Instant::now();
+            if now.duration_since(*last) >= REPEATED_SIGNAL {
+                *last = now;
+                return name;
+            }
+            tracing::info!(
+                signal = name,
+                "signal repeated within {REPEATED_SIGNAL:?} of the last one; taken as the same request"
+            );
         }
     }
 }

@@ -689,6 +689,106 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
     assert_eq!(end.code(), Code::Unavailable, "{end:?}");
 }
 
+/// A signal repeated within moments of the first (a terminal's Ctrl-C reaches the whole process
+/// group, and an init such as tini forwards it again) is the same request: the drain runs, the
+/// holder hears `lost` SHUTDOWN, the lock is released and Baton exits 0. A second SIGTERM 1 ms
+/// after the first used to exit 130 at once, the lock left held until its ttl. (The kernel may
+/// merge two signals that close into one; then this test passes either way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_signal_does_not_cut_the_drain_short() {
+    let redis = RedisServer::start().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&["--redis-url", &url, "--key-prefix", &prefix]).await;
+    let mut a = baton.client().await;
+    let mut held = hold(&mut a, "twice", 30_000).await;
+
+    baton.sigterm();
+    std::thread::sleep(Duration::from_millis(1));
+    baton.sigterm();
+    let (events, end) = rest_of_hold(&mut held).await;
+    assert_lost_for_shutdown("twice", &events, &end);
+    let status = baton
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 10 s after SIGTERM"));
+    let stderr = baton.stderr();
+    assert_eq!(status.code(), Some(0), "stderr:\n{stderr}");
+    assert!(
+        !lock_exists(&redis, &lock_key(&prefix, "twice")).await,
+        "the lock is still held after the drain"
+    );
+}
+
+/// A signal well after the one that began the drain means the operator does not want to wait:
+/// with the drain held up by Redis (writes paused, the release retried) and 30 s of drain
+/// timeout, Baton exits 130 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_signal_during_a_stuck_drain_exits_at_once() {
+    let redis = RedisServer::start().await;
+    let prefix = unique_prefix();
+    let url = redis.url();
+    let mut baton = BatonProcess::spawn(&[
+        "--redis-url",
+        &url,
+        "--key-prefix",
+        &prefix,
+        "--drain-timeout",
+        "30s",
+    ])
+    .await;
+    let mut a = baton.client().await;
+    let mut held = hold(&mut a, "stuck", 60_000).await;
+    let mut admin = redis.client().await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(20_000)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+
+    baton.sigterm();
+    // The stream says `lost` at once, and stays open while its release is retried.
+    loop {
+        match next_hold_event(&mut held, Duration::from_secs(5)).await {
+            Some(Ok(Some(pb::LockServiceHoldResponse {
+                event: Some(HoldEvent::Renewed(_)),
+            }))) => {}
+            Some(Ok(Some(pb::LockServiceHoldResponse {
+                event: Some(HoldEvent::Lost(lost)),
+            }))) => {
+                assert_eq!(lost.reason(), LeaseLostReason::Shutdown, "{lost:?}");
+                break;
+            }
+            other => panic!("expected lost SHUTDOWN, got {other:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        baton.wait_timeout(Duration::ZERO).await.is_none(),
+        "the drain ended while Redis took no writes: {}",
+        baton.stderr()
+    );
+    let second = Instant::now();
+    baton.sigterm();
+    let status = baton
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("baton still running 10 s after the second SIGTERM"));
+    assert_eq!(status.code(), Some(130), "stderr:\n{}", baton.stderr());
+    assert!(
+        second.elapsed() < Duration::from_secs(5),
+        "exited {:?} after the second signal",
+        second.elapsed()
+    );
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT UNPAUSE");
+}
+
 /// A waiting `Hold` whose try is already in Redis when shutdown begins, and is granted there
 /// after it, is never told it holds the lock: the grant is given back and the stream ends
 /// UNAVAILABLE. The waiter tries again when the holder's lease (a unary `Acquire` of 1.5 s)
